@@ -1,0 +1,34 @@
+"""Wire-format and configuration models of loopfuse (no Kafka, no Faust)."""
+
+from schemas.config import ConfigError, DetectionConfigFile, LoopDetectionConfig, load_config, parse_config
+from schemas.decode import EventRejected, decode_event
+from schemas.events import (
+    Compaction,
+    DeadLetter,
+    InputEvent,
+    LoopEvent,
+    RunEnded,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    input_event_adapter,
+)
+
+__all__ = [
+    "Compaction",
+    "ConfigError",
+    "DeadLetter",
+    "DetectionConfigFile",
+    "EventRejected",
+    "InputEvent",
+    "LoopDetectionConfig",
+    "LoopEvent",
+    "RunEnded",
+    "ToolCall",
+    "ToolResult",
+    "Verdict",
+    "decode_event",
+    "input_event_adapter",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,248 @@
+"""Wire format v1: the input events gateways publish and the outputs loopfuse publishes.
+
+One pydantic model per JSON object on the wire. Input events are validated here and
+nowhere else; the engine receives only validated objects.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    model_validator,
+)
+
+WIRE_VERSION = 1
+
+
+def _to_epoch_ms(value: Any) -> Any:
+    """Accept RFC 3339 text or epoch milliseconds; store epoch milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError("ts must be an RFC 3339 time or epoch milliseconds, not a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError as exc:
+            raise ValueError(f"ts is not an RFC 3339 time: {value[:40]!r}") from exc
+        if parsed.tzinfo is None:
+            raise ValueError("ts must carry a time zone offset (RFC 3339)")
+        return int(parsed.timestamp() * 1000)
+    raise ValueError("ts must be an RFC 3339 time or epoch milliseconds")
+
+
+EpochMs = Annotated[int, BeforeValidator(_to_epoch_ms)]
+NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+
+
+class _InputEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    event_id: NonEmptyStr
+    session_key: StrictStr | None = None
+    run_id: StrictStr | None = None
+    agent_id: StrictStr | None = None
+    seq: Annotated[StrictInt, Field(ge=0)] | None = None
+    ts: EpochMs = Field(description="Event time: RFC 3339 text or epoch milliseconds")
+
+    @model_validator(mode="after")
+    def _has_key(self) -> _InputEvent:
+        if not self.session_key and not self.run_id:
+            raise ValueError("an event needs session_key or run_id (the history scope)")
+        return self
+
+    @property
+    def key(self) -> str:
+        """The session key: history scope and Kafka message key."""
+        return self.session_key or self.run_id or ""
+
+
+class _ArgsCarrier(_InputEvent):
+    call_id: StrictStr
+    tool_name: NonEmptyStr
+    args: Any = None
+    args_hash: StrictStr | None = None
+    # Extension to v1 for gateways that hash args locally: the string value of
+    # args.action, which the engine needs to tell process polls and message sends
+    # apart without seeing the args themselves.
+    args_action: StrictStr | None = None
+
+    @property
+    def has_args(self) -> bool:
+        return "args" in self.model_fields_set or self.args_hash is not None
+
+
+class ToolCall(_ArgsCarrier):
+    """The agent is about to run a tool; the gateway waits for the verdict."""
+
+    type: Literal["tool_call"]
+
+    @model_validator(mode="after")
+    def _args_xor_hash(self) -> ToolCall:
+        sent_args = "args" in self.model_fields_set
+        if sent_args == (self.args_hash is not None):
+            raise ValueError("a tool_call carries exactly one of args or args_hash")
+        return self
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    message: StrictStr
+    name: StrictStr | None = None
+
+
+class ToolResult(_ArgsCarrier):
+    """A tool finished (or failed); its outcome feeds the no-progress detectors."""
+
+    type: Literal["tool_result"]
+    result: Any = None
+    result_hash: StrictStr | None = None
+    error: StrictStr | ErrorDetail | None = None
+    unknown_tool: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> ToolResult:
+        given = ("result" in self.model_fields_set) + (self.result_hash is not None) + (
+            self.error is not None
+        )
+        if given != 1:
+            raise ValueError("a tool_result carries exactly one of result, result_hash or error")
+        if "args" in self.model_fields_set and self.args_hash is not None:
+            raise ValueError("a tool_result carries at most one of args or args_hash")
+        return self
+
+    @property
+    def error_text(self) -> str | None:
+        if self.error is None:
+            return None
+        if isinstance(self.error, str):
+            return self.error
+        return self.error.message or (self.error.name or "")
+
+
+class Compaction(_InputEvent):
+    """The gateway compacted the run's context; arms the post-compaction guard."""
+
+    type: Literal["compaction"]
+    reason: StrictStr | None = None
+
+
+class RunEnded(_InputEvent):
+    """The run is over: its guard and warning keys are freed."""
+
+    type: Literal["run_ended"]
+
+
+InputEvent = Annotated[
+    ToolCall | ToolResult | Compaction | RunEnded, Field(discriminator="type")
+]
+input_event_adapter: TypeAdapter[ToolCall | ToolResult | Compaction | RunEnded] = TypeAdapter(
+    InputEvent
+)
+
+Action = Literal["allow", "warn", "block", "abort"]
+Level = Literal["none", "warning", "critical"]
+Detector = Literal[
+    "unknown_tool_repeat",
+    "global_circuit_breaker",
+    "known_poll_no_progress",
+    "ping_pong",
+    "generic_repeat",
+    "compaction_loop_persisted",
+    "sequence_gap",
+]
+
+
+class Verdict(BaseModel):
+    """What the gateway must do with one tool call (or with its run, for abort)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["verdict"] = "verdict"
+    verdict_id: str
+    session_key: str
+    run_id: str | None
+    agent_id: str | None
+    call_id: str | None
+    seq: int | None
+    tool_name: str | None
+    action: Action
+    level: Level
+    detector: Detector | None
+    count: int
+    message: str | None
+    args_hash: str | None
+    paired_tool_name: str | None = None
+    event_ts: int
+    decided_ts: int
+
+
+class LoopEvent(BaseModel):
+    """Audit trail: a loop detected (every critical, warnings once per bucket)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["loop_event"] = "loop_event"
+    event_id: str
+    session_key: str
+    run_id: str | None
+    agent_id: str | None
+    call_id: str | None
+    seq: int | None
+    tool_name: str | None
+    action: Action
+    level: Level
+    detector: Detector
+    count: int
+    message: str | None
+    args_hash: str | None
+    paired_tool_name: str | None = None
+    warning_key: str | None
+    config: dict[str, Any]
+    enforced: bool = True
+    event_ts: int
+    decided_ts: int
+
+
+DeadLetterCode = Literal[
+    "empty_message",
+    "too_large",
+    "invalid_utf8",
+    "invalid_json",
+    "too_deep",
+    "not_an_object",
+    "unknown_type",
+    "invalid_event",
+    "orphan_result",
+]
+
+
+class DeadLetter(BaseModel):
+    """An input that could not be judged, with why; the original bytes as far as safe."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["dead_letter"] = "dead_letter"
+    error_code: DeadLetterCode
+    reason: str
+    source_topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    line: int | None = Field(default=None, description="1-based line number in a replay file")
+    key: str | None = None
+    original: str | None = Field(
+        default=None, description="the input as text (invalid UTF-8 replaced), truncated"
+    )
+    original_size: int = 0
+    original_truncated: bool = False

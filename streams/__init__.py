@@ -1,0 +1,1 @@
+"""loopfuse: the detection engine, the stream adapter and the edges (CLI, client, broker)."""
