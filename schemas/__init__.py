@@ -1,6 +1,12 @@
 """Wire-format and configuration models of loopfuse (no Kafka, no Faust)."""
 
-from schemas.config import ConfigError, DetectionConfigFile, LoopDetectionConfig, load_config, parse_config
+from schemas.config import (
+    ConfigError,
+    DetectionConfigFile,
+    LoopDetectionConfig,
+    load_config,
+    parse_config,
+)
 from schemas.decode import EventRejected, decode_event
 from schemas.events import (
     Compaction,

@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 from pydantic import ValidationError as _PydanticValidationError
-from pydantic import model_validator
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 

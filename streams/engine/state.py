@@ -1,0 +1,292 @@
+"""Per-session state: the rolling call history, guards, warning buckets, ordering.
+
+A session's state is what the stream adapter keeps in its changelog-backed table, so
+it serialises to compact bytes (``to_bytes``/``from_bytes``). Fingerprints are kept
+as 64-bit ints; strings (tool names, run ids) are written once per state in a
+string table. A call id is only kept while its record waits for a result: once the
+result is in, nothing can match on it again.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from schemas.events import Compaction, RunEnded, ToolCall, ToolResult, input_event_adapter
+
+FORMAT_VERSION = 1
+MAX_WARNING_KEYS = 256
+MAX_SEEN_EVENT_IDS = 32
+MAX_DECISIONS = 8
+
+InputEventT = ToolCall | ToolResult | Compaction | RunEnded
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+
+# Record flag bits.
+_HAS_RESULT = 1
+_HAS_CALL = 2
+_HAS_UNKNOWN = 4
+_HAS_RUN = 8
+
+
+@dataclass(slots=True)
+class Record:
+    """One call (and, once known, its outcome) in the session history."""
+
+    tool: str
+    sig: int  # call signature: tool name + args fingerprint, 64-bit
+    run: str | None
+    call: int  # 32-bit hash of the call id while the result is pending, else 0
+    result: int  # 64-bit result fingerprint, 0 = no result yet
+    unknown: str | None  # unknown-tool name carried by the result
+    ts: int  # event time, epoch ms
+
+
+@dataclass(slots=True)
+class Guard:
+    """The post-compaction guard of one run (spec section 7)."""
+
+    window: int
+    remaining: int
+    seen: list[tuple[str, int, int]] = field(default_factory=list)  # (tool, sig, result)
+
+
+@dataclass(slots=True)
+class Decision:
+    """Enough of a past verdict to re-emit it identically for a redelivered tool_call."""
+
+    event: int  # 64-bit hash of the event id
+    action: int  # index into ACTIONS
+    detector: int  # index into DETECTORS, 0 = none
+    count: int
+    detail: str | None  # unknown-tool name or paired tool name, for the message
+
+
+ACTIONS = ("allow", "warn", "block", "abort")
+DETECTORS = (
+    None,
+    "unknown_tool_repeat",
+    "global_circuit_breaker",
+    "known_poll_no_progress",
+    "ping_pong",
+    "generic_repeat",
+    "compaction_loop_persisted",
+    "sequence_gap",
+)
+
+
+@dataclass(slots=True)
+class SessionState:
+    history: list[Record] = field(default_factory=list)
+    guards: dict[str | None, Guard] = field(default_factory=dict)
+    # warning key hash -> (run, last published bucket); insertion order = age
+    warnings: dict[int, tuple[str | None, int]] = field(default_factory=dict)
+    next_seq: int | None = None
+    parked: dict[int, InputEventT] = field(default_factory=dict)
+    seen_ids: list[int] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    touched_ms: int = 0
+
+    # -- serialisation -------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        strings: dict[str, int] = {}
+
+        def ref(text: str | None) -> int:
+            """0 for None, else 1 + index in the string table."""
+            if text is None:
+                return 0
+            index = strings.get(text)
+            if index is None:
+                index = strings[text] = len(strings)
+            return index + 1
+
+        body = bytearray()
+        _uvarint(body, 0 if self.next_seq is None else self.next_seq + 1)
+        _uvarint(body, len(self.history))
+        previous_ts = self.touched_ms
+        for rec in self.history:
+            flags = (
+                (_HAS_RESULT if rec.result else 0)
+                | (_HAS_CALL if rec.call else 0)
+                | (_HAS_UNKNOWN if rec.unknown is not None else 0)
+                | (_HAS_RUN if rec.run is not None else 0)
+            )
+            body.append(flags)
+            _uvarint(body, ref(rec.tool))
+            if rec.run is not None:
+                _uvarint(body, ref(rec.run))
+            body += _U64.pack(rec.sig)
+            if rec.result:
+                body += _U64.pack(rec.result)
+            if rec.call:
+                body += _U32.pack(rec.call)
+            if rec.unknown is not None:
+                _uvarint(body, ref(rec.unknown))
+            _svarint(body, rec.ts - previous_ts)
+            previous_ts = rec.ts
+        _uvarint(body, len(self.guards))
+        for run, guard in self.guards.items():
+            _uvarint(body, ref(run))
+            _uvarint(body, guard.window)
+            _uvarint(body, guard.remaining)
+            _uvarint(body, len(guard.seen))
+            for tool, sig, result in guard.seen:
+                _uvarint(body, ref(tool))
+                body += _U64.pack(sig)
+                body += _U64.pack(result)
+        _uvarint(body, len(self.warnings))
+        for key, (run, bucket) in self.warnings.items():
+            body += _U64.pack(key)
+            _uvarint(body, ref(run))
+            _uvarint(body, bucket)
+        _uvarint(body, len(self.seen_ids))
+        for event_hash in self.seen_ids:
+            body += _U64.pack(event_hash)
+        _uvarint(body, len(self.decisions))
+        for decision in self.decisions:
+            body += _U64.pack(decision.event)
+            body.append(decision.action)
+            body.append(decision.detector)
+            _uvarint(body, decision.count)
+            _uvarint(body, ref(decision.detail))
+        _uvarint(body, len(self.parked))
+        for seq, event in self.parked.items():
+            payload = event.model_dump_json(exclude_unset=True).encode()
+            _uvarint(body, seq)
+            _uvarint(body, len(payload))
+            body += payload
+
+        head = bytearray((FORMAT_VERSION,))
+        head += _I64.pack(self.touched_ms)
+        _uvarint(head, len(strings))
+        for text in strings:
+            encoded = text.encode("utf-8", "surrogatepass")
+            _uvarint(head, len(encoded))
+            head += encoded
+        return bytes(head + body)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SessionState:
+        if not data or data[0] != FORMAT_VERSION:
+            raise ValueError(f"unknown session state format {data[:1]!r}")
+        view = memoryview(data)
+        pos = 1
+        touched_ms = _I64.unpack_from(data, pos)[0]
+        pos += 8
+        count, pos = _read_uvarint(data, pos)
+        strings: list[str | None] = [None]
+        for _ in range(count):
+            length, pos = _read_uvarint(data, pos)
+            strings.append(bytes(view[pos : pos + length]).decode("utf-8", "surrogatepass"))
+            pos += length
+
+        state = cls(touched_ms=touched_ms)
+        raw_seq, pos = _read_uvarint(data, pos)
+        state.next_seq = None if raw_seq == 0 else raw_seq - 1
+        count, pos = _read_uvarint(data, pos)
+        previous_ts = touched_ms
+        for _ in range(count):
+            flags = data[pos]
+            pos += 1
+            index, pos = _read_uvarint(data, pos)
+            tool = strings[index] or ""
+            run = None
+            if flags & _HAS_RUN:
+                index, pos = _read_uvarint(data, pos)
+                run = strings[index]
+            sig = _U64.unpack_from(data, pos)[0]
+            pos += 8
+            result = call = 0
+            unknown = None
+            if flags & _HAS_RESULT:
+                result = _U64.unpack_from(data, pos)[0]
+                pos += 8
+            if flags & _HAS_CALL:
+                call = _U32.unpack_from(data, pos)[0]
+                pos += 4
+            if flags & _HAS_UNKNOWN:
+                index, pos = _read_uvarint(data, pos)
+                unknown = strings[index]
+            delta, pos = _read_svarint(data, pos)
+            previous_ts += delta
+            state.history.append(Record(tool, sig, run, call, result, unknown, previous_ts))
+        count, pos = _read_uvarint(data, pos)
+        for _ in range(count):
+            index, pos = _read_uvarint(data, pos)
+            run = strings[index]
+            window, pos = _read_uvarint(data, pos)
+            remaining, pos = _read_uvarint(data, pos)
+            seen_count, pos = _read_uvarint(data, pos)
+            guard = Guard(window, remaining)
+            for _ in range(seen_count):
+                index, pos = _read_uvarint(data, pos)
+                sig, result = struct.unpack_from("<QQ", data, pos)
+                pos += 16
+                guard.seen.append((strings[index] or "", sig, result))
+            state.guards[run] = guard
+        count, pos = _read_uvarint(data, pos)
+        for _ in range(count):
+            key = _U64.unpack_from(data, pos)[0]
+            pos += 8
+            index, pos = _read_uvarint(data, pos)
+            bucket, pos = _read_uvarint(data, pos)
+            state.warnings[key] = (strings[index], bucket)
+        count, pos = _read_uvarint(data, pos)
+        for _ in range(count):
+            state.seen_ids.append(_U64.unpack_from(data, pos)[0])
+            pos += 8
+        count, pos = _read_uvarint(data, pos)
+        for _ in range(count):
+            event_hash = _U64.unpack_from(data, pos)[0]
+            action, detector = data[pos + 8], data[pos + 9]
+            pos += 10
+            decided_count, pos = _read_uvarint(data, pos)
+            index, pos = _read_uvarint(data, pos)
+            state.decisions.append(
+                Decision(event_hash, action, detector, decided_count, strings[index])
+            )
+        count, pos = _read_uvarint(data, pos)
+        for _ in range(count):
+            seq, pos = _read_uvarint(data, pos)
+            length, pos = _read_uvarint(data, pos)
+            state.parked[seq] = input_event_adapter.validate_json(bytes(view[pos : pos + length]))
+            pos += length
+        if pos != len(data):
+            raise ValueError(f"session state has {len(data) - pos} trailing bytes")
+        return state
+
+    @staticmethod
+    def touched_at(data: bytes) -> int:
+        """Last-activity time of serialised state without decoding the rest (idle expiry)."""
+        return int(_I64.unpack_from(data, 1)[0])
+
+
+def _uvarint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _svarint(out: bytearray, value: int) -> None:
+    _uvarint(out, (value << 1) if value >= 0 else ((-value) << 1) - 1)
+
+
+def _read_uvarint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _read_svarint(data: bytes, pos: int) -> tuple[int, int]:
+    raw, pos = _read_uvarint(data, pos)
+    return (raw >> 1) if not raw & 1 else -((raw + 1) >> 1), pos

@@ -1,0 +1,516 @@
+"""The engine: ``step(state, event, now_ms) -> (state, outputs)``, a fold of a session's events.
+
+No I/O, no clock (``now_ms`` is passed in and only stamps ``decided_ts``), no globals.
+The step applies events in ``seq`` order (parking early ones), ignores duplicates,
+and dispatches each applied event to the detectors, the history and the guard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.config import DetectionConfigFile
+from schemas.events import Compaction, LoopEvent, RunEnded, ToolCall, ToolResult, Verdict
+from streams.engine.config import ConfigResolver, ResolvedConfig
+from streams.engine.detectors import Detection, detect, guard_message, message_for
+from streams.engine.fingerprint import (
+    ERROR_PREFIX,
+    action_of,
+    args_hash,
+    digest,
+    fold,
+    is_known_poll,
+    result_fingerprint,
+    result_token,
+    signature,
+    unknown_tool_name,
+)
+from streams.engine.state import (
+    ACTIONS,
+    DETECTORS,
+    MAX_DECISIONS,
+    MAX_SEEN_EVENT_IDS,
+    MAX_WARNING_KEYS,
+    Decision,
+    Guard,
+    InputEventT,
+    Record,
+    SessionState,
+)
+
+WARNING_BUCKET_SIZE = 10
+DEFAULT_MAX_PARKED = 32
+
+_ACTION_CODE = {name: code for code, name in enumerate(ACTIONS)}
+_DETECTOR_CODE = {name: code for code, name in enumerate(DETECTORS)}
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A valid event the engine cannot apply (e.g. a result for a call it never saw)."""
+
+    code: str
+    reason: str
+    event: InputEventT
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something worth a log line (the engine itself never logs)."""
+
+    level: str
+    message: str
+    session_key: str
+    run_id: str | None
+
+
+Output = Verdict | LoopEvent | Rejection | Notice
+
+
+def run_scope(run_id: str | None) -> str | None:
+    """Run ids are compared trimmed; an empty one is no run id."""
+    if run_id is None:
+        return None
+    trimmed = run_id.strip()
+    return trimmed or None
+
+
+def verdict_id(session: str, run: str | None, call_id: str | None, action: str) -> str:
+    return digest(f"{session}\x1f{run or ''}\x1f{call_id or ''}\x1f{action}".encode("utf-8", "surrogatepass"))
+
+
+class Engine:
+    """Loop detection for any number of sessions, one ``SessionState`` each."""
+
+    def __init__(
+        self, config: DetectionConfigFile | None = None, *, max_parked: int = DEFAULT_MAX_PARKED
+    ) -> None:
+        self.resolver = ConfigResolver(config)
+        self.max_parked = max_parked
+        self._config_dicts: dict[int, dict[str, Any]] = {}
+
+    def resolve(self, agent_id: str | None) -> ResolvedConfig:
+        return self.resolver.resolve(agent_id)
+
+    # -- ordering and idempotence ----------------------------------------------------
+
+    def step(
+        self, state: SessionState | None, event: InputEventT, now_ms: int
+    ) -> tuple[SessionState, list[Output]]:
+        """Apply one event of a session; return the new state and what to publish."""
+        if state is None:
+            state = SessionState()
+        outputs: list[Output] = []
+        seq = event.seq
+        if seq is None:
+            event_hash = fold(event.event_id)
+            if event_hash in state.seen_ids:
+                self._redeliver(state, event, now_ms, outputs)
+                return state, outputs
+            state.seen_ids.append(event_hash)
+            if len(state.seen_ids) > MAX_SEEN_EVENT_IDS:
+                del state.seen_ids[0]
+            self._apply(state, event, now_ms, outputs)
+            return state, outputs
+
+        expected = 0 if state.next_seq is None else state.next_seq
+        if seq < expected:
+            self._redeliver(state, event, now_ms, outputs)
+            return state, outputs
+        if seq in state.parked:
+            return state, outputs  # the same early event again: already waiting
+        if seq > expected:
+            state.next_seq = expected
+            state.parked[seq] = event
+            # A gap that does not fill: give up on it once too many later events
+            # wait, or when the run ends (nothing earlier can still be needed by it).
+            if len(state.parked) >= self.max_parked or isinstance(event, RunEnded):
+                self._skip_gap(state, event, now_ms, outputs)
+            return state, outputs
+        self._apply(state, event, now_ms, outputs)
+        state.next_seq = seq + 1
+        self._drain(state, now_ms, outputs)
+        return state, outputs
+
+    def _drain(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
+        while state.next_seq is not None and state.next_seq in state.parked:
+            event = state.parked.pop(state.next_seq)
+            self._apply(state, event, now_ms, outputs)
+            state.next_seq += 1
+
+    def _skip_gap(
+        self, state: SessionState, trigger: InputEventT, now_ms: int, outputs: list[Output]
+    ) -> None:
+        first_parked = min(state.parked)
+        missing = first_parked - (state.next_seq or 0)
+        outputs.append(
+            self._loop_event(
+                trigger,
+                self.resolve(trigger.agent_id),
+                action="allow",
+                level="warning",
+                detector="sequence_gap",
+                count=missing,
+                message=(
+                    f"WARNING: {missing} events of this session never arrived "
+                    f"(seq {state.next_seq}..{first_parked - 1}); continuing without them."
+                ),
+                warning_key=None,
+                call_id=None,
+                tool_name=None,
+                args_token=None,
+                paired=None,
+                now_ms=now_ms,
+            )
+        )
+        state.next_seq = first_parked
+        self._drain(state, now_ms, outputs)
+
+    def _redeliver(
+        self, state: SessionState, event: InputEventT, now_ms: int, outputs: list[Output]
+    ) -> None:
+        """A duplicate changes nothing; a duplicate tool_call gets its verdict again."""
+        if not isinstance(event, ToolCall):
+            return
+        event_hash = fold(event.event_id)
+        for decision in state.decisions:
+            if decision.event == event_hash:
+                action = ACTIONS[decision.action]
+                detector = DETECTORS[decision.detector]
+                level = {"allow": "none", "warn": "warning"}.get(action, "critical")
+                message = (
+                    None
+                    if detector is None
+                    else message_for(detector, level, event.tool_name, decision.count, decision.detail)
+                )
+                outputs.append(
+                    self._verdict(
+                        event,
+                        action,
+                        level,
+                        detector,
+                        decision.count,
+                        message,
+                        self._args_token(event),
+                        decision.detail if detector == "ping_pong" else None,
+                        now_ms,
+                    )
+                )
+                return
+
+    # -- applying events -------------------------------------------------------------
+
+    def _apply(
+        self, state: SessionState, event: InputEventT, now_ms: int, outputs: list[Output]
+    ) -> None:
+        state.touched_ms = now_ms
+        if isinstance(event, ToolCall):
+            self._on_tool_call(state, event, now_ms, outputs)
+        elif isinstance(event, ToolResult):
+            self._on_tool_result(state, event, now_ms, outputs)
+        elif isinstance(event, Compaction):
+            self._on_compaction(state, event, outputs)
+        else:
+            self._on_run_ended(state, event)
+
+    @staticmethod
+    def _args_token(event: ToolCall | ToolResult) -> str:
+        return event.args_hash if event.args_hash is not None else args_hash(event.args)
+
+    def _on_tool_call(
+        self, state: SessionState, event: ToolCall, now_ms: int, outputs: list[Output]
+    ) -> None:
+        config = self.resolve(event.agent_id)
+        run = run_scope(event.run_id)
+        tool = event.tool_name
+        token = self._args_token(event)
+        sig = signature(tool, token)
+        detection: Detection | None = None
+        if config.detection_on:
+            history = state.history
+            if any(rec.run != run for rec in history):
+                history = [rec for rec in history if rec.run == run]
+            known_poll = is_known_poll(tool, action_of(event.args, event.args_action))
+            detection = detect(history, tool, sig, token, known_poll, config, run)
+
+        enforce = self.resolver.enforce
+        critical = detection is not None and detection.level == "critical"
+        if config.recording_on and not (critical and enforce):
+            call_hash = fold(event.call_id) & 0xFFFFFFFF if event.call_id else 0
+            state.history.append(Record(tool, sig, run, call_hash, 0, None, event.ts))
+            _trim(state.history, config.history_size)
+
+        if detection is None or not enforce:
+            action, level, detector, count, message, paired = "allow", "none", None, 0, None, None
+        else:
+            action = "block" if critical else "warn"
+            level, detector, count = detection.level, detection.detector, detection.count
+            message, paired = detection.message, detection.paired_tool_name
+        outputs.append(
+            self._verdict(event, action, level, detector, count, message, token, paired, now_ms)
+        )
+        state.decisions.append(
+            Decision(
+                fold(event.event_id),
+                _ACTION_CODE[action],
+                _DETECTOR_CODE[detector],
+                count,
+                detection.detail if detection is not None and enforce else None,
+            )
+        )
+        if len(state.decisions) > MAX_DECISIONS:
+            del state.decisions[0]
+        if detection is not None and (critical or _warning_rises(state, detection, run)):
+            outputs.append(
+                self._loop_event(
+                    event,
+                    config,
+                    action="block" if critical else "warn",
+                    level=detection.level,
+                    detector=detection.detector,
+                    count=detection.count,
+                    message=detection.message,
+                    warning_key=detection.warning_key,
+                    call_id=event.call_id,
+                    tool_name=tool,
+                    args_token=token,
+                    paired=detection.paired_tool_name,
+                    now_ms=now_ms,
+                )
+            )
+
+    def _on_tool_result(
+        self, state: SessionState, event: ToolResult, now_ms: int, outputs: list[Output]
+    ) -> None:
+        config = self.resolve(event.agent_id)
+        if not config.recording_on:
+            return
+        tool = event.tool_name
+        error = event.error_text
+        unknown = event.unknown_tool.lower() if event.unknown_tool else None
+        if error is not None:
+            token: str | None = ERROR_PREFIX + digest(error.encode("utf-8", "surrogatepass"))
+            unknown = unknown or unknown_tool_name(error)
+        elif event.result_hash is not None:
+            token = event.result_hash
+        else:
+            token = result_token(
+                tool,
+                event.args,
+                result=event.result,
+                args_action=event.args_action,
+                send_tools=self.resolver.send_tools,
+            )
+        if token is None:
+            return  # no result at all, or the loop detector's own block: nothing recorded
+        result = result_fingerprint(token)
+        run = run_scope(event.run_id)
+        call_hash = fold(event.call_id) & 0xFFFFFFFF if event.call_id else 0
+
+        history = state.history
+        sig = signature(tool, self._args_token(event)) if event.has_args else 0
+        matched: Record | None = None
+        for rec in reversed(history):
+            if (
+                rec.run == run
+                and not rec.result
+                and rec.tool == tool
+                and (not call_hash or rec.call == call_hash)
+                and (not sig or rec.sig == sig)
+            ):
+                matched = rec
+                break
+        if matched is not None:
+            matched.result = result
+            matched.unknown = unknown
+            matched.call = 0  # nothing can match on it any more
+            sig = matched.sig
+        elif not sig:
+            outputs.append(
+                Rejection(
+                    "orphan_result",
+                    f"tool_result for call {event.call_id!r} carries no args and no pending "
+                    "call with that id is in the session history",
+                    event,
+                )
+            )
+            return
+        else:
+            history.append(Record(tool, sig, run, 0, result, unknown, event.ts))
+            _trim(history, config.history_size)
+
+        guard = state.guards.get(run)
+        if guard is None:
+            return
+        guard.remaining -= 1
+        triple = (tool, sig, result)
+        guard.seen.append(triple)
+        repeats = guard.seen.count(triple)
+        if repeats >= guard.window:
+            del state.guards[run]
+            message = guard_message(tool, repeats, guard.window)
+            enforce = self.resolver.enforce
+            token = self._args_token(event) if event.has_args else None
+            if enforce:
+                outputs.append(
+                    self._verdict(
+                        event, "abort", "critical", "compaction_loop_persisted", repeats,
+                        message, token, None, now_ms,
+                    )
+                )
+            outputs.append(
+                self._loop_event(
+                    event,
+                    config,
+                    action="abort",
+                    level="critical",
+                    detector="compaction_loop_persisted",
+                    count=repeats,
+                    message=message,
+                    warning_key=None,
+                    call_id=event.call_id,
+                    tool_name=tool,
+                    args_token=token,
+                    paired=None,
+                    now_ms=now_ms,
+                )
+            )
+        elif guard.remaining <= 0:
+            del state.guards[run]
+
+    def _on_compaction(self, state: SessionState, event: Compaction, outputs: list[Output]) -> None:
+        config = self.resolve(event.agent_id)
+        if not config.recording_on:
+            return  # the guard is on unless loop detection is explicitly disabled
+        run = run_scope(event.run_id)
+        window = config.guard_window_size
+        state.guards[run] = Guard(window, window)
+        outputs.append(
+            Notice("info", f"post-compaction guard armed for {window} attempts", event.key, run)
+        )
+
+    @staticmethod
+    def _on_run_ended(state: SessionState, event: RunEnded) -> None:
+        run = run_scope(event.run_id)
+        state.guards.pop(run, None)
+        for key in [key for key, (owner, _) in state.warnings.items() if owner == run]:
+            del state.warnings[key]
+
+    # -- outputs ---------------------------------------------------------------------
+
+    def _verdict(
+        self,
+        event: ToolCall | ToolResult,
+        action: str,
+        level: str,
+        detector: str | None,
+        count: int,
+        message: str | None,
+        args_token: str | None,
+        paired: str | None,
+        now_ms: int,
+    ) -> Verdict:
+        session = event.key
+        return Verdict.model_construct(
+            type="verdict",
+            verdict_id=verdict_id(session, event.run_id, event.call_id, action),
+            session_key=session,
+            run_id=event.run_id,
+            agent_id=event.agent_id,
+            call_id=event.call_id,
+            seq=event.seq,
+            tool_name=event.tool_name,
+            action=action,
+            level=level,
+            detector=detector,
+            count=count,
+            message=message,
+            args_hash=args_token,
+            paired_tool_name=paired,
+            event_ts=event.ts,
+            decided_ts=now_ms,
+        )
+
+    def _config_dict(self, config: ResolvedConfig) -> dict[str, Any]:
+        cached = self._config_dicts.get(id(config))
+        if cached is None:
+            cached = config.as_dict()
+            cached["enforce"] = self.resolver.enforce
+            self._config_dicts[id(config)] = cached
+        return cached
+
+    def _loop_event(
+        self,
+        event: InputEventT,
+        config: ResolvedConfig,
+        *,
+        action: str,
+        level: str,
+        detector: str,
+        count: int,
+        message: str | None,
+        warning_key: str | None,
+        call_id: str | None,
+        tool_name: str | None,
+        args_token: str | None,
+        paired: str | None,
+        now_ms: int,
+    ) -> LoopEvent:
+        session = event.key
+        return LoopEvent.model_construct(
+            type="loop_event",
+            event_id=digest(
+                f"{session}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode("utf-8", "surrogatepass")
+            ),
+            session_key=session,
+            run_id=event.run_id,
+            agent_id=event.agent_id,
+            call_id=call_id,
+            seq=event.seq,
+            tool_name=tool_name,
+            action=action,
+            level=level,
+            detector=detector,
+            count=count,
+            message=message,
+            args_hash=args_token,
+            paired_tool_name=paired,
+            warning_key=warning_key,
+            config=self._config_dict(config),
+            enforced=self.resolver.enforce,
+            event_ts=event.ts,
+            decided_ts=now_ms,
+        )
+
+    # -- offline use -----------------------------------------------------------------
+
+    def replay(self, events: Iterable[InputEventT]) -> list[Output]:
+        """Run events through per-session states, using each event's time as the clock."""
+        states: dict[str, SessionState] = {}
+        outputs: list[Output] = []
+        for event in events:
+            key = event.key
+            states[key], produced = self.step(states.get(key), event, event.ts)
+            outputs.extend(produced)
+        return outputs
+
+
+def _trim(history: list[Record], size: int) -> None:
+    excess = len(history) - size
+    if excess > 0:
+        del history[:excess]
+
+
+def _warning_rises(state: SessionState, detection: Detection, run: str | None) -> bool:
+    """Publish a warning once per bucket of 10 per warning key (OpenClaw's de-dup)."""
+    key = fold(detection.warning_key)
+    bucket = detection.count // WARNING_BUCKET_SIZE
+    last = state.warnings.get(key)
+    if bucket <= (last[1] if last is not None else 0):
+        return False
+    state.warnings[key] = (run, bucket)  # an existing key keeps its age, as in a JS Map
+    if len(state.warnings) > MAX_WARNING_KEYS:
+        del state.warnings[next(iter(state.warnings))]
+    return True
