@@ -66,12 +66,16 @@ def decode_event(
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as uexc:
-            raise EventRejected("invalid_utf8", f"not UTF-8: {uexc.reason} at byte {uexc.start}") from None
+            raise EventRejected(
+                "invalid_utf8", f"not UTF-8: {uexc.reason} at byte {uexc.start}"
+            ) from None
         if "recursion" in str(exc) or "depth" in str(exc):
             raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}") from None
         raise EventRejected("invalid_json", f"not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise EventRejected("not_an_object", f"an event is a JSON object, got {type(data).__name__}")
+        raise EventRejected(
+            "not_an_object", f"an event is a JSON object, got {type(data).__name__}"
+        )
     # Cheap bound first: nesting can never exceed the number of opening brackets.
     if raw.count(b"{") + raw.count(b"[") > max_depth and _depth(data, max_depth) > max_depth:
         raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")

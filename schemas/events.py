@@ -113,8 +113,10 @@ class ToolResult(_ArgsCarrier):
 
     @model_validator(mode="after")
     def _one_outcome(self) -> ToolResult:
-        given = ("result" in self.model_fields_set) + (self.result_hash is not None) + (
-            self.error is not None
+        given = (
+            ("result" in self.model_fields_set)
+            + (self.result_hash is not None)
+            + (self.error is not None)
         )
         if given != 1:
             raise ValueError("a tool_result carries exactly one of result, result_hash or error")
@@ -144,9 +146,7 @@ class RunEnded(_InputEvent):
     type: Literal["run_ended"]
 
 
-InputEvent = Annotated[
-    ToolCall | ToolResult | Compaction | RunEnded, Field(discriminator="type")
-]
+InputEvent = Annotated[ToolCall | ToolResult | Compaction | RunEnded, Field(discriminator="type")]
 input_event_adapter: TypeAdapter[ToolCall | ToolResult | Compaction | RunEnded] = TypeAdapter(
     InputEvent
 )

@@ -33,7 +33,7 @@ def _fast_path_ok(value: Any) -> bool:
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:
-        return -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT
+        return bool(-_MAX_SAFE_INT <= value <= _MAX_SAFE_INT)
     if kind is dict:
         for key, child in value.items():
             if not key.isascii() and max(key) >= _BMP_SAFE_LIMIT:

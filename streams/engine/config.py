@@ -64,7 +64,9 @@ def _flag(value: Any, default: bool) -> bool:
     return value if isinstance(value, bool) else default
 
 
-def merge_blocks(global_block: dict[str, Any] | None, agent_block: dict[str, Any] | None) -> dict[str, Any]:
+def merge_blocks(
+    global_block: dict[str, Any] | None, agent_block: dict[str, Any] | None
+) -> dict[str, Any]:
     """Overlay an agent's block on the global one, nested objects one level deeper."""
     merged: dict[str, Any] = dict(global_block or {})
     for key, value in (agent_block or {}).items():

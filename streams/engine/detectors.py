@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schemas.events import Detector, Level
 from streams.engine.config import ResolvedConfig
 from streams.engine.state import Record
 
 
 @dataclass(frozen=True, slots=True)
 class Detection:
-    level: str  # "warning" | "critical"
-    detector: str
+    level: Level  # "warning" | "critical"
+    detector: Detector
     count: int
     message: str
     warning_key: str
@@ -193,18 +194,18 @@ def detect(
             f"{scope}:global:{tool}:{args_token}:{latest:016x}",
         )
     if known_poll and config.known_poll_no_progress and streak >= config.warning_threshold:
-        level = "critical" if streak >= config.critical_threshold else "warning"
+        poll_level: Level = "critical" if streak >= config.critical_threshold else "warning"
         return Detection(
-            level,
+            poll_level,
             "known_poll_no_progress",
             streak,
-            message_for("known_poll_no_progress", level, tool, streak, None),
+            message_for("known_poll_no_progress", poll_level, tool, streak, None),
             f"{scope}:poll:{tool}:{args_token}:{latest:016x}",
         )
     if config.ping_pong:
         pong = ping_pong_streak(history, sig)
         if pong.count >= config.warning_threshold:
-            level = (
+            level: Level = (
                 "critical"
                 if pong.count >= config.critical_threshold and pong.no_progress_evidence
                 else "warning"

@@ -171,6 +171,7 @@ def _exec_outcome(details: dict[str, Any], text: str) -> dict[str, Any] | None:
 
 
 def _process_outcome(action: str, details: dict[str, Any], text: str) -> dict[str, Any]:
+    fields: tuple[str, ...]
     if action == "poll":
         fields = ("status", "exitCode", "exitSignal", "aggregated")
     else:
@@ -261,4 +262,3 @@ def result_token(
     if outcome is None:
         return None
     return digest(canonical_json(outcome))
-

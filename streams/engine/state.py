@@ -12,7 +12,15 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from schemas.events import Compaction, RunEnded, ToolCall, ToolResult, input_event_adapter
+from schemas.events import (
+    Action,
+    Compaction,
+    Detector,
+    RunEnded,
+    ToolCall,
+    ToolResult,
+    input_event_adapter,
+)
 
 FORMAT_VERSION = 1
 MAX_WARNING_KEYS = 256
@@ -65,8 +73,8 @@ class Decision:
     detail: str | None  # unknown-tool name or paired tool name, for the message
 
 
-ACTIONS = ("allow", "warn", "block", "abort")
-DETECTORS = (
+ACTIONS: tuple[Action, ...] = ("allow", "warn", "block", "abort")
+DETECTORS: tuple[Detector | None, ...] = (
     None,
     "unknown_tool_repeat",
     "global_circuit_breaker",

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.config import DetectionConfigFile
-from schemas.events import Compaction, LoopEvent, RunEnded, ToolCall, ToolResult, Verdict
+from schemas.events import (
+    Action,
+    Compaction,
+    Detector,
+    Level,
+    LoopEvent,
+    RunEnded,
+    ToolCall,
+    ToolResult,
+    Verdict,
+)
 from streams.engine.config import ConfigResolver, ResolvedConfig
 from streams.engine.detectors import Detection, detect, guard_message, message_for
 from streams.engine.fingerprint import (
@@ -43,6 +53,12 @@ from streams.engine.state import (
 WARNING_BUCKET_SIZE = 10
 DEFAULT_MAX_PARKED = 32
 
+_LEVEL_OF_ACTION: dict[Action, Level] = {
+    "allow": "none",
+    "warn": "warning",
+    "block": "critical",
+    "abort": "critical",
+}
 _ACTION_CODE = {name: code for code, name in enumerate(ACTIONS)}
 _DETECTOR_CODE = {name: code for code, name in enumerate(DETECTORS)}
 
@@ -78,7 +94,9 @@ def run_scope(run_id: str | None) -> str | None:
 
 
 def verdict_id(session: str, run: str | None, call_id: str | None, action: str) -> str:
-    return digest(f"{session}\x1f{run or ''}\x1f{call_id or ''}\x1f{action}".encode("utf-8", "surrogatepass"))
+    return digest(
+        f"{session}\x1f{run or ''}\x1f{call_id or ''}\x1f{action}".encode("utf-8", "surrogatepass")
+    )
 
 
 class Engine:
@@ -179,11 +197,13 @@ class Engine:
             if decision.event == event_hash:
                 action = ACTIONS[decision.action]
                 detector = DETECTORS[decision.detector]
-                level = {"allow": "none", "warn": "warning"}.get(action, "critical")
+                level: Level = _LEVEL_OF_ACTION[action]
                 message = (
                     None
                     if detector is None
-                    else message_for(detector, level, event.tool_name, decision.count, decision.detail)
+                    else message_for(
+                        detector, level, event.tool_name, decision.count, decision.detail
+                    )
                 )
                 outputs.append(
                     self._verdict(
@@ -242,6 +262,9 @@ class Engine:
             state.history.append(Record(tool, sig, run, call_hash, 0, None, event.ts))
             _trim(state.history, config.history_size)
 
+        action: Action
+        level: Level
+        detector: Detector | None
         if detection is None or not enforce:
             action, level, detector, count, message, paired = "allow", "none", None, 0, None, None
         else:
@@ -356,8 +379,15 @@ class Engine:
             if enforce:
                 outputs.append(
                     self._verdict(
-                        event, "abort", "critical", "compaction_loop_persisted", repeats,
-                        message, token, None, now_ms,
+                        event,
+                        "abort",
+                        "critical",
+                        "compaction_loop_persisted",
+                        repeats,
+                        message,
+                        token,
+                        None,
+                        now_ms,
                     )
                 )
             outputs.append(
@@ -403,9 +433,9 @@ class Engine:
     def _verdict(
         self,
         event: ToolCall | ToolResult,
-        action: str,
-        level: str,
-        detector: str | None,
+        action: Action,
+        level: Level,
+        detector: Detector | None,
         count: int,
         message: str | None,
         args_token: str | None,
@@ -446,9 +476,9 @@ class Engine:
         event: InputEventT,
         config: ResolvedConfig,
         *,
-        action: str,
-        level: str,
-        detector: str,
+        action: Action,
+        level: Level,
+        detector: Detector,
         count: int,
         message: str | None,
         warning_key: str | None,
@@ -462,7 +492,9 @@ class Engine:
         return LoopEvent.model_construct(
             type="loop_event",
             event_id=digest(
-                f"{session}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode("utf-8", "surrogatepass")
+                f"{session}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode(
+                    "utf-8", "surrogatepass"
+                )
             ),
             session_key=session,
             run_id=event.run_id,
