@@ -69,7 +69,7 @@ def replay_lines(
                     .encode()
                 )
             else:
-                yield output.model_dump_json().encode()
+                yield output.to_json()
 
 
 def _progress_lines(stream: IO[bytes], total: int | None) -> Iterator[bytes]:

@@ -1,17 +1,20 @@
 """The pure detection engine: a fold of each session's events, no I/O, no clock."""
 
 from streams.engine.config import ConfigResolver, ResolvedConfig, resolve_config
+from streams.engine.outputs import LoopEvent, Verdict
 from streams.engine.state import Record, SessionState
 from streams.engine.step import Engine, Notice, Output, Rejection
 
 __all__ = [
     "ConfigResolver",
     "Engine",
+    "LoopEvent",
     "Notice",
     "Output",
     "Record",
     "Rejection",
     "ResolvedConfig",
     "SessionState",
+    "Verdict",
     "resolve_config",
 ]

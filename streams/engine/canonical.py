@@ -38,7 +38,8 @@ def _fast_path_ok(value: Any) -> bool:
         for key, child in value.items():
             if not key.isascii() and max(key) >= _BMP_SAFE_LIMIT:
                 return False
-            if not _fast_path_ok(child):
+            # Strings are most leaves: test them inline rather than by a call.
+            if type(child) is not str and not _fast_path_ok(child):
                 return False
         return True
     if kind is list:

@@ -169,8 +169,15 @@ def detect(
     known_poll: bool,
     config: ResolvedConfig,
     run: str | None,
+    recent: int,
 ) -> Detection | None:
-    """The decision table of spec section 6: first match wins."""
+    """The decision table of spec section 6: first match wins.
+
+    ``recent`` is the number of records with this call's signature. When it is 0,
+    every counter but the unknown-tool streak is 0 too (no-progress needs a record of
+    this signature, ping-pong needs this signature to be the alternation's other
+    side), which lets the common healthy call skip the history scans.
+    """
     if not history:
         return None
     scope = run or ""
@@ -184,6 +191,8 @@ def detect(
             f"{scope}:unknown-tool:{tool}:{unknown_name}",
             detail=unknown_name,
         )
+    if not recent:
+        return None
     streak, latest = no_progress_streak(history, sig)
     if streak >= config.global_circuit_breaker_threshold:
         return Detection(
@@ -229,7 +238,6 @@ def detect(
                 message_for("generic_repeat", "critical", tool, streak, None),
                 f"{scope}:generic:{tool}:{args_token}:{latest:016x}",
             )
-        recent = sum(1 for rec in history if rec.sig == sig)
         if recent >= config.warning_threshold:
             return Detection(
                 "warning",

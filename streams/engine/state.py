@@ -97,6 +97,54 @@ class SessionState:
     seen_ids: list[int] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     touched_ms: int = 0
+    # Derived, never serialised: the run ids present in the history (None = recompute).
+    _runs: set[str | None] | None = field(default=None, repr=False, compare=False)
+    # Derived, never serialised: how many records of the history carry each signature.
+    _sig_counts: dict[int, int] | None = field(default=None, repr=False, compare=False)
+
+    def recent_count(self, sig: int, history: list[Record]) -> int:
+        """Records with this signature in ``history`` (a run's view of the history)."""
+        if history is not self.history:
+            return sum(1 for rec in history if rec.sig == sig)
+        counts = self._sig_counts
+        if counts is None:
+            counts = self._sig_counts = {}
+            for rec in self.history:
+                counts[rec.sig] = counts.get(rec.sig, 0) + 1
+        return counts.get(sig, 0)
+
+    def run_history(self, run: str | None) -> list[Record]:
+        """The records detection may see: those of the current run."""
+        runs = self._runs
+        if runs is None:
+            runs = self._runs = {rec.run for rec in self.history}
+        if len(runs) == 1 and run in runs:
+            return self.history  # the common case: one run per session history
+        return [rec for rec in self.history if rec.run == run]
+
+    def append(self, record: Record, history_size: int) -> None:
+        """Add a record and trim the history oldest-first to ``history_size``."""
+        history = self.history
+        history.append(record)
+        if self._runs is not None:
+            self._runs.add(record.run)
+        counts = self._sig_counts
+        if counts is not None:
+            counts[record.sig] = counts.get(record.sig, 0) + 1
+        excess = len(history) - history_size
+        if excess > 0:
+            if counts is not None:
+                for rec in history[:excess]:
+                    left = counts[rec.sig] - 1
+                    if left:
+                        counts[rec.sig] = left
+                    else:
+                        del counts[rec.sig]
+            # One record leaving while the next is of the same run changes no run set.
+            same_runs = excess == 1 and history[0].run == history[1].run
+            del history[:excess]
+            if not same_runs:
+                self._runs = None  # a run may have left the history: recompute lazily
 
     # -- serialisation -------------------------------------------------------------
 

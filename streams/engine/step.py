@@ -17,11 +17,9 @@ from schemas.events import (
     Compaction,
     Detector,
     Level,
-    LoopEvent,
     RunEnded,
     ToolCall,
     ToolResult,
-    Verdict,
 )
 from streams.engine.config import ConfigResolver, ResolvedConfig
 from streams.engine.detectors import Detection, detect, guard_message, message_for
@@ -37,6 +35,7 @@ from streams.engine.fingerprint import (
     signature,
     unknown_tool_name,
 )
+from streams.engine.outputs import LoopEvent, Verdict
 from streams.engine.state import (
     ACTIONS,
     DETECTORS,
@@ -249,18 +248,16 @@ class Engine:
         sig = signature(tool, token)
         detection: Detection | None = None
         if config.detection_on:
-            history = state.history
-            if any(rec.run != run for rec in history):
-                history = [rec for rec in history if rec.run == run]
+            history = state.run_history(run)
             known_poll = is_known_poll(tool, action_of(event.args, event.args_action))
-            detection = detect(history, tool, sig, token, known_poll, config, run)
+            recent = state.recent_count(sig, history)
+            detection = detect(history, tool, sig, token, known_poll, config, run, recent)
 
         enforce = self.resolver.enforce
         critical = detection is not None and detection.level == "critical"
         if config.recording_on and not (critical and enforce):
             call_hash = fold(event.call_id) & 0xFFFFFFFF if event.call_id else 0
-            state.history.append(Record(tool, sig, run, call_hash, 0, None, event.ts))
-            _trim(state.history, config.history_size)
+            state.append(Record(tool, sig, run, call_hash, 0, None, event.ts), config.history_size)
 
         action: Action
         level: Level
@@ -361,8 +358,7 @@ class Engine:
             )
             return
         else:
-            history.append(Record(tool, sig, run, 0, result, unknown, event.ts))
-            _trim(history, config.history_size)
+            state.append(Record(tool, sig, run, 0, result, unknown, event.ts), config.history_size)
 
         guard = state.guards.get(run)
         if guard is None:
@@ -443,8 +439,7 @@ class Engine:
         now_ms: int,
     ) -> Verdict:
         session = event.key
-        return Verdict.model_construct(
-            type="verdict",
+        return Verdict(
             verdict_id=verdict_id(session, event.run_id, event.call_id, action),
             session_key=session,
             run_id=event.run_id,
@@ -489,8 +484,7 @@ class Engine:
         now_ms: int,
     ) -> LoopEvent:
         session = event.key
-        return LoopEvent.model_construct(
-            type="loop_event",
+        return LoopEvent(
             event_id=digest(
                 f"{session}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode(
                     "utf-8", "surrogatepass"
@@ -527,12 +521,6 @@ class Engine:
             states[key], produced = self.step(states.get(key), event, event.ts)
             outputs.extend(produced)
         return outputs
-
-
-def _trim(history: list[Record], size: int) -> None:
-    excess = len(history) - size
-    if excess > 0:
-        del history[:excess]
 
 
 def _warning_rises(state: SessionState, detection: Detection, run: str | None) -> bool:

@@ -1,0 +1,260 @@
+"""Engine throughput on a realistic event mix, one core, no broker.
+
+Mostly healthy sessions, some looping of each kind (generic repeat, known poll,
+ping-pong, unknown tool, loop after compaction); args of realistic sizes and some
+10 KB results. Events are decoded once up front: the timed loop is ``Engine.step``
+alone (the issue's "engine step excluding JSON decoding"); decoding is measured
+separately for reference.
+
+    python bench/engine.py [--sessions 2000] [--calls 60] [--seed 1]
+
+The last line is ``engine_events_per_s=<float> state_bytes_per_session=<int>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import time
+from typing import Any
+
+import orjson
+
+from schemas import decode_event, parse_config
+from streams.engine import Engine, SessionState
+
+TOOLS = ["read", "write", "exec", "web_search", "web_fetch", "browser", "memory_search"]
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "build",
+    "test",
+    "deploy",
+    "config",
+    "cache",
+    "index",
+    "report",
+    "query",
+]
+
+
+def _text(rng: random.Random, size: int) -> str:
+    out: list[str] = []
+    length = 0
+    while length < size:
+        word = rng.choice(WORDS)
+        out.append(word)
+        length += len(word) + 1
+    return " ".join(out)
+
+
+def _args(rng: random.Random, tool: str, step: int) -> dict[str, Any]:
+    if tool == "exec":
+        return {"command": f"pytest tests/test_{step % 40}.py -q", "timeout": 120, "cwd": "/work"}
+    if tool in ("read", "write"):
+        args: dict[str, Any] = {"path": f"/work/src/module_{step % 50}.py"}
+        if tool == "write":
+            args["content"] = _text(rng, 400)
+        return args
+    if tool == "web_search":
+        return {"query": _text(rng, 40), "count": 5}
+    return {"url": f"https://example.org/page/{step}", "maxChars": 20000}
+
+
+def _result(rng: random.Random, tool: str, big: bool) -> dict[str, Any]:
+    text = _text(rng, 10_240 if big else rng.randint(80, 1500))
+    if tool == "exec":
+        return {
+            "content": [{"type": "text", "text": text}],
+            "details": {
+                "status": "completed",
+                "exitCode": 0,
+                "durationMs": rng.randint(5, 900),
+                "aggregated": text,
+                "pid": rng.randint(100, 9999),
+            },
+        }
+    return {"content": [{"type": "text", "text": text}], "details": {"bytes": len(text)}}
+
+
+class Session:
+    """Writes one session's events as wire JSON lines, with seq and ids."""
+
+    def __init__(self, key: str, run: str, agent: str | None) -> None:
+        self.key, self.run, self.agent = key, run, agent
+        self.seq = 0
+        self.lines: list[bytes] = []
+
+    def emit(self, ts: int, **fields: Any) -> None:
+        event = {
+            "event_id": f"{self.key}-{self.seq}",
+            "session_key": self.key,
+            "run_id": self.run,
+            "agent_id": self.agent,
+            "seq": self.seq,
+            "ts": ts,
+            **fields,
+        }
+        self.seq += 1
+        self.lines.append(orjson.dumps(event))
+
+    def call_and_result(self, ts: int, call: str, tool: str, args: Any, **outcome: Any) -> None:
+        self.emit(ts, type="tool_call", call_id=call, tool_name=tool, args=args)
+        self.emit(ts + 5, type="tool_result", call_id=call, tool_name=tool, **outcome)
+
+
+def build_workload(sessions: int, calls: int, seed: int) -> list[bytes]:
+    """Interleaved wire events of many sessions; ~80% healthy, the rest looping."""
+    rng = random.Random(seed)
+    kinds = ["healthy"] * 16 + ["generic", "poll", "pingpong", "unknown", "compaction"]
+    all_sessions: list[Session] = []
+    for index in range(sessions):
+        kind = kinds[index % len(kinds)]
+        session = Session(
+            f"agent:{index % 50}:session:{index}", f"run-{index}", f"agent-{index % 5}"
+        )
+        ts = 1_790_000_000_000 + index
+        for step in range(calls):
+            ts += rng.randint(200, 5000)
+            call = f"call_{index}_{step}"
+            if kind == "healthy" or step < calls // 4:
+                tool = rng.choice(TOOLS)
+                big = rng.random() < 0.05
+                session.call_and_result(
+                    ts,
+                    call,
+                    tool,
+                    _args(rng, tool, rng.randint(0, 10_000)),
+                    result=_result(rng, tool, big),
+                )
+            elif kind == "generic":
+                session.call_and_result(
+                    ts,
+                    call,
+                    "exec",
+                    {"command": "make build"},
+                    result={"content": [{"type": "text", "text": "error: x"}]},
+                )
+            elif kind == "poll":
+                session.call_and_result(
+                    ts,
+                    call,
+                    "process",
+                    {"action": "poll", "sessionId": "p1"},
+                    result={"details": {"status": "running", "aggregated": "..."}},
+                )
+            elif kind == "pingpong":
+                tool = "read" if step % 2 else "exec"
+                session.call_and_result(
+                    ts,
+                    call,
+                    tool,
+                    {"path": "/tmp/a"} if step % 2 else {"command": "cat /tmp/a"},
+                    result={"content": []},
+                )
+            elif kind == "unknown":
+                session.call_and_result(
+                    ts,
+                    call,
+                    "deploy_magic",
+                    {"target": f"t{step}"},
+                    error="Unknown tool: deploy_magic",
+                )
+            else:
+                if step % 10 == 0:
+                    session.emit(ts, type="compaction", reason="context_overflow")
+                session.call_and_result(
+                    ts,
+                    call,
+                    "exec",
+                    {"command": "npm test"},
+                    result={
+                        "details": {"status": "failed", "exitCode": 1, "aggregated": "1 failing"}
+                    },
+                )
+        all_sessions.append(session)
+    # Interleave sessions like a fleet would: round-robin with random bursts.
+    events: list[bytes] = []
+    cursors = [0] * len(all_sessions)
+    live = list(range(len(all_sessions)))
+    while live:
+        pick = rng.randrange(len(live))
+        index = live[pick]
+        lines = all_sessions[index].lines
+        burst = rng.randint(1, 4)
+        events.extend(lines[cursors[index] : cursors[index] + burst])
+        cursors[index] += burst
+        if cursors[index] >= len(lines):
+            live[pick] = live[-1]
+            live.pop()
+    return events
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=2000)
+    parser.add_argument("--calls", type=int, default=60, help="tool calls per session")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="timed passes; the median is reported"
+    )
+    opts = parser.parse_args()
+
+    config = parse_config({"tools": {"loopDetection": {"enabled": True}}})
+    raw = build_workload(opts.sessions, opts.calls, opts.seed)
+    mean_size = statistics.fmean(len(line) for line in raw)
+    print(f"workload: {len(raw)} events, {opts.sessions} sessions, mean event {mean_size:.0f} B")
+
+    start = time.perf_counter()
+    events = [decode_event(line) for line in raw]
+    decode_s = time.perf_counter() - start
+    print(f"decode+validate (not in the engine figure): {len(raw) / decode_s:,.0f} events/s")
+
+    rates: list[float] = []
+    latencies_ns: list[int] = []
+    states: dict[str, SessionState] = {}
+    outputs = 0
+    for round_no in range(opts.rounds):
+        engine = Engine(config)
+        states = {}
+        outputs = 0
+        per_event: list[int] = []
+        clock = time.perf_counter_ns
+        gc.disable()
+        begin = clock()
+        for event in events:
+            t0 = clock()
+            key = event.key
+            states[key], produced = engine.step(states.get(key), event, event.ts)
+            per_event.append(clock() - t0)
+            outputs += len(produced)
+        elapsed = (clock() - begin) / 1e9
+        gc.enable()
+        rates.append(len(events) / elapsed)
+        latencies_ns = per_event
+        print(f"round {round_no + 1}: {rates[-1]:,.0f} events/s ({outputs} outputs)")
+
+    latencies_ns.sort()
+    p50 = latencies_ns[len(latencies_ns) // 2] / 1000
+    p99 = latencies_ns[int(len(latencies_ns) * 0.99)] / 1000
+    sizes = sorted(len(state.to_bytes()) for state in states.values())
+    median_size = sizes[len(sizes) // 2]
+    start = time.perf_counter()
+    for state in states.values():
+        SessionState.from_bytes(state.to_bytes())
+    codec_us = (time.perf_counter() - start) / len(states) * 1e6
+    rate = statistics.median(rates)
+    print(f"engine step: median {rate:,.0f} events/s; per event p50 {p50:.1f} us, p99 {p99:.1f} us")
+    print(
+        f"state bytes per session (history {config.global_block.historySize if config.global_block and config.global_block.historySize else 30}): "
+        f"median {median_size}, max {sizes[-1]}; to_bytes+from_bytes {codec_us:.1f} us"
+    )
+    print(f"engine_events_per_s={rate:.1f} state_bytes_per_session={median_size}")
+
+
+if __name__ == "__main__":
+    main()
