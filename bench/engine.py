@@ -249,9 +249,10 @@ def main() -> None:
     codec_us = (time.perf_counter() - start) / len(states) * 1e6
     rate = statistics.median(rates)
     print(f"engine step: median {rate:,.0f} events/s; per event p50 {p50:.1f} us, p99 {p99:.1f} us")
+    history_size = engine.resolve(None).history_size
     print(
-        f"state bytes per session (history {config.global_block.historySize if config.global_block and config.global_block.historySize else 30}): "
-        f"median {median_size}, max {sizes[-1]}; to_bytes+from_bytes {codec_us:.1f} us"
+        f"state bytes per session (history {history_size}): median {median_size}, "
+        f"max {sizes[-1]}; to_bytes+from_bytes {codec_us:.1f} us"
     )
     print(f"engine_events_per_s={rate:.1f} state_bytes_per_session={median_size}")
 

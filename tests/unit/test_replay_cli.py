@@ -70,7 +70,7 @@ def test_malformed_lines_become_dead_letters_and_the_next_event_is_judged() -> N
 
 
 def test_compaction_loop_aborts_with_the_call_id_of_the_tripping_result() -> None:
-    code, out, stderr = replay("-", stdin=(FIXTURES / "compaction_loop.jsonl").read_bytes())
+    code, out, _ = replay("-", stdin=(FIXTURES / "compaction_loop.jsonl").read_bytes())
     assert code == 0
     aborts = [line for line in out if line["type"] == "verdict" and line["action"] == "abort"]
     assert len(aborts) == 1
