@@ -1,0 +1,410 @@
+"""The gateway client: the Python reference for integrating an agent gateway with loopfuse.
+
+A gateway publishes what its agents do (tool calls, results, compactions, run ends)
+and, before it runs a tool, asks for the verdict:
+
+    async with GatewayClient("127.0.0.1:9092") as client:
+        session = client.session("agent:main:42", run_id="run-7", agent_id="main")
+        verdict = await session.check("exec", {"command": "make test"})
+        if verdict.action == "block":
+            return blocked_tool_result(verdict)        # OpenClaw's blocked tool-result shape
+        outcome = run_the_tool(...)
+        await session.result("exec", {"command": "make test"}, call_id=verdict.call_id,
+                             result=outcome)
+
+One producer and one verdict consumer serve any number of concurrent sessions.
+Verdicts are matched to calls by (session, call id). ``seq`` and ``event_id`` are
+assigned here, per session, in publish order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from pydantic import ValidationError
+
+from schemas.events import Verdict
+from streams.engine.fingerprint import args_hash, result_token
+from streams.engine.step import verdict_id
+from streams.settings import Settings
+
+log = logging.getLogger("loopfuse.gateway")
+
+FailPolicy = Literal["open", "closed"]
+AbortCallback = Callable[[Verdict], Awaitable[None] | None]
+
+TIMEOUT_MESSAGE = "loopfuse did not answer in time; the call is {what} by the fail-{policy} policy."
+
+
+def _default(name: str) -> str:
+    value = Settings.model_fields[name].default
+    assert isinstance(value, str)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic names; the defaults are the worker's defaults."""
+
+    tool_calls: str = field(default_factory=lambda: _default("topic_tool_calls"))
+    tool_results: str = field(default_factory=lambda: _default("topic_tool_results"))
+    compactions: str = field(default_factory=lambda: _default("topic_compactions"))
+    verdicts: str = field(default_factory=lambda: _default("topic_verdicts"))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Topics:
+        return cls(
+            settings.topic_tool_calls,
+            settings.topic_tool_results,
+            settings.topic_compactions,
+            settings.topic_verdicts,
+        )
+
+
+def blocked_tool_result(verdict: Verdict) -> dict[str, Any]:
+    """What the gateway returns to the agent instead of running a blocked tool (spec 6).
+
+    loopfuse recognises this shape when it comes back as the tool's result and
+    records nothing for it, so the block stays in force.
+    """
+    message = verdict.message or "blocked by loopfuse"
+    return {
+        "content": [{"type": "text", "text": message}],
+        "details": {"status": "blocked", "deniedReason": "tool-loop", "reason": message},
+    }
+
+
+class GatewaySession:
+    """One agent session as the gateway sees it: assigns ``seq`` and event ids."""
+
+    def __init__(
+        self, client: GatewayClient, session_key: str, run_id: str | None, agent_id: str | None
+    ) -> None:
+        self.client = client
+        self.session_key = session_key
+        self.run_id = run_id
+        self.agent_id = agent_id
+        self._seq = itertools.count()
+        self._calls = itertools.count()
+        # Called with every event this session publishes, in seq order (audit logs,
+        # the fleet simulator's expected-verdict engine).
+        self.observer: Callable[[dict[str, Any]], None] | None = None
+
+    async def _publish(self, topic: str, event: dict[str, Any]) -> None:
+        if self.observer is not None:
+            self.observer(event)
+        await self.client._publish(topic, self.session_key, event)
+
+    def _envelope(self, kind: str) -> dict[str, Any]:
+        seq = next(self._seq)
+        return {
+            "type": kind,
+            "event_id": f"{self.client.client_id}:{self.session_key}:{seq}",
+            "session_key": self.session_key,
+            "run_id": self.run_id,
+            "agent_id": self.agent_id,
+            "seq": seq,
+            "ts": int(time.time() * 1000),
+        }
+
+    def new_call_id(self) -> str:
+        return f"call-{next(self._calls)}"
+
+    async def check(
+        self, tool_name: str, args: Any, *, call_id: str | None = None, timeout: float | None = None
+    ) -> Verdict:
+        """Publish a tool call and wait for its verdict (see ``GatewayClient.check``)."""
+        return await self.client.check(self, tool_name, args, call_id=call_id, timeout=timeout)
+
+    async def result(
+        self,
+        tool_name: str,
+        args: Any,
+        *,
+        call_id: str,
+        result: Any = None,
+        error: str | None = None,
+        unknown_tool: str | None = None,
+    ) -> None:
+        """Publish a tool's outcome: ``result`` (OpenClaw's shape) or ``error`` text."""
+        event = self._envelope("tool_result")
+        event.update(call_id=call_id, tool_name=tool_name)
+        self.client._put_args(event, tool_name, args)
+        if error is not None:
+            event["error"] = error
+        elif self.client.hash_locally:
+            event["result_hash"] = result_token(
+                tool_name,
+                args,
+                result=result,
+                send_tools=self.client.send_tools,
+            )
+            if event["result_hash"] is None:  # nothing to record: say so without payload
+                del event["result_hash"]
+                event["result"] = None
+        else:
+            event["result"] = result
+        if unknown_tool is not None:
+            event["unknown_tool"] = unknown_tool
+        await self._publish(self.client.topics.tool_results, event)
+
+    async def compaction(self, reason: str = "context_overflow") -> None:
+        event = self._envelope("compaction")
+        event["reason"] = reason
+        await self._publish(self.client.topics.compactions, event)
+
+    async def run_ended(self) -> None:
+        event = self._envelope("run_ended")
+        await self._publish(self.client.topics.compactions, event)
+        self.client._forget_run(self.session_key, self.run_id)
+
+    def new_run(self, run_id: str) -> None:
+        """The session moves on to another run (e.g. the next heartbeat cycle)."""
+        self.run_id = run_id
+
+
+class GatewayClient:
+    """Publishes a fleet's tool activity and hands back loopfuse's verdicts."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        topics: Topics | None = None,
+        timeout: float = 5.0,
+        fail_policy: FailPolicy = "open",
+        hash_locally: bool = False,
+        send_tools: frozenset[str] = frozenset(),
+        sticky_blocks: bool = True,
+        client_id: str | None = None,
+        linger_ms: int = 0,
+        **kafka_options: Any,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topics = topics or Topics()
+        self.timeout = timeout
+        self.fail_policy: FailPolicy = fail_policy
+        self.hash_locally = hash_locally
+        self.send_tools = send_tools
+        self.sticky_blocks = sticky_blocks
+        self.client_id = client_id or f"gw-{uuid.uuid4().hex[:12]}"
+        self._kafka_options = kafka_options
+        self._linger_ms = linger_ms
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._pending: dict[tuple[str, str], asyncio.Future[Verdict]] = {}
+        self._blocked: dict[tuple[str, str | None], dict[str, Verdict]] = {}
+        self._abort_callbacks: dict[tuple[str, str | None], list[AbortCallback]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._aborted: set[str] = set()  # verdict ids: a redelivered abort fires once
+        self.timeouts = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=self.client_id,
+            linger_ms=self._linger_ms,
+            acks=1,
+            **self._kafka_options,
+        )
+        await self._producer.start()
+        # No consumer group: every gateway reads every verdict partition from "now".
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=f"{self.client_id}-verdicts",
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=5,
+            **self._kafka_options,
+        )
+        await self._consumer.start()
+        partitions = await self._partitions_of(self.topics.verdicts)
+        tps = [TopicPartition(self.topics.verdicts, p) for p in partitions]
+        self._consumer.assign(tps)
+        await self._consumer.seek_to_end(*tps)
+        for tp in tps:  # resolve "end" now, so no verdict published after start is missed
+            await self._consumer.position(tp)
+        self._reader = asyncio.create_task(self._read_verdicts(), name="loopfuse-verdicts")
+
+    async def _partitions_of(self, topic: str) -> set[int]:
+        assert self._consumer is not None
+        for _ in range(100):
+            partitions = self._consumer.partitions_for_topic(topic)
+            if partitions:
+                return set(partitions)
+            await self._consumer._client.force_metadata_update()
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"topic {topic!r} does not exist (is the loopfuse worker running?)")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        for task in list(self._background):
+            task.cancel()
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        for future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+
+    async def __aenter__(self) -> GatewayClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- the gateway API ---------------------------------------------------------------
+
+    def session(
+        self, session_key: str, *, run_id: str | None = None, agent_id: str | None = None
+    ) -> GatewaySession:
+        return GatewaySession(self, session_key, run_id, agent_id)
+
+    def on_abort(self, session_key: str, run_id: str | None, callback: AbortCallback) -> None:
+        """Call ``callback(verdict)`` when loopfuse aborts this run (post-compaction guard)."""
+        self._abort_callbacks.setdefault((session_key, run_id), []).append(callback)
+
+    async def check(
+        self,
+        session: GatewaySession,
+        tool_name: str,
+        args: Any,
+        *,
+        call_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Verdict:
+        """Publish a tool call and wait for its verdict.
+
+        A call this run already had blocked (same args hash) is answered from the
+        local sticky-block cache without a round trip. When no verdict arrives within
+        the timeout, the fail policy decides: ``open`` allows, ``closed`` blocks.
+        """
+        call_id = call_id or session.new_call_id()
+        token = args_hash(args)
+        run_key = (session.session_key, session.run_id)
+        if self.sticky_blocks:
+            blocked = self._blocked.get(run_key, {}).get(token)
+            if blocked is not None:
+                return blocked.model_copy(
+                    update={
+                        "call_id": call_id,
+                        "verdict_id": verdict_id(
+                            session.session_key, session.run_id, call_id, "block"
+                        ),
+                        "decided_ts": int(time.time() * 1000),
+                    }
+                )
+        event = session._envelope("tool_call")
+        event.update(call_id=call_id, tool_name=tool_name)
+        self._put_args(event, tool_name, args, token)
+        waiter: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._pending[(session.session_key, call_id)] = waiter
+        try:
+            await session._publish(self.topics.tool_calls, event)
+            verdict = await asyncio.wait_for(waiter, timeout or self.timeout)
+        except TimeoutError:
+            self.timeouts += 1
+            return self._timeout_verdict(event, token)
+        finally:
+            self._pending.pop((session.session_key, call_id), None)
+        if verdict.action == "block" and self.sticky_blocks:
+            self._blocked.setdefault(run_key, {})[token] = verdict
+        return verdict
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _put_args(
+        self, event: dict[str, Any], tool_name: str, args: Any, token: str | None = None
+    ) -> None:
+        if self.hash_locally:
+            event["args_hash"] = token or args_hash(args)
+            if isinstance(args, dict) and isinstance(args.get("action"), str):
+                event["args_action"] = args["action"]
+        else:
+            event["args"] = args
+
+    async def _publish(self, topic: str, key: str, event: dict[str, Any]) -> None:
+        assert self._producer is not None, "GatewayClient.start() first"
+        # send() (not send_and_wait) keeps per-partition order and lets calls batch;
+        # the verdict itself is the acknowledgement the gateway waits for.
+        await self._producer.send(topic, orjson.dumps(event), key=key.encode())
+
+    def _timeout_verdict(self, event: dict[str, Any], token: str) -> Verdict:
+        allow = self.fail_policy == "open"
+        action = "allow" if allow else "block"
+        return Verdict(
+            verdict_id=verdict_id(event["session_key"], event["run_id"], event["call_id"], action),
+            session_key=event["session_key"],
+            run_id=event["run_id"],
+            agent_id=event["agent_id"],
+            call_id=event["call_id"],
+            seq=event["seq"],
+            tool_name=event["tool_name"],
+            action=action,
+            level="none" if allow else "critical",
+            detector=None,
+            count=0,
+            message=TIMEOUT_MESSAGE.format(
+                what="allowed" if allow else "blocked", policy=self.fail_policy
+            ),
+            args_hash=token,
+            event_ts=event["ts"],
+            decided_ts=int(time.time() * 1000),
+        )
+
+    def _forget_run(self, session_key: str, run_id: str | None) -> None:
+        self._blocked.pop((session_key, run_id), None)
+        self._abort_callbacks.pop((session_key, run_id), None)
+
+    async def _read_verdicts(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=100)
+            for records in batches.values():
+                for record in records:
+                    self._deliver(record.value)
+
+    def _deliver(self, raw: bytes | None) -> None:
+        if not raw:
+            return
+        try:
+            verdict = Verdict.model_validate_json(raw)
+        except ValidationError:
+            log.warning("ignoring a message on the verdicts topic that is not a verdict")
+            return
+        if verdict.action == "abort":
+            self._on_abort(verdict)
+            return
+        waiter = self._pending.get((verdict.session_key, verdict.call_id or ""))
+        if waiter is not None and not waiter.done():
+            waiter.set_result(verdict)
+
+    def _on_abort(self, verdict: Verdict) -> None:
+        if verdict.verdict_id in self._aborted:
+            return
+        self._aborted.add(verdict.verdict_id)
+        run_key = (verdict.session_key, verdict.run_id)
+        for callback in self._abort_callbacks.get(run_key, []):
+            outcome = callback(verdict)
+            if asyncio.iscoroutine(outcome):
+                task = asyncio.ensure_future(outcome)
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
