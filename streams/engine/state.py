@@ -37,7 +37,11 @@ _I64 = struct.Struct("<q")
 
 # History column layout flags.
 _WIDE_REFS = 1  # string refs are 2 bytes (more than 255 strings)
-_WIDE_TS = 2  # time deltas are 8 bytes (a gap beyond int32 milliseconds)
+# Time deltas between consecutive records: 2 bytes while calls come within a minute
+# of each other (the common case), else 4, else 8 bytes.
+_TS_INT32 = 2
+_TS_INT64 = 4
+_UINT16 = range(2**16)
 _INT32 = range(-(2**31), 2**31)
 
 
@@ -67,7 +71,7 @@ class Guard:
 class Decision:
     """Enough of a past verdict to re-emit it identically for a redelivered tool_call."""
 
-    event: int  # 64-bit hash of the event id
+    event: int  # 32-bit hash of the event id (only tells redeliveries apart)
     action: int  # index into ACTIONS
     detector: int  # index into DETECTORS, 0 = none
     count: int
@@ -184,7 +188,7 @@ class SessionState:
             body += _U64.pack(event_hash)
         _uvarint(body, len(self.decisions))
         for decision in self.decisions:
-            body += _U64.pack(decision.event)
+            body += _U32.pack(decision.event)
             body.append(decision.action)
             body.append(decision.detector)
             _uvarint(body, decision.count)
@@ -251,9 +255,9 @@ class SessionState:
             pos += 8
         count, pos = _read_uvarint(data, pos)
         for _ in range(count):
-            event_hash = _U64.unpack_from(data, pos)[0]
-            action, detector = data[pos + 8], data[pos + 9]
-            pos += 10
+            event_hash = _U32.unpack_from(data, pos)[0]
+            action, detector = data[pos + 4], data[pos + 5]
+            pos += 6
             decided_count, pos = _read_uvarint(data, pos)
             index, pos = _read_uvarint(data, pos)
             state.decisions.append(
@@ -323,17 +327,22 @@ def _encode_history(
     tools = [strings[rec.tool] + 1 for rec in history]
     runs = [0 if rec.run is None else strings[rec.run] + 1 for rec in history]
     times = [rec.ts for rec in history]
-    deltas = [times[0] - base_ts, *(b - a for a, b in pairwise(times))]
-    flags = (_WIDE_REFS if len(strings) > 254 else 0) | (
-        0 if all(delta in _INT32 for delta in deltas) else _WIDE_TS
-    )
+    deltas = [b - a for a, b in pairwise(times)]
+    if all(delta in _UINT16 for delta in deltas):
+        ts_flag, ts_code = 0, "H"
+    elif all(delta in _INT32 for delta in deltas):
+        ts_flag, ts_code = _TS_INT32, "i"
+    else:
+        ts_flag, ts_code = _TS_INT64, "q"
+    flags = (_WIDE_REFS if len(strings) > 254 else 0) | ts_flag
     ref_code = "H" if flags & _WIDE_REFS else "B"
     out.append(flags)
     out += struct.pack(f"<{count}{ref_code}", *tools)
     out += struct.pack(f"<{count}{ref_code}", *runs)
     out += struct.pack(f"<{count}Q", *[rec.sig for rec in history])
     out += struct.pack(f"<{count}Q", *[rec.result for rec in history])
-    out += struct.pack(f"<{count}{'q' if flags & _WIDE_TS else 'i'}", *deltas)
+    _svarint(out, times[0] - base_ts)
+    out += struct.pack(f"<{count - 1}{ts_code}", *deltas)
     # Pending call ids and unknown-tool names are rare: (index, value) pairs.
     pending = [(index, rec.call) for index, rec in enumerate(history) if rec.call]
     _uvarint(out, len(pending))
@@ -365,11 +374,13 @@ def _decode_history(
     pos += count * 8
     results = struct.unpack_from(f"<{count}Q", data, pos)
     pos += count * 8
-    wide_ts = flags & _WIDE_TS
-    deltas = struct.unpack_from(f"<{count}{'q' if wide_ts else 'i'}", data, pos)
-    pos += count * (8 if wide_ts else 4)
-    times = accumulate(deltas, initial=base_ts)
-    next(times)
+    first_delta, pos = _read_svarint(data, pos)
+    ts_code, ts_size = (
+        ("q", 8) if flags & _TS_INT64 else ("i", 4) if flags & _TS_INT32 else ("H", 2)
+    )
+    deltas = struct.unpack_from(f"<{count - 1}{ts_code}", data, pos)
+    pos += (count - 1) * ts_size
+    times = accumulate(deltas, initial=base_ts + first_delta)
     history.extend(
         Record(strings[tool] or "", sig, strings[run], 0, result, None, ts)
         for tool, run, sig, result, ts in zip(tools, runs, sigs, results, times, strict=False)

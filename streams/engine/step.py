@@ -191,7 +191,7 @@ class Engine:
         """A duplicate changes nothing; a duplicate tool_call gets its verdict again."""
         if not isinstance(event, ToolCall):
             return
-        event_hash = fold(event.event_id)
+        event_hash = fold(event.event_id) & 0xFFFFFFFF
         for decision in state.decisions:
             if decision.event == event_hash:
                 action = ACTIONS[decision.action]
@@ -273,7 +273,7 @@ class Engine:
         )
         state.decisions.append(
             Decision(
-                fold(event.event_id),
+                fold(event.event_id) & 0xFFFFFFFF,
                 _ACTION_CODE[action],
                 _DETECTOR_CODE[detector],
                 count,
