@@ -98,7 +98,11 @@ class SessionState:
     # warning key hash -> (run, last published bucket); insertion order = age
     warnings: dict[int, tuple[str | None, int]] = field(default_factory=dict)
     next_seq: int | None = None
-    parked: dict[int, InputEventT] = field(default_factory=dict)
+    # seq -> (early event, when it was parked); applied once the gap before it fills
+    parked: dict[int, tuple[InputEventT, int]] = field(default_factory=dict)
+    # seq ranges (first, last) given up on: an event of one that still arrives is
+    # applied late rather than dropped as a duplicate
+    skipped: list[tuple[int, int]] = field(default_factory=list)
     seen_ids: list[int] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     touched_ms: int = 0
@@ -194,11 +198,16 @@ class SessionState:
             _uvarint(body, decision.count)
             _uvarint(body, ref(decision.detail))
         _uvarint(body, len(self.parked))
-        for seq, event in self.parked.items():
+        for seq, (event, parked_at) in self.parked.items():
             payload = event.model_dump_json(exclude_unset=True).encode()
             _uvarint(body, seq)
+            _svarint(body, parked_at - self.touched_ms)
             _uvarint(body, len(payload))
             body += payload
+        _uvarint(body, len(self.skipped))
+        for first, last in self.skipped:
+            _uvarint(body, first)
+            _uvarint(body, last - first)
 
         head = bytearray((FORMAT_VERSION,))
         head += _I64.pack(self.touched_ms)
@@ -266,9 +275,16 @@ class SessionState:
         count, pos = _read_uvarint(data, pos)
         for _ in range(count):
             seq, pos = _read_uvarint(data, pos)
+            parked_delta, pos = _read_svarint(data, pos)
             length, pos = _read_uvarint(data, pos)
-            state.parked[seq] = input_event_adapter.validate_json(bytes(view[pos : pos + length]))
+            event = input_event_adapter.validate_json(bytes(view[pos : pos + length]))
+            state.parked[seq] = (event, touched_ms + parked_delta)
             pos += length
+        count, pos = _read_uvarint(data, pos)
+        for _ in range(count):
+            first, pos = _read_uvarint(data, pos)
+            span, pos = _read_uvarint(data, pos)
+            state.skipped.append((first, first + span))
         if pos != len(data):
             raise ValueError(f"session state has {len(data) - pos} trailing bytes")
         return state

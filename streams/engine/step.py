@@ -51,6 +51,8 @@ from streams.engine.state import (
 
 WARNING_BUCKET_SIZE = 10
 DEFAULT_MAX_PARKED = 32
+DEFAULT_GAP_TIMEOUT_MS = 10_000
+MAX_SKIPPED_RANGES = 8
 
 _LEVEL_OF_ACTION: dict[Action, Level] = {
     "allow": "none",
@@ -102,10 +104,15 @@ class Engine:
     """Loop detection for any number of sessions, one ``SessionState`` each."""
 
     def __init__(
-        self, config: DetectionConfigFile | None = None, *, max_parked: int = DEFAULT_MAX_PARKED
+        self,
+        config: DetectionConfigFile | None = None,
+        *,
+        max_parked: int = DEFAULT_MAX_PARKED,
+        gap_timeout_ms: int = DEFAULT_GAP_TIMEOUT_MS,
     ) -> None:
         self.resolver = ConfigResolver(config)
         self.max_parked = max_parked
+        self.gap_timeout_ms = gap_timeout_ms
         self._config_dicts: dict[int, dict[str, Any]] = {}
 
     def resolve(self, agent_id: str | None) -> ResolvedConfig:
@@ -134,56 +141,78 @@ class Engine:
 
         expected = 0 if state.next_seq is None else state.next_seq
         if seq < expected:
-            self._redeliver(state, event, now_ms, outputs)
+            if _take_skipped(state.skipped, seq):
+                self._apply(state, event, now_ms, outputs)  # late, but not lost
+            else:
+                self._redeliver(state, event, now_ms, outputs)
             return state, outputs
         if seq in state.parked:
             return state, outputs  # the same early event again: already waiting
         if seq > expected:
             state.next_seq = expected
-            state.parked[seq] = event
-            # A gap that does not fill: give up on it once too many later events
-            # wait, or when the run ends (nothing earlier can still be needed by it).
-            if len(state.parked) >= self.max_parked or isinstance(event, RunEnded):
-                self._skip_gap(state, event, now_ms, outputs)
+            state.parked[seq] = (event, now_ms)
+            self._release_gaps(state, now_ms, outputs)
             return state, outputs
         self._apply(state, event, now_ms, outputs)
         state.next_seq = seq + 1
         self._drain(state, now_ms, outputs)
         return state, outputs
 
+    def release_stale(self, state: SessionState, now_ms: int) -> list[Output]:
+        """Give up on gaps that have waited too long (the worker calls this on a timer,
+        for sessions that went quiet with events parked)."""
+        outputs: list[Output] = []
+        if state.parked:
+            self._release_gaps(state, now_ms, outputs)
+        return outputs
+
     def _drain(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
         while state.next_seq is not None and state.next_seq in state.parked:
-            event = state.parked.pop(state.next_seq)
+            event, _ = state.parked.pop(state.next_seq)
             self._apply(state, event, now_ms, outputs)
             state.next_seq += 1
 
-    def _skip_gap(
-        self, state: SessionState, trigger: InputEventT, now_ms: int, outputs: list[Output]
-    ) -> None:
-        first_parked = min(state.parked)
-        missing = first_parked - (state.next_seq or 0)
-        outputs.append(
-            self._loop_event(
-                trigger,
-                self.resolve(trigger.agent_id),
-                action="allow",
-                level="warning",
-                detector="sequence_gap",
-                count=missing,
-                message=(
-                    f"WARNING: {missing} events of this session never arrived "
-                    f"(seq {state.next_seq}..{first_parked - 1}); continuing without them."
-                ),
-                warning_key=None,
-                call_id=None,
-                tool_name=None,
-                args_token=None,
-                paired=None,
-                now_ms=now_ms,
+    def _release_gaps(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
+        """Skip a gap once too many later events wait, or the oldest waited too long.
+
+        Topics deliver a session's events out of order by milliseconds; an event
+        missing for ``gap_timeout_ms`` (or behind ``max_parked`` later ones) is taken
+        as lost. Its seqs are remembered, so if it shows up after all it is applied
+        late instead of being dropped as a duplicate.
+        """
+        while state.parked and (
+            len(state.parked) >= self.max_parked
+            or now_ms - min(at for _, at in state.parked.values()) >= self.gap_timeout_ms
+        ):
+            first_parked = min(state.parked)
+            expected = state.next_seq or 0
+            missing = first_parked - expected
+            trigger = state.parked[first_parked][0]
+            state.skipped.append((expected, first_parked - 1))
+            if len(state.skipped) > MAX_SKIPPED_RANGES:
+                del state.skipped[0]
+            outputs.append(
+                self._loop_event(
+                    trigger,
+                    self.resolve(trigger.agent_id),
+                    action="allow",
+                    level="warning",
+                    detector="sequence_gap",
+                    count=missing,
+                    message=(
+                        f"WARNING: gave up waiting for {missing} missing event(s) of this "
+                        f"session (seq {expected}..{first_parked - 1}); continuing without them."
+                    ),
+                    warning_key=None,
+                    call_id=None,
+                    tool_name=None,
+                    args_token=None,
+                    paired=None,
+                    now_ms=now_ms,
+                )
             )
-        )
-        state.next_seq = first_parked
-        self._drain(state, now_ms, outputs)
+            state.next_seq = first_parked
+            self._drain(state, now_ms, outputs)
 
     def _redeliver(
         self, state: SessionState, event: InputEventT, now_ms: int, outputs: list[Output]
@@ -521,6 +550,18 @@ class Engine:
             states[key], produced = self.step(states.get(key), event, event.ts)
             outputs.extend(produced)
         return outputs
+
+
+def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:
+    """Whether ``seq`` lies in a gap given up on; if so, take it out of the gap."""
+    for index, (first, last) in enumerate(skipped):
+        if first <= seq <= last:
+            pieces = [(first, seq - 1)] if seq > first else []
+            if seq < last:
+                pieces.append((seq + 1, last))
+            skipped[index : index + 1] = pieces
+            return True
+    return False
 
 
 def _warning_rises(state: SessionState, detection: Detection, run: str | None) -> bool:

@@ -1,0 +1,120 @@
+"""Per-session ordering by seq: parking, gaps given up on, late events, redelivery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas import parse_config
+from streams.engine import Engine, SessionState
+from tests.unit.conftest import call, loop_events, run_ended, verdicts
+
+
+def engine(**kwargs: Any) -> Engine:
+    return Engine(parse_config({"tools": {"loopDetection": {"enabled": True}}}), **kwargs)
+
+
+def feed(
+    eng: Engine, events: list[Any], now: int = 0, state: SessionState | None = None
+) -> tuple[SessionState, list[Any]]:
+    outputs: list[Any] = []
+    for event in events:
+        state, produced = eng.step(state, event, now)
+        outputs.extend(produced)
+    assert state is not None
+    return state, outputs
+
+
+def test_early_events_wait_for_the_missing_one_then_apply_in_seq_order() -> None:
+    eng = engine()
+    calls = [call("read", {"path": f"/{i}"}, call_id=f"c{i}", seq=i) for i in range(3)]
+    state, outputs = feed(eng, [calls[2], calls[1]])
+    assert verdicts(outputs) == []  # seq 0 has not arrived: both wait
+    state, outputs = feed(eng, [calls[0]], state=state)
+    assert [v.call_id for v in verdicts(outputs)] == ["c0", "c1", "c2"]
+
+
+def test_a_gap_is_given_up_after_max_parked_later_events() -> None:
+    eng = engine(max_parked=3)
+    later = [call("read", {"path": f"/{i}"}, call_id=f"c{i}", seq=i) for i in range(2, 5)]
+    _, outputs = feed(eng, later)
+    gap = [e for e in loop_events(outputs) if e.detector == "sequence_gap"]
+    assert len(gap) == 1 and gap[0].count == 2
+    assert gap[0].message == (
+        "WARNING: gave up waiting for 2 missing event(s) of this session (seq 0..1); "
+        "continuing without them."
+    )
+    assert [v.call_id for v in verdicts(outputs)] == ["c2", "c3", "c4"]
+
+
+def test_a_gap_is_given_up_after_the_timeout_and_a_late_event_still_gets_its_verdict() -> None:
+    eng = engine(gap_timeout_ms=1000)
+    state, outputs = feed(eng, [call("read", {"path": "/b"}, call_id="b", seq=1)], now=0)
+    assert verdicts(outputs) == []
+    assert eng.release_stale(state, 999) == []  # not yet
+    released = eng.release_stale(state, 1000)
+    assert [v.call_id for v in verdicts(released)] == ["b"]
+    assert [e.detector for e in loop_events(released)] == ["sequence_gap"]
+    # the lost event turns up after all: applied late, not dropped as a duplicate
+    state, outputs = feed(
+        eng, [call("read", {"path": "/a"}, call_id="a", seq=0)], now=2000, state=state
+    )
+    assert [v.call_id for v in verdicts(outputs)] == ["a"]
+    # ... and only once
+    state, outputs = feed(
+        eng,
+        [call("read", {"path": "/a"}, call_id="a", seq=0, event_id="again")],
+        now=2001,
+        state=state,
+    )
+    assert state.skipped == []
+
+
+def test_a_run_ended_arriving_early_waits_like_any_other_event() -> None:
+    eng = engine()
+    state, outputs = feed(eng, [run_ended(seq=2), call("read", {}, call_id="c1", seq=1)])
+    assert loop_events(outputs) == [] and verdicts(outputs) == []
+    state, outputs = feed(eng, [call("read", {}, call_id="c0", seq=0)], state=state)
+    assert [v.call_id for v in verdicts(outputs)] == ["c0", "c1"]
+    assert state.parked == {}
+
+
+def test_a_redelivered_tool_call_gets_the_identical_verdict_and_changes_nothing() -> None:
+    eng = Engine(
+        parse_config(
+            {
+                "tools": {
+                    "loopDetection": {
+                        "enabled": True,
+                        "warningThreshold": 2,
+                        "criticalThreshold": 3,
+                    }
+                }
+            }
+        )
+    )
+    events = [call("exec", {"command": "ls"}, call_id=f"c{i}", seq=i) for i in range(4)]
+    state, outputs = feed(eng, events)
+    last = verdicts(outputs)[-1]
+    assert last.action == "warn"
+    before = state.to_bytes()
+    state, again = feed(eng, [events[-1]], state=state)
+    assert state.to_bytes() == before
+    (repeat,) = verdicts(again)
+    assert (repeat.verdict_id, repeat.action, repeat.count, repeat.message) == (
+        last.verdict_id,
+        last.action,
+        last.count,
+        last.message,
+    )
+    assert loop_events(again) == []  # the audit trail is not duplicated
+
+
+def test_parked_events_and_skipped_gaps_survive_the_state_bytes() -> None:
+    eng = engine(gap_timeout_ms=10)
+    state, _ = feed(eng, [call("read", {"path": "/x"}, call_id="x", seq=5)], now=100)
+    restored = SessionState.from_bytes(state.to_bytes())
+    assert restored == state
+    released = eng.release_stale(restored, 200)
+    assert [v.call_id for v in verdicts(released)] == ["x"]
+    again = SessionState.from_bytes(restored.to_bytes())
+    assert again.skipped == [(0, 4)] and again.next_seq == 6
