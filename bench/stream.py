@@ -1,0 +1,432 @@
+"""Stream worker benchmark: throughput and verdict latency, each beside raw aiokafka.
+
+    python bench/stream.py [--bootstrap HOST:PORT] [--events 20000] [--rate 1000]
+
+Starts an embedded (Tansu) broker unless --bootstrap is given, and one worker
+subprocess (``python -m streams.worker``). Measures:
+
+(a) throughput: N pre-produced events (tool_call/tool_result pairs over ~200
+    sessions, a few of them looping) through the worker until every verdict is
+    consumed; beside it a raw aiokafka consume->produce pipe over the same input.
+(b) latency: tool_calls sent at a fixed rate, send -> verdict received (p50/p99);
+    beside it the same measurement through a trivial in-process echo
+    (consumer -> producer) over the same broker.
+
+The last line printed is machine-readable:
+worker_events_per_s=... raw_pipe_events_per_s=... ratio=... verdict_p99_ms=... raw_rtt_p99_ms=...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from streams.broker import EmbeddedBroker, free_port  # noqa: E402
+
+# Client-side fetch wait: Tansu holds a fetch for the whole max wait when there is
+# nothing new, so every consumer in the benchmark (ours and the worker's) polls
+# with a short wait; the same value for the worker and the raw paths.
+CLIENT_FETCH_WAIT_MS = 2
+
+
+# -- workload -------------------------------------------------------------------------
+
+
+def workload(n_events: int, n_sessions: int, seed: int = 7) -> list[dict[str, Any]]:
+    """tool_call/tool_result pairs, round-robin over sessions; 1 in 10 sessions loops."""
+    rng = random.Random(seed)
+    per_session = max(2, n_events // n_sessions // 2 * 2)
+    sessions = [f"bench:{i}" for i in range(n_sessions)]
+    streams: list[list[dict[str, Any]]] = []
+    for s, key in enumerate(sessions):
+        looping = s % 10 == 0
+        events = []
+        for i in range(per_session // 2):
+            if looping:
+                tool, args, result = "process", {"action": "poll", "sessionId": "b"}, "running"
+            else:
+                tool = rng.choice(["read", "exec", "web_search", "write"])
+                args = {"path": f"/src/{rng.randrange(10_000)}.py", "n": i}
+                result = f"content {rng.random()}"
+            common = {"session_key": key, "run_id": "run-1", "agent_id": "bench",
+                      "call_id": f"{key}-c{i}", "tool_name": tool, "args": args,
+                      "ts": 1_780_000_000_000 + i}
+            events.append({**common, "type": "tool_call", "event_id": f"{key}-{2 * i}",
+                           "seq": 2 * i})
+            events.append({**common, "type": "tool_result", "event_id": f"{key}-{2 * i + 1}",
+                           "seq": 2 * i + 1, "result": {"content": result}})
+        streams.append(events)
+    out = [e for group in zip(*streams, strict=True) for e in group]
+    return out[:n_events]
+
+
+# -- broker helpers -------------------------------------------------------------------
+
+
+async def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(n, partitions, 1) for n in names])
+    finally:
+        await admin.close()
+
+
+def producer(bootstrap: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=1, max_batch_size=262_144, acks=1
+    )
+
+
+def consumer(bootstrap: str, *topics: str, group: str | None = None) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=CLIENT_FETCH_WAIT_MS,
+        max_poll_records=2_000,
+        session_timeout_ms=6_000,
+        heartbeat_interval_ms=1_000,
+    )
+
+
+async def wait_assigned(cons: AIOKafkaConsumer, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cons.assignment():
+        if time.monotonic() > deadline:
+            raise RuntimeError("consumer got no partitions")
+        await asyncio.sleep(0.05)
+
+
+async def produce_all(bootstrap: str, messages: list[tuple[str, bytes, bytes]]) -> None:
+    prod = producer(bootstrap)
+    await prod.start()
+    try:
+        for topic, key, value in messages:
+            await prod.send(topic, value, key=key)
+        await prod.flush()
+    finally:
+        await prod.stop()
+
+
+# -- the worker -----------------------------------------------------------------------
+
+
+class WorkerProcess:
+    def __init__(self, bootstrap: str, embedded: bool, partitions: int, tmp: Path,
+                 extra_env: dict[str, str], profile: str | None = None) -> None:
+        self.profile = profile
+        suffix = uuid.uuid4().hex[:8]
+        self.topics = {
+            "tool_calls": f"bench-calls-{suffix}",
+            "tool_results": f"bench-results-{suffix}",
+            "compactions": f"bench-compactions-{suffix}",
+            "verdicts": f"bench-verdicts-{suffix}",
+            "loop_events": f"bench-loops-{suffix}",
+            "dead_letters": f"bench-dead-{suffix}",
+        }
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "LOOPFUSE_BOOTSTRAP_SERVERS": bootstrap,
+            "LOOPFUSE_EMBEDDED_BROKER": str(embedded).lower(),
+            "LOOPFUSE_APP_ID": f"bench-{suffix}",
+            "LOOPFUSE_PARTITIONS": str(partitions),
+            "LOOPFUSE_DATA_DIR": str(tmp / "data"),
+            "LOOPFUSE_WEB_PORT": str(self.port),
+            "LOOPFUSE_BROKER_SESSION_TIMEOUT": "6",
+            "LOOPFUSE_BROKER_HEARTBEAT_INTERVAL": "1",
+            "LOOPFUSE_FETCH_MAX_WAIT_MS": str(CLIENT_FETCH_WAIT_MS),
+            **{f"LOOPFUSE_TOPIC_{k.upper()}": v for k, v in self.topics.items()},
+            **extra_env,
+        }
+        self.log = tmp / "worker.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable,
+                 *(["-m", "cProfile", "-o", self.profile] if self.profile else []),
+                 "-m", "streams.worker"],
+                cwd=ROOT, env=self.env,
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+
+    async def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.port}/ready"
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited; see {self.log}")
+            try:
+                await asyncio.to_thread(urllib.request.urlopen, url, None, 1)
+                return
+            except (urllib.error.URLError, OSError):
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"worker not ready; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def topic_for(self, event: dict[str, Any]) -> str:
+        return self.topics["tool_calls" if event["type"] == "tool_call" else "tool_results"]
+
+
+# -- (a) throughput -------------------------------------------------------------------
+
+
+async def worker_throughput(bootstrap: str, worker: WorkerProcess,
+                            events: list[dict[str, Any]]) -> float:
+    messages = [(worker.topic_for(e), e["session_key"].encode(), orjson.dumps(e)) for e in events]
+    expected = sum(1 for e in events if e["type"] == "tool_call")
+    await produce_all(bootstrap, messages)
+    cons = consumer(bootstrap, worker.topics["verdicts"])
+    await cons.start()
+    try:
+        worker.start()
+        seen = 0
+        first_decided = last_decided = 0
+        deadline = time.monotonic() + 300
+        while seen < expected:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {seen}/{expected} verdicts; see {worker.log}")
+            batches = await cons.getmany(timeout_ms=200, max_records=5_000)
+            for records in batches.values():
+                for r in records:
+                    decided = orjson.loads(r.value)["decided_ts"]
+                    first_decided = decided if not first_decided else min(first_decided, decided)
+                    last_decided = max(last_decided, decided)
+                    seen += 1
+    finally:
+        await cons.stop()
+    # Time between the first and the last decision: excludes start-up, the group
+    # join and changelog recovery, which the raw pipe does not have either.
+    elapsed = max((last_decided - first_decided) / 1000.0, 1e-3)
+    return len(events) / elapsed
+
+
+async def raw_pipe_throughput(bootstrap: str, events: list[dict[str, Any]],
+                              partitions: int) -> float:
+    """aiokafka consume -> produce (one message out per message in), same input shape."""
+    suffix = uuid.uuid4().hex[:8]
+    source, sink = f"raw-in-{suffix}", f"raw-out-{suffix}"
+    await create_topics(bootstrap, [source, sink], partitions)
+    await produce_all(bootstrap, [(source, e["session_key"].encode(), orjson.dumps(e))
+                                  for e in events])
+    cons = consumer(bootstrap, source, group=f"raw-{suffix}")
+    prod = producer(bootstrap)
+    await cons.start()
+    await prod.start()
+    try:
+        seen, started = 0, 0.0
+        while seen < len(events):
+            batches = await cons.getmany(timeout_ms=200, max_records=5_000)
+            for records in batches.values():
+                if not started and records:
+                    started = time.perf_counter()
+                for r in records:
+                    await prod.send(sink, r.value, key=r.key)
+                    seen += 1
+            if batches:
+                await prod.flush()
+                await cons.commit()
+        elapsed = time.perf_counter() - started
+    finally:
+        await prod.stop()
+        await cons.stop()
+    return len(events) / elapsed
+
+
+# -- (b) latency ----------------------------------------------------------------------
+
+
+async def paced_round_trips(bootstrap: str, send_topic: str, reply_topic: str, rate: float,
+                            seconds: float, make: Any, reply_id: Any) -> list[float]:
+    """Send at ``rate``/s for ``seconds``; return send -> reply latencies in ms."""
+    sent: dict[str, float] = {}
+    latencies: list[float] = []
+    cons = consumer(bootstrap, reply_topic)
+    prod = producer(bootstrap)
+    await cons.start()
+    await prod.start()
+    # Start reading at the end of the reply topic.
+    await cons.seek_to_end()
+    total = int(rate * seconds)
+
+    async def receive() -> None:
+        while len(latencies) < total:
+            batches = await cons.getmany(timeout_ms=100)
+            now = time.perf_counter()
+            for records in batches.values():
+                for r in records:
+                    t0 = sent.pop(reply_id(r.value), None)
+                    if t0 is not None:
+                        latencies.append((now - t0) * 1000.0)
+
+    receiver = asyncio.create_task(receive())
+    try:
+        start = time.perf_counter()
+        for i in range(total):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            key, value, ident = make(i)
+            sent[ident] = time.perf_counter()
+            await prod.send(send_topic, value, key=key)
+        await asyncio.wait_for(receiver, timeout=60)
+    finally:
+        receiver.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await receiver
+        await prod.stop()
+        await cons.stop()
+    return latencies
+
+
+def tool_call_maker(prefix: str, sessions: int) -> Any:
+    def make(i: int) -> tuple[bytes, bytes, str]:
+        key = f"{prefix}:{i % sessions}"
+        call_id = f"{prefix}-{i}"
+        event = {"type": "tool_call", "event_id": call_id, "session_key": key, "run_id": "r",
+                 "call_id": call_id, "tool_name": "read", "args": {"path": f"/f{i}"},
+                 "ts": 1_780_000_000_000 + i}
+        return key.encode(), orjson.dumps(event), call_id
+    return make
+
+
+async def worker_latency(bootstrap: str, worker: WorkerProcess, rate: float,
+                         seconds: float) -> list[float]:
+    prefix = f"lat-{uuid.uuid4().hex[:6]}"
+    return await paced_round_trips(
+        bootstrap, worker.topics["tool_calls"], worker.topics["verdicts"], rate, seconds,
+        tool_call_maker(prefix, 200), lambda value: orjson.loads(value)["call_id"],
+    )
+
+
+async def raw_latency(bootstrap: str, rate: float, seconds: float, partitions: int) -> list[float]:
+    """The same paced client through a trivial in-process echo (consume -> produce)."""
+    suffix = uuid.uuid4().hex[:8]
+    source, sink = f"rtt-in-{suffix}", f"rtt-out-{suffix}"
+    await create_topics(bootstrap, [source, sink], partitions)
+    echo_cons = consumer(bootstrap, source, group=f"echo-{suffix}")
+    echo_prod = producer(bootstrap)
+    await echo_cons.start()
+    await echo_prod.start()
+    await wait_assigned(echo_cons)
+
+    async def echo() -> None:
+        while True:
+            batches = await echo_cons.getmany(timeout_ms=100)
+            for records in batches.values():
+                for r in records:
+                    await echo_prod.send(sink, r.value, key=r.key)
+
+    echo_task = asyncio.create_task(echo())
+    try:
+        return await paced_round_trips(
+            bootstrap, source, sink, rate, seconds, tool_call_maker("rtt", 200),
+            lambda value: orjson.loads(value)["call_id"],
+        )
+    finally:
+        echo_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await echo_task
+        await echo_prod.stop()
+        await echo_cons.stop()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100.0 * (len(ordered) - 1)))]
+
+
+# -- main -----------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
+    events = workload(args.events, args.sessions)
+    with tempfile.TemporaryDirectory(prefix="loopfuse-bench-") as tmp:
+        extra = dict(kv.split("=", 1) for kv in args.worker_env)
+        worker = WorkerProcess(bootstrap, embedded, args.partitions, Path(tmp), extra,
+                               args.profile)
+        try:
+            worker_rate = await worker_throughput(bootstrap, worker, events)
+            print(f"worker throughput: {worker_rate:,.0f} events/s ({len(events)} events)",
+                  flush=True)
+            await worker.wait_ready()
+            verdict_ms = await worker_latency(bootstrap, worker, args.rate, args.seconds)
+        except BaseException:
+            print(Path(worker.log).read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
+        finally:
+            worker.stop()
+    raw_rate = await raw_pipe_throughput(bootstrap, events, args.partitions)
+    print(f"raw aiokafka pipe:  {raw_rate:,.0f} events/s", flush=True)
+    rtt_ms = await raw_latency(bootstrap, args.rate, args.seconds, args.partitions)
+    v50, v99 = percentile(verdict_ms, 50), percentile(verdict_ms, 99)
+    r50, r99 = percentile(rtt_ms, 50), percentile(rtt_ms, 99)
+    print(f"verdict latency at {args.rate:g}/s: p50={v50:.2f} ms p99={v99:.2f} ms "
+          f"(n={len(verdict_ms)}, mean={statistics.fmean(verdict_ms):.2f})")
+    print(f"raw echo round trip:      p50={r50:.2f} ms p99={r99:.2f} ms (n={len(rtt_ms)})")
+    print(f"ratio={worker_rate / raw_rate:.3f} (target >= 0.25); "
+          f"verdict p99 / raw p99 = {v99 / r99:.1f} (target <= 10)")
+    return (f"worker_events_per_s={worker_rate:.1f} raw_pipe_events_per_s={raw_rate:.1f} "
+            f"ratio={worker_rate / raw_rate:.4f} verdict_p99_ms={v99:.3f} raw_rtt_p99_ms={r99:.3f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap", help="use this broker instead of an embedded one")
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=1_000.0, help="latency phase, events/s")
+    parser.add_argument("--seconds", type=float, default=3.0, help="latency phase duration")
+    parser.add_argument("--worker-env", action="append", default=[], metavar="LOOPFUSE_X=V",
+                        help="extra worker setting (repeatable), e.g. LOOPFUSE_BATCH_MAX=1000")
+    parser.add_argument("--profile", metavar="PATH", help="cProfile the worker into PATH")
+    args = parser.parse_args()
+    if args.bootstrap:
+        line = asyncio.run(run(args, args.bootstrap, embedded=False))
+    else:
+        with EmbeddedBroker() as broker:
+            line = asyncio.run(run(args, broker.bootstrap, embedded=True))
+    print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

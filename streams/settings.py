@@ -1,0 +1,125 @@
+"""Worker settings: one frozen model, read from ``LOOPFUSE_*`` environment variables.
+
+This is the only place that reads the environment; everything else is handed a
+``Settings`` instance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+class Settings(BaseSettings):
+    """Everything a stream worker needs to know about its environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LOOPFUSE_", frozen=True, extra="forbid", validate_default=True
+    )
+
+    # -- broker ------------------------------------------------------------------------
+    bootstrap_servers: str = "127.0.0.1:9092"
+    embedded_broker: bool = Field(
+        default=False,
+        description="the broker is the embedded Tansu: enables the end-offset workaround",
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    # -- topics (all input topics must share one partition count: co-partitioning) ----
+    topic_tool_calls: TopicName = "agent.tool-calls"
+    topic_tool_results: TopicName = "agent.tool-results"
+    topic_compactions: TopicName = "agent.compactions"
+    topic_verdicts: TopicName = "loopfuse.verdicts"
+    topic_loop_events: TopicName = "loopfuse.loop-events"
+    topic_dead_letters: TopicName = "loopfuse.dead-letters"
+    partitions: int = Field(default=4, ge=1, le=10_000)
+    replication_factor: int = Field(default=1, ge=1, le=32)
+
+    # -- the Faust app -----------------------------------------------------------------
+    app_id: TopicName = Field(default="loopfuse", description="Faust app id = consumer group")
+    store: Literal["memory://", "rocksdb://"] = "memory://"
+    data_dir: Path = Path("./loopfuse-data")
+    config_file: Path | None = Field(default=None, description="loopDetection JSON/JSON5 file")
+    web_host: str = "127.0.0.1"
+    web_port: int = Field(default=6066, ge=1, le=65_535)
+
+    # -- sessions ----------------------------------------------------------------------
+    session_ttl_seconds: float = Field(default=86_400.0, gt=0)
+    idle_scan_interval_seconds: float = Field(default=60.0, gt=0)
+    max_event_bytes: int = Field(default=1_048_576, ge=1_024)
+    dead_letter_original_bytes: int = Field(default=65_536, ge=0)
+
+    # -- consumer group and processing -------------------------------------------------
+    broker_session_timeout: float = Field(default=30.0, gt=0)
+    broker_heartbeat_interval: float = Field(default=3.0, gt=0)
+    commit_interval: float = Field(default=1.0, gt=0)
+    batch_max: int = Field(default=1_000, ge=1, description="events per stream.take batch")
+    batch_within: float = Field(
+        default=0.01, gt=0, description="seconds a partial batch waits before it is processed"
+    )
+    fetch_max_wait_ms: int = Field(default=5, ge=0, description="consumer fetch long-poll bound")
+    producer_linger_ms: float = Field(default=1.0, ge=0)
+    producer_max_batch_size: int = Field(default=262_144, ge=1_024)
+    producer_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _hosts(cls, value: str) -> str:
+        hosts = [h.strip() for h in value.split(",") if h.strip()]
+        if not hosts or any(":" not in h for h in hosts):
+            raise ValueError("bootstrap_servers must be host:port[,host:port...]")
+        return ",".join(hosts)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.broker_heartbeat_interval >= self.broker_session_timeout:
+            raise ValueError(
+                "broker_heartbeat_interval must be shorter than broker_session_timeout"
+            )
+        topics = self.input_topics + self.output_topics
+        if len(set(topics)) != len(topics):
+            raise ValueError(f"topic names must be distinct, got {topics}")
+        if self.sasl_mechanism is not None and not self.security_protocol.startswith("SASL"):
+            raise ValueError("sasl_mechanism needs security_protocol SASL_PLAINTEXT or SASL_SSL")
+        return self
+
+    @property
+    def input_topics(self) -> tuple[str, str, str]:
+        return (self.topic_tool_calls, self.topic_tool_results, self.topic_compactions)
+
+    @property
+    def output_topics(self) -> tuple[str, str, str]:
+        return (self.topic_verdicts, self.topic_loop_events, self.topic_dead_letters)
+
+    def kafka_client_kwargs(self) -> dict[str, object]:
+        """Security options for an aiokafka client (admin, producer, consumer)."""
+        kwargs: dict[str, object] = {"security_protocol": self.security_protocol}
+        if self.security_protocol.endswith("SSL"):
+            import ssl
+
+            context = ssl.create_default_context(
+                cafile=str(self.ssl_cafile) if self.ssl_cafile else None
+            )
+            if self.ssl_certfile:
+                context.load_cert_chain(
+                    str(self.ssl_certfile), str(self.ssl_keyfile) if self.ssl_keyfile else None
+                )
+            kwargs["ssl_context"] = context
+        if self.sasl_mechanism is not None:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = (
+                self.sasl_password.get_secret_value() if self.sasl_password else None
+            )
+        return kwargs

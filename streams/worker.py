@@ -1,0 +1,69 @@
+"""Run one stream worker programmatically (the ``loopfuse worker`` command and tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import faust
+
+from schemas.config import ConfigError, load_config
+from streams.app import TopicMismatchError, create_app, ensure_topics
+from streams.settings import Settings
+
+log = logging.getLogger("loopfuse.worker")
+
+
+def run_worker(settings: Settings, loglevel: str = "info") -> int:
+    """Create topics, build the app and run a Faust worker until SIGTERM / SIGINT.
+
+    Returns the process exit code: 0 after a clean shutdown, 2 for a start-up
+    problem that retrying will not fix (bad config, topics with the wrong size).
+    """
+    try:
+        config = load_config(settings.config_file) if settings.config_file else None
+    except ConfigError as exc:
+        print(f"loopfuse worker: {exc}", file=sys.stderr, flush=True)
+        return 2
+    # One loop for the pre-flight and the worker: Faust binds to the current loop.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(ensure_topics(settings))
+    except TopicMismatchError as exc:
+        print(f"loopfuse worker: {exc}", file=sys.stderr, flush=True)
+        loop.close()
+        return 2
+    except Exception as exc:
+        print(
+            f"loopfuse worker: cannot create topics on {settings.bootstrap_servers}: {exc!r}",
+            file=sys.stderr,
+            flush=True,
+        )
+        loop.close()
+        return 1
+    app = create_app(settings, config)
+    worker = faust.Worker(
+        app,
+        loop=loop,
+        loglevel=loglevel,
+        redirect_stdouts=False,
+        # web host/port/bind come from the app's configuration (create_app).
+        # mode's Worker handles SIGINT/SIGTERM: it stops the app (agents finish
+        # their batch, the consumer commits, the producer flushes) and returns.
+    )
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+def main() -> int:
+    return run_worker(Settings(), loglevel="info")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""The stream worker end to end: a real broker, the worker in a subprocess, aiokafka clients.
+
+Each test uses its own topics and consumer group, so tests share the session broker
+without seeing each other. Expected verdicts come from ``Engine.replay`` offline:
+the worker must publish exactly what the engine decides, crash or no crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from schemas import input_event_adapter, load_config
+from streams.broker import free_port
+from streams.engine import Engine, Verdict
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+CONFIG = FIXTURES / "small.json5"  # warningThreshold 3, criticalThreshold 5
+POLL_MESSAGE = (
+    "CRITICAL: Called process with identical arguments and no progress 5 times. "
+    "This appears to be a stuck polling loop. Session execution blocked to prevent "
+    "resource waste."
+)
+
+
+class Worker:
+    """``python -m streams.worker`` with LOOPFUSE_* settings for one test's topics."""
+
+    def __init__(self, bootstrap: str, kind: str, tmp: Path, **overrides: Any) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.topics = {
+            "tool_calls": f"calls-{suffix}",
+            "tool_results": f"results-{suffix}",
+            "compactions": f"compactions-{suffix}",
+            "verdicts": f"verdicts-{suffix}",
+            "loop_events": f"loops-{suffix}",
+            "dead_letters": f"dead-{suffix}",
+        }
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "LOOPFUSE_BOOTSTRAP_SERVERS": bootstrap,
+            "LOOPFUSE_EMBEDDED_BROKER": str(kind == "tansu").lower(),
+            "LOOPFUSE_APP_ID": f"loopfuse-test-{suffix}",
+            "LOOPFUSE_STORE": "memory://",
+            "LOOPFUSE_DATA_DIR": str(tmp / "data"),
+            "LOOPFUSE_CONFIG_FILE": str(CONFIG),
+            "LOOPFUSE_WEB_PORT": str(self.port),
+            "LOOPFUSE_BROKER_SESSION_TIMEOUT": "6",
+            "LOOPFUSE_BROKER_HEARTBEAT_INTERVAL": "1",
+            "LOOPFUSE_FETCH_MAX_WAIT_MS": "10",
+            **{f"LOOPFUSE_TOPIC_{k.upper()}": v for k, v in self.topics.items()},
+            **{f"LOOPFUSE_{k.upper()}": str(v) for k, v in overrides.items()},
+        }
+        self.log = tmp / f"worker-{suffix}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streams.worker"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until /ready says 200: broker reachable, partitions assigned, tables recovered."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None and self.proc.poll() is None, self.tail()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ready", timeout=1):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.2)
+        raise AssertionError(f"worker not ready after {timeout}s\n{self.tail()}")
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(30)
+        self.proc = None
+        return code
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
+
+    def topic_of(self, event: dict[str, Any]) -> str:
+        return self.topics[{"tool_call": "tool_calls", "tool_result": "tool_results"}.get(
+            event["type"], "compactions")]
+
+
+@pytest.fixture
+def worker_factory(
+    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path
+) -> Iterator[Any]:
+    workers: list[Worker] = []
+
+    def make(**overrides: Any) -> Worker:
+        worker = Worker(kafka_bootstrap, kafka_broker_kind, tmp_path, **overrides)
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        if worker.proc is not None:
+            worker.kill()
+
+
+# -- clients --------------------------------------------------------------------------
+
+
+async def produce(bootstrap: str, messages: list[tuple[str, bytes | None, bytes | None]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        for topic, key, value in messages:
+            await producer.send(topic, value, key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+class Collector:
+    """Reads output topics from the beginning, in the background, into ``records``."""
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        self.consumer = AIOKafkaConsumer(
+            *topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+            fetch_max_wait_ms=20,
+        )
+        self.records: list[tuple[str, bytes | None, dict[str, Any]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Collector:
+        await self.consumer.start()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.consumer.stop()
+
+    async def _run(self) -> None:
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=100)
+            for tp, records in batches.items():
+                self.records.extend((tp.topic, r.key, orjson.loads(r.value)) for r in records)
+
+    def of(self, topic: str) -> list[dict[str, Any]]:
+        return [value for t, _, value in self.records if t == topic]
+
+    async def wait_for(self, what: str, done: Any, timeout: float = 45.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; got {self.records[-5:]}")
+            await asyncio.sleep(0.05)
+
+
+def lines(name: str) -> list[dict[str, Any]]:
+    text = (FIXTURES / name).read_text()
+    return [orjson.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def expected_verdicts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    parsed = [input_event_adapter.validate_python(e) for e in events]
+    outputs = Engine(load_config(CONFIG)).replay(parsed)
+    return [without_clock(orjson.loads(o.to_json())) for o in outputs if isinstance(o, Verdict)]
+
+
+def without_clock(verdict: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in verdict.items() if k != "decided_ts"}
+
+
+def healthy_session(key: str, n: int) -> list[dict[str, Any]]:
+    """An agent reading different files and getting different content: no loop."""
+    events: list[dict[str, Any]] = []
+    for i in range(n):
+        common = {"session_key": key, "run_id": "run-1", "call_id": f"h{i}", "tool_name": "read",
+                  "args": {"path": f"/src/file{i}.py"}, "ts": 1_780_000_000_000 + i}
+        events.append({**common, "type": "tool_call", "event_id": f"{key}-c{i}", "seq": 2 * i})
+        events.append({**common, "type": "tool_result", "event_id": f"{key}-r{i}",
+                       "seq": 2 * i + 1, "result": {"content": f"line {i}"}})
+    return events
+
+
+def encoded(worker: Worker, events: list[dict[str, Any]]) -> list[tuple[str, bytes | None, bytes | None]]:
+    return [(worker.topic_of(e), e["session_key"].encode(), orjson.dumps(e)) for e in events]
+
+
+# -- tests ----------------------------------------------------------------------------
+
+
+async def test_verdicts_loop_events_and_dead_letters(
+    worker_factory: Any, kafka_bootstrap: str
+) -> None:
+    worker = worker_factory()
+    worker.start()
+    worker.wait_ready()
+    t = worker.topics
+    looping = lines("polling_loop.jsonl")
+    healthy = healthy_session("agent:docs:main", 4)
+    # Any event type on any input topic is routed by its "type": send the healthy
+    # session's results to the tool-calls topic.
+    healthy_msgs = [(t["tool_calls"], b"agent:docs:main", orjson.dumps(e)) for e in healthy]
+    garbage: list[tuple[str, bytes | None, bytes | None]] = [
+        (t["tool_calls"], b"bad", b"{not json"),
+        (t["tool_results"], b"bad", orjson.dumps({"type": "tool_call", "event_id": 7})),
+        (t["compactions"], None, b""),
+        (t["compactions"], b"tombstone", None),
+        (t["tool_calls"], b"bad", orjson.dumps({"type": "tool_dance", "event_id": "x"})),
+        (t["tool_calls"], None, orjson.dumps(looping[0] | {"event_id": "unkeyed"})),
+    ]
+    after = {"type": "tool_call", "event_id": "after-garbage", "session_key": "bad",
+             "call_id": "c1", "tool_name": "exec", "args": {"cmd": "ls"}, "ts": 1}
+    async with Collector(kafka_bootstrap, [t["verdicts"], t["loop_events"], t["dead_letters"]]) as out:
+        await produce(kafka_bootstrap, encoded(worker, looping) + healthy_msgs + garbage)
+        await produce(kafka_bootstrap, [(t["tool_calls"], b"bad", orjson.dumps(after))])
+        want = len(expected_verdicts(looping)) + len(expected_verdicts(healthy)) + 1
+        await out.wait_for("verdicts", lambda: len(out.of(t["verdicts"])) >= want)
+        await out.wait_for("dead letters", lambda: len(out.of(t["dead_letters"])) >= len(garbage))
+        await out.wait_for("a loop event", lambda: out.of(t["loop_events"]))
+        metrics = worker.get("/metrics")
+
+    by_session: dict[str, list[dict[str, Any]]] = {}
+    for v in out.of(t["verdicts"]):
+        by_session.setdefault(v["session_key"], []).append(without_clock(v))
+    assert by_session["agent:ops:main"] == expected_verdicts(looping)
+    block = by_session["agent:ops:main"][-1]
+    assert (block["action"], block["detector"], block["count"], block["message"]) == (
+        "block", "known_poll_no_progress", 5, POLL_MESSAGE)
+    assert [v["action"] for v in by_session["agent:docs:main"]] == ["allow"] * 4
+    assert [v["call_id"] for v in by_session["bad"]] == ["c1"]  # judged after the garbage
+
+    (loop_event,) = out.of(t["loop_events"])
+    assert (loop_event["detector"], loop_event["action"], loop_event["message"]) == (
+        "known_poll_no_progress", "block", POLL_MESSAGE)
+    letters = sorted(out.of(t["dead_letters"]), key=lambda d: (d["source_topic"], d["offset"]))
+    codes = {(d["source_topic"], d["error_code"]) for d in letters}
+    assert codes == {
+        (t["tool_calls"], "invalid_json"),
+        (t["tool_results"], "invalid_event"),
+        (t["compactions"], "empty_message"),
+        (t["tool_calls"], "unknown_type"),
+        (t["tool_calls"], "invalid_event"),
+    }
+    assert len(letters) == len(garbage)
+    assert all(d["reason"] and d["partition"] is not None and d["offset"] is not None
+               for d in letters)
+    (bad_json,) = [d for d in letters if d["error_code"] == "invalid_json"]
+    assert bad_json["original"] == "{not json"
+    (unkeyed,) = [d for d in letters if d["original"] and "unkeyed" in d["original"]]
+    assert "message key null is not the event's session key" in unkeyed["reason"]
+
+    assert 'loopfuse_verdicts_total{action="block",detector="known_poll_no_progress"} 1.0' in metrics
+    assert 'loopfuse_dead_letters_total{reason="invalid_json"} 1.0' in metrics
+    assert "agent:ops:main" not in metrics  # no session ids as labels
+
+    partitions = await partition_counts(kafka_bootstrap, list(t.values()))
+    assert set(partitions.values()) == {4}, partitions
+
+
+async def test_restart_after_sigkill_gives_the_verdicts_of_an_uninterrupted_run(
+    worker_factory: Any, kafka_bootstrap: str
+) -> None:
+    worker = worker_factory(commit_interval=0.5)
+    sessions = [
+        [e | {"session_key": f"loop-{n}", "event_id": f"{n}-{e['event_id']}"}
+         for e in lines("polling_loop.jsonl")]
+        for n in range(6)
+    ]
+    # Interleave the sessions, then cut the stream in three: before the crash,
+    # around it, after the restart.
+    events = [e for group in zip(*sessions, strict=True) for e in group]
+    first, second, third = events[:24], events[24:48], events[48:]
+    expected = expected_verdicts(events)
+    t = worker.topics
+
+    worker.start()
+    worker.wait_ready()
+    async with Collector(kafka_bootstrap, [t["verdicts"]]) as out:
+        await produce(kafka_bootstrap, encoded(worker, first))
+        await out.wait_for("first verdicts", lambda: len(out.of(t["verdicts"])) >= 12)
+        await asyncio.sleep(1.5)  # offsets committed: the state must come from the changelog
+        await produce(kafka_bootstrap, encoded(worker, second))
+        await out.wait_for("some later verdict", lambda: len(out.of(t["verdicts"])) > 12)
+        assert worker.kill(signal.SIGKILL) == -signal.SIGKILL
+
+        worker.start()
+        worker.wait_ready()
+        await produce(kafka_bootstrap, encoded(worker, third))
+        distinct = lambda: {v["verdict_id"] for v in out.of(t["verdicts"])}  # noqa: E731
+        await out.wait_for("all verdicts", lambda: len(distinct()) >= len(expected))
+        await asyncio.sleep(0.5)  # anything extra (a wrong verdict) would show up now
+
+    got: dict[str, dict[str, Any]] = {}
+    for verdict in out.of(t["verdicts"]):
+        # Redelivery after the crash re-emits the same verdict (same id, same content).
+        previous = got.setdefault(verdict["verdict_id"], without_clock(verdict))
+        assert previous == without_clock(verdict)
+    assert sorted(got.values(), key=order) == sorted(expected, key=order)
+    assert worker.kill(signal.SIGTERM) == 0  # clean shutdown
+
+
+def order(verdict: dict[str, Any]) -> tuple[str, int]:
+    return (verdict["session_key"], verdict["seq"])
+
+
+async def test_topics_created_once_and_mismatch_is_a_clear_start_up_error(
+    worker_factory: Any, kafka_bootstrap: str
+) -> None:
+    worker = worker_factory(partitions=3)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(worker.topics["tool_results"], 2, 1)])
+    finally:
+        await admin.close()
+
+    worker.start()
+    assert worker.proc is not None
+    code = worker.proc.wait(60)
+    worker.proc = None
+    message = worker.tail()
+    assert code == 2, message
+    assert f"topic '{worker.topics['tool_results']}' has 2 partitions, expected 3" in message
+    counts = await partition_counts(kafka_bootstrap, [worker.topics["tool_calls"]])
+    assert counts == {worker.topics["tool_calls"]: 3}  # the others were created right
+
+
+async def partition_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    return {d["topic"]: len(d["partitions"]) for d in described}
