@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,6 +172,7 @@ class FleetStats:
     mismatch_examples: list[str] = field(default_factory=list)
     timeouts: int = 0
     latest: deque[Verdict] = field(default_factory=lambda: deque(maxlen=8))
+    latencies_ms: deque[float] = field(default_factory=lambda: deque(maxlen=5000))
     by_kind: dict[str, Counter[str]] = field(default_factory=dict)
 
     def summary_line(self) -> str:
@@ -271,7 +273,10 @@ class SimulatedSession:
                 await self.session.compaction("context_overflow")
             call_id = self.session.new_call_id()
             published_before = len(self.expected)
+            asked = time.perf_counter()
             verdict = await self.session.check(step.tool, step.args, call_id=call_id)
+            if len(self.expected) > published_before:
+                stats.latencies_ms.append((time.perf_counter() - asked) * 1000)
             stats.tool_calls += 1
             stats.actions[verdict.action] += 1
             kind_counts[verdict.action] += 1

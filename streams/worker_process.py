@@ -1,0 +1,121 @@
+"""A stream worker in a child process: started, watched and stopped by PID.
+
+Used by ``loopfuse demo``, the benchmarks and the reliability tests (which SIGKILL
+it on purpose). The child gets its settings as ``LOOPFUSE_*`` variables, the same
+way an operator configures a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Self
+
+from streams.broker import free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class WorkerProcess:
+    """``python -m streams.worker`` with the given settings; never leaves an orphan."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, str],
+        *,
+        log_path: Path | None = None,
+        web_port: int | None = None,
+    ) -> None:
+        self.web_port = web_port or free_port()
+        self.env = {
+            **os.environ,
+            **{f"LOOPFUSE_{key.upper()}": value for key, value in settings.items()},
+            "LOOPFUSE_WEB_PORT": str(self.web_port),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> Self:
+        if self.log_path is not None:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streams.worker"],
+            cwd=REPO_ROOT,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log or subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            # Its own process group: a Ctrl-C in the terminal reaches us, and we stop
+            # the worker in order (after the simulator, before the broker).
+            start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until ``/ready`` answers 200: broker reachable, partitions assigned,
+        tables recovered."""
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.web_port}/ready"
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise RuntimeError(
+                    f"worker exited with code {self.proc and self.proc.returncode}\n{self.tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=1):
+                    return
+            except OSError:  # connection refused, or HTTP 503 while not ready
+                time.sleep(0.2)
+        raise TimeoutError(f"worker not ready after {timeout:.0f} s\n{self.tail()}")
+
+    def tail(self, chars: int = 4000) -> str:
+        """The end of the worker's log, for error messages."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer would: no shutdown, no final commit."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM (a clean Faust shutdown), SIGKILL if it does not end in time."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

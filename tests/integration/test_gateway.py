@@ -1,0 +1,231 @@
+"""The gateway client against a real worker: verdicts, time-outs, sticky blocks, aborts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas import Verdict
+from streams.gateway import GatewayClient, Topics, blocked_tool_result
+from streams.worker_process import REPO_ROOT, WorkerProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+CONFIG = REPO_ROOT / "tests" / "fixtures" / "small.json5"  # warning 3, critical 5
+SAME = {"content": [{"type": "text", "text": "error: still broken"}]}
+
+
+def _topics() -> Topics:
+    suffix = uuid.uuid4().hex[:8]
+    return Topics(
+        f"calls-{suffix}", f"results-{suffix}", f"compactions-{suffix}", f"verdicts-{suffix}"
+    )
+
+
+@pytest.fixture(scope="module")
+def worker(
+    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[WorkerProcess, Topics]]:
+    """One worker for the module, on topics of its own."""
+    topics = _topics()
+    tmp = tmp_path_factory.mktemp("gateway")
+    process = WorkerProcess(
+        {
+            "bootstrap_servers": kafka_bootstrap,
+            "embedded_broker": str(kafka_broker_kind == "tansu").lower(),
+            "app_id": f"gw-test-{uuid.uuid4().hex[:8]}",
+            "config_file": str(CONFIG),
+            "data_dir": str(tmp / "data"),
+            "topic_tool_calls": topics.tool_calls,
+            "topic_tool_results": topics.tool_results,
+            "topic_compactions": topics.compactions,
+            "topic_verdicts": topics.verdicts,
+            "topic_loop_events": f"loops-{topics.verdicts}",
+            "topic_dead_letters": f"dead-{topics.verdicts}",
+            "broker_session_timeout": "6",
+            "broker_heartbeat_interval": "1",
+        },
+        log_path=tmp / "worker.log",
+    ).start()
+    try:
+        process.wait_ready(90)
+        yield process, topics
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+async def client(
+    kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics]
+) -> AsyncIterator[GatewayClient]:
+    async with GatewayClient(kafka_bootstrap, topics=worker[1], timeout=30) as gateway:
+        yield gateway
+
+
+async def _loop(session: Any, times: int, *, args: Any = None) -> list[Verdict]:
+    args = args or {"command": "make build"}
+    verdicts = []
+    for _ in range(times):
+        verdict = await session.check("exec", args)
+        verdicts.append(verdict)
+        outcome = blocked_tool_result(verdict) if verdict.action == "block" else SAME
+        await session.result("exec", args, call_id=verdict.call_id, result=outcome)
+    return verdicts
+
+
+async def test_check_returns_the_verdicts_of_a_looping_session(client: GatewayClient) -> None:
+    session = client.session(f"loop-{uuid.uuid4().hex}", run_id="run-1")
+    verdicts = await _loop(session, 6)
+    # counts are of the calls before this one: the 4th identical call is the 3rd repeat
+    assert [v.action for v in verdicts] == ["allow", "allow", "allow", "warn", "warn", "block"]
+    assert [v.count for v in verdicts[3:]] == [3, 4, 5]
+    assert verdicts[-1].message == (
+        "CRITICAL: Called exec with identical arguments and identical outcomes 5 times. "
+        "Session execution blocked to prevent runaway loops."
+    )
+    assert blocked_tool_result(verdicts[-1]) == {
+        "content": [{"type": "text", "text": verdicts[-1].message}],
+        "details": {
+            "status": "blocked",
+            "deniedReason": "tool-loop",
+            "reason": verdicts[-1].message,
+        },
+    }
+
+
+async def test_a_block_is_sticky_without_a_round_trip(client: GatewayClient) -> None:
+    session = client.session(f"sticky-{uuid.uuid4().hex}", run_id="run-1")
+    verdicts = await _loop(session, 6)
+    assert verdicts[-1].action == "block"
+    published: list[dict[str, Any]] = []
+    session.observer = published.append
+    again = await session.check("exec", {"command": "make build"})
+    assert again.action == "block" and again.message == verdicts[-1].message
+    assert published == []  # answered from the local cache: nothing went to Kafka
+    other = await session.check("exec", {"command": "make clean"})
+    assert other.action == "allow" and len(published) == 1
+
+
+async def test_abort_callback_fires_on_a_compaction_loop(client: GatewayClient) -> None:
+    session = client.session(f"compact-{uuid.uuid4().hex}", run_id="run-1")
+    aborted: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+    client.on_abort(session.session_key, "run-1", aborted.set_result)
+    await session.compaction("context_overflow")
+    args = {"command": "cargo test"}
+    failing = {"details": {"status": "failed", "exitCode": 101, "aggregated": "1 failed"}}
+    for _ in range(3):
+        verdict = await session.check("exec", args)
+        await session.result("exec", args, call_id=verdict.call_id, result=failing)
+    abort = await asyncio.wait_for(aborted, 30)
+    assert abort.action == "abort"
+    assert abort.detector == "compaction_loop_persisted"
+    assert abort.call_id == verdict.call_id
+    assert abort.message is not None and "after auto-compaction" in abort.message
+
+
+async def test_local_hashing_gives_the_same_verdicts_as_raw_payloads(
+    kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics]
+) -> None:
+    outcomes = []
+    for hash_locally in (False, True):
+        async with GatewayClient(
+            kafka_bootstrap, topics=worker[1], timeout=30, hash_locally=hash_locally
+        ) as gateway:
+            session = gateway.session(f"hash-{hash_locally}-{uuid.uuid4().hex}", run_id="r")
+            poll = {"action": "poll", "sessionId": "job-1"}
+            running = {"details": {"status": "running", "aggregated": "..."}, "content": []}
+            verdicts = []
+            for _ in range(6):  # a known poll: needs args.action even when hashed
+                verdict = await session.check("process", poll)
+                verdicts.append((verdict.action, verdict.detector, verdict.count, verdict.message))
+                await session.result("process", poll, call_id=verdict.call_id, result=running)
+            outcomes.append(verdicts)
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][-1][:3] == ("block", "known_poll_no_progress", 5)
+
+
+@pytest.mark.parametrize(("policy", "action"), [("open", "allow"), ("closed", "block")])
+async def test_timeout_follows_the_fail_policy(
+    kafka_bootstrap: str, policy: str, action: str
+) -> None:
+    # Topics no worker reads: the verdict never comes.
+    topics = _topics()
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t, 1, 1) for t in (topics.tool_calls, topics.verdicts)])
+    finally:
+        await admin.close()
+    async with GatewayClient(
+        kafka_bootstrap, topics=topics, timeout=0.5, fail_policy=policy
+    ) as gateway:  # type: ignore[arg-type]
+        verdict = await gateway.session("s", run_id="r").check("exec", {"command": "ls"})
+    assert verdict.action == action
+    assert verdict.message is not None and f"fail-{policy} policy" in verdict.message
+    assert gateway.timeouts == 1
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                child = int(entry.name)
+                found |= {child} | _descendants(child)
+    return found
+
+
+def test_demo_runs_end_to_end_without_mismatches_or_leftovers() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streams.cli",
+            "demo",
+            "--duration",
+            "15",
+            "--no-tui",
+            "--sessions",
+            "24",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    children: set[int] = set()
+    try:
+        while proc.poll() is None and len(children) < 2:
+            children |= _descendants(proc.pid)  # the broker and the worker, while they run
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(0.5)
+        output, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+    lines = output.decode().strip().splitlines()
+    assert proc.returncode == 0, output.decode()[-3000:]
+    last = lines[-1]
+    assert last.startswith("demo: sessions=") and last.endswith(" mismatches=0"), last
+    fields = dict(part.split("=") for part in last.removeprefix("demo: ").split())
+    assert int(fields["tool_calls"]) > 100
+    assert all(int(fields[a]) > 0 for a in ("allow", "warn", "block", "abort"))
+    assert len(children) >= 2, "demo should have started a broker and a worker"
+    leftovers = {pid for pid in children if Path(f"/proc/{pid}").exists()}
+    assert not leftovers, f"processes left behind: {leftovers}"
