@@ -155,6 +155,11 @@ class _PartitionOnly:
 class _Message:
     topic: str
     partition: int
+    # A timer's stand-in carries no original message (e.g. a dead letter for a
+    # parked event released by the gap timer has no offset or bytes to show).
+    key: bytes | None = None
+    value: bytes | None = None
+    offset: int | None = None
 
 
 def _as_current_event(event: Any) -> None:
@@ -197,6 +202,9 @@ class Judge:
         self.key_partition: dict[bytes, int] = {}
         # session key -> (the bytes we last wrote, the state they encode)
         self.decoded: dict[bytes, tuple[bytes, SessionState]] = {}
+        # sessions with events parked behind a seq gap, and their partition: the gap
+        # timer may have to give up on the gap if the session goes quiet
+        self.waiting: dict[bytes, int] = {}
 
     async def _on_changelog_event(self, event: EventT) -> None:
         key = event.message.key
@@ -255,12 +263,43 @@ class Judge:
                 for output in outputs:
                     self._route(output, key, fevent, out)
             if state is not None:
-                new = state.to_bytes()
-                if new != raw:
-                    table[key] = new  # Faust persists (changelog) only on assignment
-                    self.key_partition[key] = items[-1][1].message.partition
-                self._remember(key, new, state)
+                partition = items[-1][1].message.partition
+                self._store(key, raw, state, partition)
         metrics.batches.inc()
+        return out
+
+    def _store(self, key: bytes, raw: bytes | None, state: SessionState, partition: int) -> None:
+        new = state.to_bytes()
+        if new != raw:
+            self.table[key] = new  # Faust persists (changelog) only on assignment
+            self.key_partition[key] = partition
+        self._remember(key, new, state)
+        if state.parked:
+            self.waiting[key] = partition
+        else:
+            self.waiting.pop(key, None)
+
+    def release_gaps(
+        self, owned_partitions: Iterable[int], now_ms: int
+    ) -> list[tuple[str, bytes | None, bytes]]:
+        """Let the engine give up on seq gaps of sessions that went quiet (timer)."""
+        owned = set(owned_partitions)
+        out: list[tuple[str, bytes | None, bytes]] = []
+        for key, partition in list(self.waiting.items()):
+            if partition not in owned:
+                continue
+            raw = self.table.data.get(key)
+            state = self._load(key, raw)
+            if state is None:
+                self.waiting.pop(key, None)
+                continue
+            outputs = self.engine.release_stale(state, now_ms)
+            stand_in = _PartitionOnly(self.settings.topic_tool_calls, partition)
+            _as_current_event(stand_in)
+            for output in outputs:
+                self._route(output, key, stand_in, out)  # type: ignore[arg-type]
+            self._store(key, raw, state, partition)
+        _current_event.set(None)
         return out
 
     def _load(self, key: bytes, raw: bytes | None) -> SessionState | None:
@@ -309,9 +348,7 @@ class Judge:
                 (output.run_id or "")[:80],
             )
 
-    def _dead_letter(
-        self, message: Any, code: str, reason: str
-    ) -> tuple[str, bytes | None, bytes]:
+    def _dead_letter(self, message: Any, code: str, reason: str) -> tuple[str, bytes | None, bytes]:
         self.metrics.dead_letters.labels(code).inc()
         raw: bytes = message.value or b""
         limit = self.settings.dead_letter_original_bytes
@@ -445,7 +482,11 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
 
         install_end_offset_workaround(app)
 
-    engine = Engine(config)
+    engine = Engine(
+        config,
+        max_parked=settings.max_parked_events,
+        gap_timeout_ms=int(settings.sequence_gap_timeout_seconds * 1000),
+    )
     metrics = Metrics()
     judge = Judge(app, settings, engine, metrics)
     inputs = app.topic(
@@ -486,6 +527,15 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         if app.rebalancing or app.in_recovery or not app.tables.recovery.completed.is_set():
             return
         judge.expire_idle(_owned_partitions(app, settings), int(time.time() * 1000))
+
+    @app.timer(1.0, name="release_sequence_gaps")
+    async def release_sequence_gaps() -> None:
+        if not judge.waiting or app.rebalancing or app.in_recovery:
+            return
+        messages = judge.release_gaps(_owned_partitions(app, settings), int(time.time() * 1000))
+        for topic, key, value in messages:
+            await app.producer.send(topic, key, value, None, None, None)
+        await _drain_table_writes(app)
 
     @app.on_partitions_assigned.connect
     async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
@@ -556,4 +606,3 @@ async def _broker_answers(app: faust.App) -> bool:
     except (KafkaError, OSError, TimeoutError, AttributeError):
         return False
     return True
-

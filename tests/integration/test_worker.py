@@ -361,3 +361,25 @@ async def partition_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:
     finally:
         await admin.close()
     return {d["topic"]: len(d["partitions"]) for d in described}
+
+
+async def test_a_seq_gap_that_never_fills_is_given_up_by_the_timer(
+    worker_factory: Any, kafka_bootstrap: str
+) -> None:
+    worker = worker_factory(sequence_gap_timeout_seconds=1)
+    worker.start()
+    worker.wait_ready()
+    t = worker.topics
+    # seq 0 is lost on the way; seq 1 waits for it, then the gap timer gives up.
+    late = {"type": "tool_call", "event_id": "gap-1", "session_key": "gappy", "seq": 1,
+            "call_id": "c1", "tool_name": "read", "args": {"path": "/a"}, "ts": 1}
+    async with Collector(kafka_bootstrap, [t["verdicts"], t["loop_events"]]) as out:
+        await produce(kafka_bootstrap, [(t["tool_calls"], b"gappy", orjson.dumps(late))])
+        await out.wait_for("the parked call's verdict", lambda: out.of(t["verdicts"]), timeout=30)
+        await out.wait_for("a sequence_gap loop event", lambda: out.of(t["loop_events"]))
+        lost = late | {"event_id": "gap-0", "seq": 0, "call_id": "c0"}
+        await produce(kafka_bootstrap, [(t["tool_calls"], b"gappy", orjson.dumps(lost))])
+        await out.wait_for("the late call's verdict", lambda: len(out.of(t["verdicts"])) >= 2)
+    assert [v["call_id"] for v in out.of(t["verdicts"])] == ["c1", "c0"]
+    (gap,) = out.of(t["loop_events"])
+    assert (gap["detector"], gap["count"]) == ("sequence_gap", 1)
