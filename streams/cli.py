@@ -7,6 +7,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
 from schemas.config import ConfigError, DetectionConfigFile, load_config
 
 
@@ -110,6 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except ConfigError as exc:
         print(f"loopfuse {args.command}: invalid config: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:  # settings from LOOPFUSE_* variables or flags
+        first = exc.errors()[0]
+        name = ".".join(str(part) for part in first["loc"]) or "settings"
+        print(
+            f"loopfuse {args.command}: invalid setting LOOPFUSE_{name.upper()}: {first['msg']}",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

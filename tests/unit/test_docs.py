@@ -1,0 +1,18 @@
+"""The README documents every worker setting and the wire format's event types."""
+
+from pathlib import Path
+
+from streams.settings import Settings
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_every_setting_is_documented() -> None:
+    missing = [name for name in Settings.model_fields if f"LOOPFUSE_{name.upper()}" not in README]
+    assert missing == []
+
+
+def test_quickstart_gives_the_two_commands_that_ci_uses() -> None:
+    assert "./dev demo" in README and "./dev test" in README
+    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    assert "./dev test" in ci
