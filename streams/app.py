@@ -26,6 +26,7 @@ from schemas.config import DetectionConfigFile, load_config
 from schemas.decode import EventRejected, decode_event
 from schemas.events import DeadLetter
 from streams.engine import Engine, LoopEvent, Notice, Rejection, SessionState, Verdict
+from streams.fast_delivery import install_fast_delivery
 from streams.settings import Settings
 
 log = logging.getLogger("loopfuse.worker")
@@ -540,6 +541,12 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     @app.on_partitions_assigned.connect
     async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
         _tune_fetch_wait(app, settings.fetch_max_wait_ms)
+        install_fast_delivery(app)
+        # Each batch writes every session it touched once and drains Faust's producer
+        # buffer before it is acknowledged (see judge_events), so the buffer holds at
+        # most one batch of table writes. Faust's threshold of 100 would make the
+        # consumer stop and flush (and log "producer buffer full") in every batch.
+        app.producer.buffer.max_messages = max(100, 2 * settings.batch_max)
 
     async def _index_after_recovery() -> None:
         judge.index_store(_owned_partitions(app, settings))

