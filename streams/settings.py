@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     # -- the Faust app -----------------------------------------------------------------
     app_id: TopicName = Field(default="loopfuse", description="Faust app id = consumer group")
     store: Literal["memory://", "rocksdb://"] = "memory://"
+    standby_replicas: int = Field(
+        default=0, ge=0, le=8, description="warm copies of each table partition on other workers"
+    )
     data_dir: Path = Path("./loopfuse-data")
     config_file: Path | None = Field(default=None, description="loopDetection JSON/JSON5 file")
     web_host: str = "127.0.0.1"
