@@ -21,16 +21,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -42,7 +37,13 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.broker import EmbeddedBroker, free_port  # noqa: E402
+from streams.broker import EmbeddedBroker  # noqa: E402
+from streams.worker_process import (  # noqa: E402
+    WorkerProcess,
+    input_topic_for,
+    topic_settings,
+    unique_topics,
+)
 
 # Client-side fetch wait: Tansu holds a fetch for the whole max wait when there is
 # nothing new, so every consumer in the benchmark (ours and the worker's) polls
@@ -134,78 +135,40 @@ async def produce_all(bootstrap: str, messages: list[tuple[str, bytes, bytes]]) 
 # -- the worker -----------------------------------------------------------------------
 
 
-class WorkerProcess:
+class BenchWorker(WorkerProcess):
+    """The worker under test, on topics of its own."""
+
     def __init__(self, bootstrap: str, embedded: bool, partitions: int, tmp: Path,
                  extra_env: dict[str, str], profile: str | None = None) -> None:
-        self.profile = profile
-        suffix = uuid.uuid4().hex[:8]
-        self.topics = {
-            "tool_calls": f"bench-calls-{suffix}",
-            "tool_results": f"bench-results-{suffix}",
-            "compactions": f"bench-compactions-{suffix}",
-            "verdicts": f"bench-verdicts-{suffix}",
-            "loop_events": f"bench-loops-{suffix}",
-            "dead_letters": f"bench-dead-{suffix}",
-        }
-        self.port = free_port()
-        self.env = {
-            **os.environ,
-            "LOOPFUSE_BOOTSTRAP_SERVERS": bootstrap,
-            "LOOPFUSE_EMBEDDED_BROKER": str(embedded).lower(),
-            "LOOPFUSE_APP_ID": f"bench-{suffix}",
-            "LOOPFUSE_PARTITIONS": str(partitions),
-            "LOOPFUSE_DATA_DIR": str(tmp / "data"),
-            "LOOPFUSE_WEB_PORT": str(self.port),
-            "LOOPFUSE_BROKER_SESSION_TIMEOUT": "6",
-            "LOOPFUSE_BROKER_HEARTBEAT_INTERVAL": "1",
-            "LOOPFUSE_FETCH_MAX_WAIT_MS": str(CLIENT_FETCH_WAIT_MS),
-            **{f"LOOPFUSE_TOPIC_{k.upper()}": v for k, v in self.topics.items()},
-            **extra_env,
-        }
-        self.log = tmp / "worker.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.topics = unique_topics("bench")
+        super().__init__(
+            {
+                "bootstrap_servers": bootstrap,
+                "embedded_broker": str(embedded).lower(),
+                "app_id": f"bench-{uuid.uuid4().hex[:8]}",
+                "partitions": str(partitions),
+                "data_dir": str(tmp / "data"),
+                "broker_session_timeout": "6",
+                "broker_heartbeat_interval": "1",
+                "fetch_max_wait_ms": str(CLIENT_FETCH_WAIT_MS),
+                **topic_settings(self.topics),
+                **{k.removeprefix("LOOPFUSE_").lower(): v for k, v in extra_env.items()},
+            },
+            log_path=tmp / "worker.log",
+            python_options=["-m", "cProfile", "-o", profile] if profile else (),
+        )
 
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable,
-                 *(["-m", "cProfile", "-o", self.profile] if self.profile else []),
-                 "-m", "streams.worker"],
-                cwd=ROOT, env=self.env,
-                stdout=log, stderr=subprocess.STDOUT,
-            )
-
-    async def wait_ready(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.port}/ready"
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited; see {self.log}")
-            try:
-                await asyncio.to_thread(urllib.request.urlopen, url, None, 1)
-                return
-            except (urllib.error.URLError, OSError):
-                await asyncio.sleep(0.2)
-        raise RuntimeError(f"worker not ready; see {self.log}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
+    async def ready(self, timeout: float = 90.0) -> None:
+        await asyncio.to_thread(self.wait_ready, timeout)
 
     def topic_for(self, event: dict[str, Any]) -> str:
-        return self.topics["tool_calls" if event["type"] == "tool_call" else "tool_results"]
+        return input_topic_for(self.topics, event)
 
 
 # -- (a) throughput -------------------------------------------------------------------
 
 
-async def worker_throughput(bootstrap: str, worker: WorkerProcess,
+async def worker_throughput(bootstrap: str, worker: BenchWorker,
                             events: list[dict[str, Any]]) -> float:
     messages = [(worker.topic_for(e), e["session_key"].encode(), orjson.dumps(e)) for e in events]
     expected = sum(1 for e in events if e["type"] == "tool_call")
@@ -219,7 +182,7 @@ async def worker_throughput(bootstrap: str, worker: WorkerProcess,
         deadline = time.monotonic() + 300
         while seen < expected:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {seen}/{expected} verdicts; see {worker.log}")
+                raise RuntimeError(f"only {seen}/{expected} verdicts; see {worker.log_path}")
             batches = await cons.getmany(timeout_ms=200, max_records=5_000)
             for records in batches.values():
                 for r in records:
@@ -325,7 +288,7 @@ def tool_call_maker(prefix: str, sessions: int) -> Any:
     return make
 
 
-async def worker_latency(bootstrap: str, worker: WorkerProcess, rate: float,
+async def worker_latency(bootstrap: str, worker: BenchWorker, rate: float,
                          seconds: float) -> list[float]:
     prefix = f"lat-{uuid.uuid4().hex[:6]}"
     return await paced_round_trips(
@@ -380,16 +343,16 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
     events = workload(args.events, args.sessions)
     with tempfile.TemporaryDirectory(prefix="loopfuse-bench-") as tmp:
         extra = dict(kv.split("=", 1) for kv in args.worker_env)
-        worker = WorkerProcess(bootstrap, embedded, args.partitions, Path(tmp), extra,
-                               args.profile)
+        worker = BenchWorker(bootstrap, embedded, args.partitions, Path(tmp), extra,
+                             args.profile)
         try:
             worker_rate = await worker_throughput(bootstrap, worker, events)
             print(f"worker throughput: {worker_rate:,.0f} events/s ({len(events)} events)",
                   flush=True)
-            await worker.wait_ready()
+            await worker.ready()
             verdict_ms = await worker_latency(bootstrap, worker, args.rate, args.seconds)
         except BaseException:
-            print(Path(worker.log).read_text(errors="replace")[-3000:], file=sys.stderr)
+            print(worker.tail(3000), file=sys.stderr)
             raise
         finally:
             worker.stop()

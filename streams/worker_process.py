@@ -13,13 +13,33 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Any, Self
 
 from streams.broker import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+TOPIC_ROLES = ("tool_calls", "tool_results", "compactions", "verdicts", "loop_events", "dead_letters")
+
+
+def unique_topics(prefix: str) -> dict[str, str]:
+    """Fresh topic names for each role, so several workers can share one broker."""
+    suffix = uuid.uuid4().hex[:8]
+    return {role: f"{prefix}-{role.replace('_', '-')}-{suffix}" for role in TOPIC_ROLES}
+
+
+def topic_settings(topics: Mapping[str, str]) -> dict[str, str]:
+    """Worker settings naming these topics (``topic_<role>``)."""
+    return {f"topic_{role}": name for role, name in topics.items()}
+
+
+def input_topic_for(topics: Mapping[str, str], event: Mapping[str, Any]) -> str:
+    """Where a gateway would publish this event."""
+    kind = event.get("type")
+    role = {"tool_call": "tool_calls", "tool_result": "tool_results"}.get(str(kind), "compactions")
+    return topics[role]
 
 
 class WorkerProcess:
@@ -31,6 +51,7 @@ class WorkerProcess:
         *,
         log_path: Path | None = None,
         web_port: int | None = None,
+        python_options: Sequence[str] = (),
     ) -> None:
         self.web_port = web_port or free_port()
         self.env = {
@@ -40,6 +61,7 @@ class WorkerProcess:
             "PYTHONUNBUFFERED": "1",
         }
         self.log_path = log_path
+        self.python_options = list(python_options)  # e.g. ["-m", "cProfile", "-o", PATH]
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -52,10 +74,11 @@ class WorkerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> Self:
-        if self.log_path is not None:
+        """Start (or start again, after it exited) the worker; its log is appended to."""
+        if self.log_path is not None and self._log is None:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.worker"],
+            [sys.executable, *self.python_options, "-m", "streams.worker"],
             cwd=REPO_ROOT,
             env=self.env,
             stdin=subprocess.DEVNULL,
@@ -90,11 +113,16 @@ class WorkerProcess:
             return ""
         return self.log_path.read_text(errors="replace")[-chars:]
 
-    def kill(self) -> None:
+    def send(self, sig: signal.Signals, timeout: float = 30.0) -> int:
+        """Send ``sig`` to the worker and wait for it to exit; its exit code."""
+        assert self.proc is not None, "not started"
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> int | None:
         """SIGKILL, as the OOM killer would: no shutdown, no final commit."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        return None if self.proc is None else self.send(signal.SIGKILL)
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM (a clean Faust shutdown), SIGKILL if it does not end in time."""

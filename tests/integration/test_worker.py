@@ -8,10 +8,7 @@ the worker must publish exactly what the engine decides, crash or no crash.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,8 +23,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from schemas import input_event_adapter, load_config
-from streams.broker import free_port
 from streams.engine import Engine, Verdict
+from streams.worker_process import WorkerProcess, input_topic_for, topic_settings, unique_topics
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,75 +38,35 @@ POLL_MESSAGE = (
 )
 
 
-class Worker:
-    """``python -m streams.worker`` with LOOPFUSE_* settings for one test's topics."""
+class Worker(WorkerProcess):
+    """A worker on topics of its own, so tests share the session broker safely."""
 
     def __init__(self, bootstrap: str, kind: str, tmp: Path, **overrides: Any) -> None:
+        self.topics = unique_topics("test")
         suffix = uuid.uuid4().hex[:8]
-        self.topics = {
-            "tool_calls": f"calls-{suffix}",
-            "tool_results": f"results-{suffix}",
-            "compactions": f"compactions-{suffix}",
-            "verdicts": f"verdicts-{suffix}",
-            "loop_events": f"loops-{suffix}",
-            "dead_letters": f"dead-{suffix}",
-        }
-        self.port = free_port()
-        self.env = {
-            **os.environ,
-            "LOOPFUSE_BOOTSTRAP_SERVERS": bootstrap,
-            "LOOPFUSE_EMBEDDED_BROKER": str(kind == "tansu").lower(),
-            "LOOPFUSE_APP_ID": f"loopfuse-test-{suffix}",
-            "LOOPFUSE_STORE": "memory://",
-            "LOOPFUSE_DATA_DIR": str(tmp / "data"),
-            "LOOPFUSE_CONFIG_FILE": str(CONFIG),
-            "LOOPFUSE_WEB_PORT": str(self.port),
-            "LOOPFUSE_BROKER_SESSION_TIMEOUT": "6",
-            "LOOPFUSE_BROKER_HEARTBEAT_INTERVAL": "1",
-            "LOOPFUSE_FETCH_MAX_WAIT_MS": "10",
-            **{f"LOOPFUSE_TOPIC_{k.upper()}": v for k, v in self.topics.items()},
-            **{f"LOOPFUSE_{k.upper()}": str(v) for k, v in overrides.items()},
-        }
-        self.log = tmp / f"worker-{suffix}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streams.worker"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        """Until /ready says 200: broker reachable, partitions assigned, tables recovered."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, self.tail()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ready", timeout=1):
-                    return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
-        raise AssertionError(f"worker not ready after {timeout}s\n{self.tail()}")
+        super().__init__(
+            {
+                "bootstrap_servers": bootstrap,
+                "embedded_broker": str(kind == "tansu").lower(),
+                "app_id": f"loopfuse-test-{suffix}",
+                "store": "memory://",
+                "data_dir": str(tmp / "data"),
+                "config_file": str(CONFIG),
+                "broker_session_timeout": "6",
+                "broker_heartbeat_interval": "1",
+                "fetch_max_wait_ms": "10",
+                **topic_settings(self.topics),
+                **{key: str(value) for key, value in overrides.items()},
+            },
+            log_path=tmp / f"worker-{suffix}.log",
+        )
 
     def get(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}{path}", timeout=5) as resp:
             return str(resp.read().decode())
 
-    def kill(self, sig: int = signal.SIGKILL) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.proc.wait(30)
-        self.proc = None
-        return code
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
-
     def topic_of(self, event: dict[str, Any]) -> str:
-        return self.topics[{"tool_call": "tool_calls", "tool_result": "tool_results"}.get(
-            event["type"], "compactions")]
+        return input_topic_for(self.topics, event)
 
 
 @pytest.fixture
@@ -125,8 +82,7 @@ def worker_factory(
 
     yield make
     for worker in workers:
-        if worker.proc is not None:
-            worker.kill()
+        worker.stop()
 
 
 # -- clients --------------------------------------------------------------------------
@@ -309,7 +265,7 @@ async def test_restart_after_sigkill_gives_the_verdicts_of_an_uninterrupted_run(
         await asyncio.sleep(1.5)  # offsets committed: the state must come from the changelog
         await produce(kafka_bootstrap, encoded(worker, second))
         await out.wait_for("some later verdict", lambda: len(out.of(t["verdicts"])) > 12)
-        assert worker.kill(signal.SIGKILL) == -signal.SIGKILL
+        assert worker.send(signal.SIGKILL) == -signal.SIGKILL
 
         worker.start()
         worker.wait_ready()
@@ -324,7 +280,7 @@ async def test_restart_after_sigkill_gives_the_verdicts_of_an_uninterrupted_run(
         previous = got.setdefault(verdict["verdict_id"], without_clock(verdict))
         assert previous == without_clock(verdict)
     assert sorted(got.values(), key=order) == sorted(expected, key=order)
-    assert worker.kill(signal.SIGTERM) == 0  # clean shutdown
+    assert worker.send(signal.SIGTERM) == 0  # clean shutdown
 
 
 def order(verdict: dict[str, Any]) -> tuple[str, int]:
@@ -345,7 +301,6 @@ async def test_topics_created_once_and_mismatch_is_a_clear_start_up_error(
     worker.start()
     assert worker.proc is not None
     code = worker.proc.wait(60)
-    worker.proc = None
     message = worker.tail()
     assert code == 2, message
     assert f"topic '{worker.topics['tool_results']}' has 2 partitions, expected 3" in message
