@@ -41,8 +41,6 @@ _WIDE_REFS = 1  # string refs are 2 bytes (more than 255 strings)
 # of each other (the common case), else 4, else 8 bytes.
 _TS_INT32 = 2
 _TS_INT64 = 4
-_UINT16 = range(2**16)
-_INT32 = range(-(2**31), 2**31)
 
 
 @dataclass(slots=True)
@@ -190,13 +188,7 @@ class SessionState:
         _uvarint(body, len(self.seen_ids))
         for event_hash in self.seen_ids:
             body += _U64.pack(event_hash)
-        _uvarint(body, len(self.decisions))
-        for decision in self.decisions:
-            body += _U32.pack(decision.event)
-            body.append(decision.action)
-            body.append(decision.detector)
-            _uvarint(body, decision.count)
-            _uvarint(body, ref(decision.detail))
+        _encode_decisions(body, self.decisions, ref)
         _uvarint(body, len(self.parked))
         for seq, (event, parked_at) in self.parked.items():
             payload = event.model_dump_json(exclude_unset=True).encode()
@@ -262,16 +254,7 @@ class SessionState:
         for _ in range(count):
             state.seen_ids.append(_U64.unpack_from(data, pos)[0])
             pos += 8
-        count, pos = _read_uvarint(data, pos)
-        for _ in range(count):
-            event_hash = _U32.unpack_from(data, pos)[0]
-            action, detector = data[pos + 4], data[pos + 5]
-            pos += 6
-            decided_count, pos = _read_uvarint(data, pos)
-            index, pos = _read_uvarint(data, pos)
-            state.decisions.append(
-                Decision(event_hash, action, detector, decided_count, strings[index])
-            )
+        pos = _decode_decisions(data, pos, strings, state.decisions)
         count, pos = _read_uvarint(data, pos)
         for _ in range(count):
             seq, pos = _read_uvarint(data, pos)
@@ -344,9 +327,10 @@ def _encode_history(
     runs = [0 if rec.run is None else strings[rec.run] + 1 for rec in history]
     times = [rec.ts for rec in history]
     deltas = [b - a for a, b in pairwise(times)]
-    if all(delta in _UINT16 for delta in deltas):
+    low, high = (min(deltas), max(deltas)) if deltas else (0, 0)
+    if low >= 0 and high < 2**16:
         ts_flag, ts_code = 0, "H"
-    elif all(delta in _INT32 for delta in deltas):
+    elif low >= -(2**31) and high < 2**31:
         ts_flag, ts_code = _TS_INT32, "i"
     else:
         ts_flag, ts_code = _TS_INT64, "q"
@@ -411,4 +395,50 @@ def _decode_history(
         index, pos = _read_uvarint(data, pos)
         name, pos = _read_uvarint(data, pos)
         history[-count + index].unknown = strings[name]
+    return pos
+
+
+def _encode_decisions(
+    out: bytearray, decisions: list[Decision], ref: Callable[[str | None], int]
+) -> None:
+    """Column by column, like the history: one struct call per column."""
+    count = len(decisions)
+    _uvarint(out, count)
+    if not count:
+        return
+    counts = [d.count for d in decisions]
+    wide = max(counts) > 0xFFFF
+    out.append(1 if wide else 0)
+    out += struct.pack(f"<{count}I", *[d.event for d in decisions])
+    out += bytes(d.action for d in decisions)
+    out += bytes(d.detector for d in decisions)
+    out += struct.pack(f"<{count}{'I' if wide else 'H'}", *counts)
+    details = [(index, d.detail) for index, d in enumerate(decisions) if d.detail is not None]
+    _uvarint(out, len(details))
+    for index, detail in details:
+        _uvarint(out, index)
+        _uvarint(out, ref(detail))
+
+
+def _decode_decisions(
+    data: bytes, pos: int, strings: list[str | None], decisions: list[Decision]
+) -> int:
+    count, pos = _read_uvarint(data, pos)
+    if not count:
+        return pos
+    wide = data[pos]
+    pos += 1
+    events = struct.unpack_from(f"<{count}I", data, pos)
+    pos += 4 * count
+    actions = data[pos : pos + count]
+    detectors = data[pos + count : pos + 2 * count]
+    pos += 2 * count
+    counts = struct.unpack_from(f"<{count}{'I' if wide else 'H'}", data, pos)
+    pos += (4 if wide else 2) * count
+    decisions.extend(map(Decision, events, actions, detectors, counts, [None] * count))
+    details, pos = _read_uvarint(data, pos)
+    for _ in range(details):
+        index, pos = _read_uvarint(data, pos)
+        ref, pos = _read_uvarint(data, pos)
+        decisions[-count + index].detail = strings[ref]
     return pos
