@@ -24,7 +24,6 @@ from schemas.events import (
 from streams.engine.config import ConfigResolver, ResolvedConfig
 from streams.engine.detectors import Detection, detect, guard_message, message_for
 from streams.engine.fingerprint import (
-    ERROR_PREFIX,
     action_of,
     args_hash,
     digest,
@@ -340,15 +339,15 @@ class Engine:
         error = event.error_text
         unknown = event.unknown_tool.lower() if event.unknown_tool else None
         if error is not None:
-            token: str | None = ERROR_PREFIX + digest(error.encode("utf-8", "surrogatepass"))
             unknown = unknown or unknown_tool_name(error)
-        elif event.result_hash is not None:
-            token = event.result_hash
+        if event.result_hash is not None:
+            token: str | None = event.result_hash
         else:
             token = result_token(
                 tool,
                 event.args,
                 result=event.result,
+                error=error,
                 args_action=event.args_action,
                 send_tools=self.resolver.send_tools,
             )
