@@ -59,9 +59,8 @@ def events(picks: list[int], hashed: bool) -> list[Any]:
             common |= {"args": args}
             outcome = {"result": result}
         out.append(input_event_adapter.validate_python({"type": "tool_call", **common}))
-        out.append(
-            input_event_adapter.validate_python({"type": "tool_result", **common, **outcome})
-        )
+        result_event = {"type": "tool_result", **common, **outcome, "event_id": f"r{i}"}
+        out.append(input_event_adapter.validate_python(result_event))
     return out
 
 
