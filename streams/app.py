@@ -156,11 +156,6 @@ class _PartitionOnly:
 class _Message:
     topic: str
     partition: int
-    # A timer's stand-in carries no original message (e.g. a dead letter for a
-    # parked event released by the gap timer has no offset or bytes to show).
-    key: bytes | None = None
-    value: bytes | None = None
-    offset: int | None = None
 
 
 def _as_current_event(event: Any) -> None:
@@ -203,9 +198,6 @@ class Judge:
         self.key_partition: dict[bytes, int] = {}
         # session key -> (the bytes we last wrote, the state they encode)
         self.decoded: dict[bytes, tuple[bytes, SessionState]] = {}
-        # sessions with events parked behind a seq gap, and their partition: the gap
-        # timer may have to give up on the gap if the session goes quiet
-        self.waiting: dict[bytes, int] = {}
 
     async def _on_changelog_event(self, event: EventT) -> None:
         key = event.message.key
@@ -275,33 +267,6 @@ class Judge:
             self.table[key] = new  # Faust persists (changelog) only on assignment
             self.key_partition[key] = partition
         self._remember(key, new, state)
-        if state.parked:
-            self.waiting[key] = partition
-        else:
-            self.waiting.pop(key, None)
-
-    def release_gaps(
-        self, owned_partitions: Iterable[int], now_ms: int
-    ) -> list[tuple[str, bytes | None, bytes]]:
-        """Let the engine give up on seq gaps of sessions that went quiet (timer)."""
-        owned = set(owned_partitions)
-        out: list[tuple[str, bytes | None, bytes]] = []
-        for key, partition in list(self.waiting.items()):
-            if partition not in owned:
-                continue
-            raw = self.table.data.get(key)
-            state = self._load(key, raw)
-            if state is None:
-                self.waiting.pop(key, None)
-                continue
-            outputs = self.engine.release_stale(state, now_ms)
-            stand_in = _PartitionOnly(self.settings.topic_tool_calls, partition)
-            _as_current_event(stand_in)
-            for output in outputs:
-                self._route(output, key, stand_in, out)  # type: ignore[arg-type]
-            self._store(key, raw, state, partition)
-        _current_event.set(None)
-        return out
 
     def _load(self, key: bytes, raw: bytes | None) -> SessionState | None:
         """The session's state: reuse the decoded one when the table still holds our bytes.
@@ -528,15 +493,6 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         if app.rebalancing or app.in_recovery or not app.tables.recovery.completed.is_set():
             return
         judge.expire_idle(_owned_partitions(app, settings), int(time.time() * 1000))
-
-    @app.timer(1.0, name="release_sequence_gaps")
-    async def release_sequence_gaps() -> None:
-        if not judge.waiting or app.rebalancing or app.in_recovery:
-            return
-        messages = judge.release_gaps(_owned_partitions(app, settings), int(time.time() * 1000))
-        for topic, key, value in messages:
-            await app.producer.send(topic, key, value, None, None, None)
-        await _drain_table_writes(app)
 
     @app.on_partitions_assigned.connect
     async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:

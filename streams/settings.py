@@ -62,10 +62,12 @@ class Settings(BaseSettings):
     idle_scan_interval_seconds: float = Field(default=60.0, gt=0)
     max_event_bytes: int = Field(default=1_048_576, ge=1_024)
     sequence_gap_timeout_seconds: float = Field(
-        default=10.0, gt=0, description="how long early events wait for a missing seq"
+        default=30.0,
+        gt=0,
+        description="event time a session's early events may span before a missing seq is skipped",
     )
     max_parked_events: int = Field(
-        default=32, ge=1, description="early events per session before a seq gap is skipped"
+        default=128, ge=1, description="early events per session before a seq gap is skipped"
     )
     dead_letter_original_bytes: int = Field(default=65_536, ge=0)
 

@@ -96,8 +96,8 @@ class SessionState:
     # warning key hash -> (run, last published bucket); insertion order = age
     warnings: dict[int, tuple[str | None, int]] = field(default_factory=dict)
     next_seq: int | None = None
-    # seq -> (early event, when it was parked); applied once the gap before it fills
-    parked: dict[int, tuple[InputEventT, int]] = field(default_factory=dict)
+    # seq -> early event, applied once the gap before it fills
+    parked: dict[int, InputEventT] = field(default_factory=dict)
     # seq ranges (first, last) given up on: an event of one that still arrives is
     # applied late rather than dropped as a duplicate
     skipped: list[tuple[int, int]] = field(default_factory=list)
@@ -190,10 +190,9 @@ class SessionState:
             body += _U64.pack(event_hash)
         _encode_decisions(body, self.decisions, ref)
         _uvarint(body, len(self.parked))
-        for seq, (event, parked_at) in self.parked.items():
+        for seq, event in self.parked.items():
             payload = event.model_dump_json(exclude_unset=True).encode()
             _uvarint(body, seq)
-            _svarint(body, parked_at - self.touched_ms)
             _uvarint(body, len(payload))
             body += payload
         _uvarint(body, len(self.skipped))
@@ -258,10 +257,8 @@ class SessionState:
         count, pos = _read_uvarint(data, pos)
         for _ in range(count):
             seq, pos = _read_uvarint(data, pos)
-            parked_delta, pos = _read_svarint(data, pos)
             length, pos = _read_uvarint(data, pos)
-            event = input_event_adapter.validate_json(bytes(view[pos : pos + length]))
-            state.parked[seq] = (event, touched_ms + parked_delta)
+            state.parked[seq] = input_event_adapter.validate_json(bytes(view[pos : pos + length]))
             pos += length
         count, pos = _read_uvarint(data, pos)
         for _ in range(count):

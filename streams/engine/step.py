@@ -49,8 +49,8 @@ from streams.engine.state import (
 )
 
 WARNING_BUCKET_SIZE = 10
-DEFAULT_MAX_PARKED = 32
-DEFAULT_GAP_TIMEOUT_MS = 10_000
+DEFAULT_MAX_PARKED = 128
+DEFAULT_GAP_TIMEOUT_MS = 30_000
 MAX_SKIPPED_RANGES = 8
 
 _LEVEL_OF_ACTION: dict[Action, Level] = {
@@ -149,7 +149,7 @@ class Engine:
             return state, outputs  # the same early event again: already waiting
         if seq > expected:
             state.next_seq = expected
-            state.parked[seq] = (event, now_ms)
+            state.parked[seq] = event
             self._release_gaps(state, now_ms, outputs)
             return state, outputs
         self._apply(state, event, now_ms, outputs)
@@ -157,36 +157,31 @@ class Engine:
         self._drain(state, now_ms, outputs)
         return state, outputs
 
-    def release_stale(self, state: SessionState, now_ms: int) -> list[Output]:
-        """Give up on gaps that have waited too long (the worker calls this on a timer,
-        for sessions that went quiet with events parked)."""
-        outputs: list[Output] = []
-        if state.parked:
-            self._release_gaps(state, now_ms, outputs)
-        return outputs
-
     def _drain(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
         while state.next_seq is not None and state.next_seq in state.parked:
-            event, _ = state.parked.pop(state.next_seq)
+            event = state.parked.pop(state.next_seq)
             self._apply(state, event, now_ms, outputs)
             state.next_seq += 1
 
     def _release_gaps(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
-        """Skip a gap once too many later events wait, or the oldest waited too long.
+        """Skip a gap once too many later events wait, or they span too much event time.
 
-        Topics deliver a session's events out of order by milliseconds; an event
-        missing for ``gap_timeout_ms`` (or behind ``max_parked`` later ones) is taken
-        as lost. Its seqs are remembered, so if it shows up after all it is applied
-        late instead of being dropped as a duplicate.
+        Topics deliver a session's events out of order, by milliseconds normally and
+        by much more while a worker catches up on a backlog, when one topic can be
+        read far ahead of another. So the test is on *event* time, which a backlog
+        does not stretch: the gap is taken as lost once the session's parked events
+        span ``gap_timeout_ms`` of gateway time (or ``max_parked`` of them wait).
+        The skipped seqs are remembered: if the missing event shows up after all,
+        it is applied late instead of being dropped as a duplicate.
         """
         while state.parked and (
             len(state.parked) >= self.max_parked
-            or now_ms - min(at for _, at in state.parked.values()) >= self.gap_timeout_ms
+            or _event_time_span(state.parked.values()) >= self.gap_timeout_ms
         ):
             first_parked = min(state.parked)
             expected = state.next_seq or 0
             missing = first_parked - expected
-            trigger = state.parked[first_parked][0]
+            trigger = state.parked[first_parked]
             state.skipped.append((expected, first_parked - 1))
             if len(state.skipped) > MAX_SKIPPED_RANGES:
                 del state.skipped[0]
@@ -549,6 +544,11 @@ class Engine:
             states[key], produced = self.step(states.get(key), event, event.ts)
             outputs.extend(produced)
         return outputs
+
+
+def _event_time_span(events: Iterable[InputEventT]) -> int:
+    times = [event.ts for event in events]
+    return max(times) - min(times)
 
 
 def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:

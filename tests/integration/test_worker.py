@@ -318,23 +318,24 @@ async def partition_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:
     return {d["topic"]: len(d["partitions"]) for d in described}
 
 
-async def test_a_seq_gap_that_never_fills_is_given_up_by_the_timer(
+async def test_a_seq_gap_is_given_up_once_later_events_span_the_gap_timeout(
     worker_factory: Any, kafka_bootstrap: str
 ) -> None:
     worker = worker_factory(sequence_gap_timeout_seconds=1)
     worker.start()
     worker.wait_ready()
     t = worker.topics
-    # seq 0 is lost on the way; seq 1 waits for it, then the gap timer gives up.
-    late = {"type": "tool_call", "event_id": "gap-1", "session_key": "gappy", "seq": 1,
-            "call_id": "c1", "tool_name": "read", "args": {"path": "/a"}, "ts": 1}
+    # seq 0 is lost on the way; seq 1 and 2 wait for it until they span 1 s of event time.
+    call = {"type": "tool_call", "session_key": "gappy", "tool_name": "read", "args": {"path": "/a"}}
+    waiting = [call | {"event_id": "gap-1", "seq": 1, "call_id": "c1", "ts": 1_000},
+               call | {"event_id": "gap-2", "seq": 2, "call_id": "c2", "ts": 2_000}]
+    lost = call | {"event_id": "gap-0", "seq": 0, "call_id": "c0", "ts": 500}
     async with Collector(kafka_bootstrap, [t["verdicts"], t["loop_events"]]) as out:
-        await produce(kafka_bootstrap, [(t["tool_calls"], b"gappy", orjson.dumps(late))])
-        await out.wait_for("the parked call's verdict", lambda: out.of(t["verdicts"]), timeout=30)
+        await produce(kafka_bootstrap, [(t["tool_calls"], b"gappy", orjson.dumps(e)) for e in waiting])
+        await out.wait_for("the parked calls' verdicts", lambda: len(out.of(t["verdicts"])) >= 2)
         await out.wait_for("a sequence_gap loop event", lambda: out.of(t["loop_events"]))
-        lost = late | {"event_id": "gap-0", "seq": 0, "call_id": "c0"}
         await produce(kafka_bootstrap, [(t["tool_calls"], b"gappy", orjson.dumps(lost))])
-        await out.wait_for("the late call's verdict", lambda: len(out.of(t["verdicts"])) >= 2)
-    assert [v["call_id"] for v in out.of(t["verdicts"])] == ["c1", "c0"]
+        await out.wait_for("the late call's verdict", lambda: len(out.of(t["verdicts"])) >= 3)
+    assert [v["call_id"] for v in out.of(t["verdicts"])] == ["c1", "c2", "c0"]
     (gap,) = out.of(t["loop_events"])
     assert (gap["detector"], gap["count"]) == ("sequence_gap", 1)

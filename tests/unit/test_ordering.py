@@ -46,27 +46,33 @@ def test_a_gap_is_given_up_after_max_parked_later_events() -> None:
     assert [v.call_id for v in verdicts(outputs)] == ["c2", "c3", "c4"]
 
 
-def test_a_gap_is_given_up_after_the_timeout_and_a_late_event_still_gets_its_verdict() -> None:
+def test_a_gap_is_given_up_once_later_events_span_the_timeout_and_a_late_event_still_counts() -> None:
     eng = engine(gap_timeout_ms=1000)
-    state, outputs = feed(eng, [call("read", {"path": "/b"}, call_id="b", seq=1)], now=0)
-    assert verdicts(outputs) == []
-    assert eng.release_stale(state, 999) == []  # not yet
-    released = eng.release_stale(state, 1000)
-    assert [v.call_id for v in verdicts(released)] == ["b"]
-    assert [e.detector for e in loop_events(released)] == ["sequence_gap"]
+    b = call("read", {"path": "/b"}, call_id="b", seq=1, ts=10_000)
+    c = call("read", {"path": "/c"}, call_id="c", seq=2, ts=10_999)
+    state, outputs = feed(eng, [b, c])
+    assert verdicts(outputs) == []  # 999 ms of event time: still waiting for seq 0
+    d = call("read", {"path": "/d"}, call_id="d", seq=3, ts=11_000)
+    state, outputs = feed(eng, [d], state=state)
+    assert [v.call_id for v in verdicts(outputs)] == ["b", "c", "d"]
+    assert [e.detector for e in loop_events(outputs)] == ["sequence_gap"]
     # the lost event turns up after all: applied late, not dropped as a duplicate
-    state, outputs = feed(
-        eng, [call("read", {"path": "/a"}, call_id="a", seq=0)], now=2000, state=state
-    )
+    late = call("read", {"path": "/a"}, call_id="a", seq=0, ts=9_000)
+    state, outputs = feed(eng, [late], state=state)
     assert [v.call_id for v in verdicts(outputs)] == ["a"]
-    # ... and only once
-    state, outputs = feed(
-        eng,
-        [call("read", {"path": "/a"}, call_id="a", seq=0, event_id="again")],
-        now=2001,
-        state=state,
-    )
-    assert state.skipped == []
+    assert state.skipped == []  # ... and only once
+
+
+def test_a_backlog_does_not_release_a_gap_early() -> None:
+    """However late the worker reads them (now_ms), events minutes apart in wall time
+    but close in event time keep waiting for the missing one."""
+    eng = engine(gap_timeout_ms=1000)
+    early = [call("read", {"path": f"/{i}"}, call_id=f"c{i}", seq=i, ts=5_000 + i) for i in (1, 2)]
+    state, outputs = feed(eng, early, now=10_000_000)
+    assert verdicts(outputs) == []
+    state, outputs = feed(eng, [call("read", {}, call_id="c0", seq=0, ts=5_000)], now=20_000_000, state=state)
+    assert [v.call_id for v in verdicts(outputs)] == ["c0", "c1", "c2"]
+    assert loop_events(outputs) == []
 
 
 def test_a_run_ended_arriving_early_waits_like_any_other_event() -> None:
@@ -111,10 +117,10 @@ def test_a_redelivered_tool_call_gets_the_identical_verdict_and_changes_nothing(
 
 def test_parked_events_and_skipped_gaps_survive_the_state_bytes() -> None:
     eng = engine(gap_timeout_ms=10)
-    state, _ = feed(eng, [call("read", {"path": "/x"}, call_id="x", seq=5)], now=100)
+    state, _ = feed(eng, [call("read", {"path": "/x"}, call_id="x", seq=5, ts=100)])
     restored = SessionState.from_bytes(state.to_bytes())
     assert restored == state
-    released = eng.release_stale(restored, 200)
-    assert [v.call_id for v in verdicts(released)] == ["x"]
+    restored, released = feed(eng, [call("read", {"path": "/y"}, call_id="y", seq=6, ts=200)], state=restored)
+    assert [v.call_id for v in verdicts(released)] == ["x", "y"]
     again = SessionState.from_bytes(restored.to_bytes())
-    assert again.skipped == [(0, 4)] and again.next_seq == 6
+    assert again.skipped == [(0, 4)] and again.next_seq == 7
