@@ -27,7 +27,7 @@ from schemas.events import (
 FORMAT_VERSION = 1
 MAX_WARNING_KEYS = 256
 MAX_SEEN_EVENT_IDS = 32
-MAX_DECISIONS = 8
+MAX_DECISIONS = 8  # verdicts other than allow, per session
 
 InputEventT = ToolCall | ToolResult | Compaction | RunEnded
 
@@ -67,13 +67,14 @@ class Guard:
 
 @dataclass(slots=True)
 class Decision:
-    """Enough of a past verdict to re-emit it identically for a redelivered tool_call."""
+    """A past verdict other than allow, enough to re-emit it for a redelivered tool_call."""
 
     event: int  # 32-bit hash of the event id (only tells redeliveries apart)
     action: int  # index into ACTIONS
     detector: int  # index into DETECTORS, 0 = none
     count: int
     detail: str | None  # unknown-tool name or paired tool name, for the message
+    seq: int = -1  # the tool_call's seq, -1 when it had none
 
 
 ACTIONS: tuple[Action, ...] = ("allow", "warn", "block", "abort")
@@ -103,6 +104,9 @@ class SessionState:
     skipped: list[tuple[int, int]] = field(default_factory=list)
     seen_ids: list[int] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
+    # Every tool_call with a seq at or above this one that is not in ``decisions``
+    # was allowed: a redelivered one gets "allow" again without storing every verdict.
+    verdict_floor: int = 0
     touched_ms: int = 0
     # Derived, never serialised: the run ids present in the history (None = recompute).
     _runs: set[str | None] | None = field(default=None, repr=False, compare=False)
@@ -189,6 +193,7 @@ class SessionState:
         for event_hash in self.seen_ids:
             body += _U64.pack(event_hash)
         _encode_decisions(body, self.decisions, ref)
+        _uvarint(body, self.verdict_floor)
         _uvarint(body, len(self.parked))
         for seq, event in self.parked.items():
             payload = event.model_dump_json(exclude_unset=True).encode()
@@ -254,6 +259,7 @@ class SessionState:
             state.seen_ids.append(_U64.unpack_from(data, pos)[0])
             pos += 8
         pos = _decode_decisions(data, pos, strings, state.decisions)
+        state.verdict_floor, pos = _read_uvarint(data, pos)
         count, pos = _read_uvarint(data, pos)
         for _ in range(count):
             seq, pos = _read_uvarint(data, pos)
@@ -410,6 +416,7 @@ def _encode_decisions(
     out += bytes(d.action for d in decisions)
     out += bytes(d.detector for d in decisions)
     out += struct.pack(f"<{count}{'I' if wide else 'H'}", *counts)
+    out += struct.pack(f"<{count}q", *[d.seq for d in decisions])
     details = [(index, d.detail) for index, d in enumerate(decisions) if d.detail is not None]
     _uvarint(out, len(details))
     for index, detail in details:
@@ -432,7 +439,9 @@ def _decode_decisions(
     pos += 2 * count
     counts = struct.unpack_from(f"<{count}{'I' if wide else 'H'}", data, pos)
     pos += (4 if wide else 2) * count
-    decisions.extend(map(Decision, events, actions, detectors, counts, [None] * count))
+    seqs = struct.unpack_from(f"<{count}q", data, pos)
+    pos += 8 * count
+    decisions.extend(map(Decision, events, actions, detectors, counts, [None] * count, seqs))
     details, pos = _read_uvarint(data, pos)
     for _ in range(details):
         index, pos = _read_uvarint(data, pos)

@@ -51,7 +51,7 @@ from streams.engine.state import (
 WARNING_BUCKET_SIZE = 10
 DEFAULT_MAX_PARKED = 128
 DEFAULT_GAP_TIMEOUT_MS = 30_000
-MAX_SKIPPED_RANGES = 8
+MAX_SKIPPED_RANGES = 64
 
 _LEVEL_OF_ACTION: dict[Action, Level] = {
     "allow": "none",
@@ -150,6 +150,7 @@ class Engine:
         if seq > expected:
             state.next_seq = expected
             state.parked[seq] = event
+            state.touched_ms = now_ms  # a session waiting on a gap is not idle
             self._release_gaps(state, now_ms, outputs)
             return state, outputs
         self._apply(state, event, now_ms, outputs)
@@ -241,6 +242,12 @@ class Engine:
                     )
                 )
                 return
+        if event.seq is not None and event.seq >= state.verdict_floor:
+            outputs.append(
+                self._verdict(
+                    event, "allow", "none", None, 0, None, self._args_token(event), None, now_ms
+                )
+            )
 
     # -- applying events -------------------------------------------------------------
 
@@ -294,17 +301,21 @@ class Engine:
         outputs.append(
             self._verdict(event, action, level, detector, count, message, token, paired, now_ms)
         )
-        state.decisions.append(
-            Decision(
-                fold(event.event_id) & 0xFFFFFFFF,
-                _ACTION_CODE[action],
-                _DETECTOR_CODE[detector],
-                count,
-                detection.detail if detection is not None and enforce else None,
+        if action != "allow":
+            state.decisions.append(
+                Decision(
+                    fold(event.event_id) & 0xFFFFFFFF,
+                    _ACTION_CODE[action],
+                    _DETECTOR_CODE[detector],
+                    count,
+                    detection.detail if detection is not None else None,
+                    -1 if event.seq is None else event.seq,
+                )
             )
-        )
-        if len(state.decisions) > MAX_DECISIONS:
-            del state.decisions[0]
+            if len(state.decisions) > MAX_DECISIONS:
+                forgotten = state.decisions.pop(0)
+                if forgotten.seq >= 0:
+                    state.verdict_floor = max(state.verdict_floor, forgotten.seq + 1)
         if detection is not None and (critical or _warning_rises(state, detection, run)):
             outputs.append(
                 self._loop_event(

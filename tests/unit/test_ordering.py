@@ -46,7 +46,9 @@ def test_a_gap_is_given_up_after_max_parked_later_events() -> None:
     assert [v.call_id for v in verdicts(outputs)] == ["c2", "c3", "c4"]
 
 
-def test_a_gap_is_given_up_once_later_events_span_the_timeout_and_a_late_event_still_counts() -> None:
+def test_a_gap_is_given_up_once_later_events_span_the_timeout_and_a_late_event_still_counts() -> (
+    None
+):
     eng = engine(gap_timeout_ms=1000)
     b = call("read", {"path": "/b"}, call_id="b", seq=1, ts=10_000)
     c = call("read", {"path": "/c"}, call_id="c", seq=2, ts=10_999)
@@ -70,7 +72,9 @@ def test_a_backlog_does_not_release_a_gap_early() -> None:
     early = [call("read", {"path": f"/{i}"}, call_id=f"c{i}", seq=i, ts=5_000 + i) for i in (1, 2)]
     state, outputs = feed(eng, early, now=10_000_000)
     assert verdicts(outputs) == []
-    state, outputs = feed(eng, [call("read", {}, call_id="c0", seq=0, ts=5_000)], now=20_000_000, state=state)
+    state, outputs = feed(
+        eng, [call("read", {}, call_id="c0", seq=0, ts=5_000)], now=20_000_000, state=state
+    )
     assert [v.call_id for v in verdicts(outputs)] == ["c0", "c1", "c2"]
     assert loop_events(outputs) == []
 
@@ -120,7 +124,50 @@ def test_parked_events_and_skipped_gaps_survive_the_state_bytes() -> None:
     state, _ = feed(eng, [call("read", {"path": "/x"}, call_id="x", seq=5, ts=100)])
     restored = SessionState.from_bytes(state.to_bytes())
     assert restored == state
-    restored, released = feed(eng, [call("read", {"path": "/y"}, call_id="y", seq=6, ts=200)], state=restored)
+    restored, released = feed(
+        eng, [call("read", {"path": "/y"}, call_id="y", seq=6, ts=200)], state=restored
+    )
     assert [v.call_id for v in verdicts(released)] == ["x", "y"]
     again = SessionState.from_bytes(restored.to_bytes())
     assert again.skipped == [(0, 4)] and again.next_seq == 7
+
+
+def test_a_redelivered_old_allowed_tool_call_gets_allow_again() -> None:
+    eng = engine()
+    events = [call("read", {"path": f"/{i}"}, call_id=f"c{i}", seq=i) for i in range(50)]
+    state, outputs = feed(eng, events)
+    first = verdicts(outputs)[3]
+    state, again = feed(eng, [events[3]], state=state)
+    (repeat,) = verdicts(again)
+    assert (repeat.verdict_id, repeat.action, repeat.call_id) == (first.verdict_id, "allow", "c3")
+
+
+def test_old_non_allow_verdicts_beyond_the_ring_are_not_guessed() -> None:
+    eng = Engine(
+        parse_config(
+            {
+                "tools": {
+                    "loopDetection": {
+                        "enabled": True,
+                        "warningThreshold": 2,
+                        "criticalThreshold": 3,
+                    }
+                }
+            }
+        )
+    )
+    # the same call over and over: warns from the 3rd call on, one decision each
+    events = [call("exec", {"command": "ls"}, call_id=f"c{i}", seq=i) for i in range(20)]
+    state, outputs = feed(eng, events)
+    assert verdicts(outputs)[2].action == "warn"
+    state, again = feed(eng, [events[2]], state=state)
+    assert verdicts(again) == []  # forgotten: better no verdict than a wrong "allow"
+    state, again = feed(eng, [events[19]], state=state)
+    assert [v.action for v in verdicts(again)] == ["warn"]
+
+
+def test_a_session_waiting_on_a_gap_is_not_idle() -> None:
+    eng = engine()
+    state, _ = feed(eng, [call("read", {}, call_id="c0", seq=0)], now=1_000)
+    state, _ = feed(eng, [call("read", {}, call_id="c2", seq=2)], now=9_000)
+    assert SessionState.touched_at(state.to_bytes()) == 9_000
