@@ -1,0 +1,306 @@
+"""Chaos run: SIGKILL the stream worker at random moments while events flow.
+
+    python -m tests.reliability.chaos --kills 5 --events 20000
+
+* a generator makes ``--events`` events over ``--sessions`` sessions (healthy,
+  generic repeat, polling, ping-pong, unknown tool, compaction loop; runs that end
+  with ``run_ended``), each with ``seq`` per session and keyed by session;
+* the verifier folds them offline with ``Engine(config).replay`` (the same config
+  file the worker reads) for the expected verdicts;
+* a producer sends them at a steady pace in the background, while a killer
+  SIGKILLs the worker ``--kills`` times at random moments and restarts it each
+  time (it recovers the session table from the changelog);
+* at the end it waits (up to ``--deadline`` s) until every expected verdict has
+  arrived, then compares: each delivered verdict must equal the engine's (all
+  fields but ``decided_ts``); duplicates are fine only with the same verdict_id
+  and identical content.
+
+The last line is ``chaos: expected=N delivered=N missing=N wrong=N duplicates=N``
+and the exit code is 0 only if missing == wrong == 0. An embedded broker (Tansu) is
+started unless ``--bootstrap`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from streams.broker import EmbeddedBroker
+from streams.engine import SessionState
+from streams.worker_process import WorkerProcess
+from tests.reliability.harness import (
+    Collector,
+    Comparison,
+    compare,
+    encode,
+    expected_verdicts,
+    generate,
+    new_topics,
+    produce_paced,
+    read_all,
+    unique,
+    verdict_key,
+    worker_settings,
+)
+
+
+@dataclass
+class ChaosOptions:
+    kills: int = 5
+    events: int = 20_000
+    sessions: int = 200
+    rate: float | None = None  # events/s; default: spread over ~15 s per kill
+    seed: int = 7
+    bootstrap: str | None = None
+    broker_kind: str = "tansu"
+    deadline: float = 300.0
+    workdir: Path | None = None
+    single_topic: bool = False  # every event on the tool-calls topic (no cross-topic skew)
+
+
+@dataclass
+class ChaosResult:
+    comparison: Comparison
+    kills: int
+    restart_seconds: list[float]
+    produce_seconds: float
+    total_seconds: float
+    loop_events: Counter[str]
+    log_path: Path
+
+    @property
+    def line(self) -> str:
+        return self.comparison.line("chaos")
+
+
+def say(text: str) -> None:
+    print(f"[chaos] {text}", flush=True)
+
+
+async def run_chaos(opts: ChaosOptions) -> ChaosResult:
+    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="loopfuse-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker: EmbeddedBroker | None = None
+    bootstrap, kind = opts.bootstrap, opts.broker_kind
+    if bootstrap is None:
+        broker = EmbeddedBroker(log_path=workdir / "tansu.log")
+        broker.start(timeout=30)
+        bootstrap, kind = broker.bootstrap, "tansu"
+    try:
+        return await _run(opts, bootstrap, kind, workdir)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> ChaosResult:
+    started = time.monotonic()
+    rng = random.Random(opts.seed)
+    events = generate(opts.events, opts.sessions, seed=opts.seed, prefix=unique("chaos") + "-")
+    expected = expected_verdicts(events)
+    topics = new_topics()
+    settings = worker_settings(bootstrap, kind, topics, unique("loopfuse-chaos"), workdir / "data")
+    log_path = workdir / "worker.log"
+    messages = encode(topics, events)
+    if opts.single_topic:
+        messages = [(topics["tool_calls"], k, v) for _, k, v in messages]
+    rate = opts.rate or opts.events / max(20.0, 15.0 * opts.kills)
+    duration = len(messages) / rate
+    say(
+        f"{len(events)} events, {opts.sessions} sessions, {len(expected)} expected verdicts; "
+        f"{opts.kills} kills; producing at {rate:.0f} ev/s for ~{duration:.0f} s; "
+        f"broker {bootstrap} ({kind}); worker log {log_path}"
+    )
+
+    worker = WorkerProcess(settings, log_path=log_path).start()
+    restarts: list[float] = []
+    producer: asyncio.Task[None] | None = None
+    produced = [0]
+    try:
+        await asyncio.to_thread(worker.wait_ready, 120)
+        async with Collector(bootstrap, [topics["verdicts"], topics["loop_events"]]) as out:
+            t0 = time.monotonic()
+            producer = asyncio.create_task(
+                produce_paced(
+                    bootstrap, messages, rate, progress=lambda n: produced.__setitem__(0, n)
+                )
+            )
+            # Kill moments: random, spread over the production window.
+            kill_at = sorted(rng.uniform(0.05, 0.9) * duration for _ in range(opts.kills))
+            for i, at in enumerate(kill_at, start=1):
+                delay = at - (time.monotonic() - t0)
+                # Never closer than a random 0.3-3 s to the previous restart.
+                await asyncio.sleep(max(delay, rng.uniform(0.3, 3.0)))
+                worker.kill()
+                worker.stop()  # reaps, closes the log
+                killed = time.monotonic()
+                verdicts, sent = len(out.of(topics["verdicts"])), produced[0]
+                worker = WorkerProcess(settings, log_path=log_path, web_port=worker.web_port)
+                worker.start()
+                await asyncio.to_thread(worker.wait_ready, 120)
+                restarts.append(time.monotonic() - killed)
+                say(
+                    f"kill {i}/{opts.kills} at t={killed - t0:.1f} s (produced {sent}, "
+                    f"verdicts so far {verdicts}); ready again after {restarts[-1]:.1f} s"
+                )
+            await producer
+            produce_seconds = time.monotonic() - t0
+            say(f"all {len(messages)} events produced in {produce_seconds:.1f} s")
+            want = {(v["session_key"], v["seq"]) for v in expected}
+
+            def complete() -> bool:
+                got = {(v["session_key"], v["seq"]) for v in out.of(topics["verdicts"])}
+                return want <= got
+
+            deadline = time.monotonic() + opts.deadline
+            while not complete() and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            waited = time.monotonic() - t0 - produce_seconds
+            say(f"waited {waited:.1f} s after the last event (complete={complete()})")
+            await asyncio.sleep(2.0)  # anything extra (duplicates, wrong ones) shows up now
+            delivered = out.of(topics["verdicts"])
+            loop_events = out.of(topics["loop_events"])
+            loops = Counter(e["detector"] for e in loop_events)
+        comparison = compare(expected, delivered)
+        inputs = sorted({topic for topic, _, _ in messages})
+        on_broker = 0
+        for topic in inputs:
+            on_broker += len(await read_all(bootstrap, topic, int(settings.get("partitions", "4"))))
+        say(f"input records on the broker: {on_broker} (produced {len(messages)})")
+        if comparison.missing:
+            await _diagnose(bootstrap, settings, expected, delivered)
+    finally:
+        if producer is not None and not producer.done():
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+        worker.stop()
+    _dump(workdir / "events.jsonl", events)
+    _dump(workdir / "expected.jsonl", expected)
+    _dump(workdir / "delivered.jsonl", delivered)
+    _dump(workdir / "loop_events.jsonl", loop_events)
+    for example in comparison.examples:
+        say(f"  {example[:400]}")
+    say(f"loop events by detector: {dict(loops)}")
+    if restarts:
+        say(
+            f"restart-to-ready seconds: {[round(r, 1) for r in restarts]} (max {max(restarts):.1f})"
+        )
+    return ChaosResult(
+        comparison,
+        len(restarts),
+        restarts,
+        produce_seconds,
+        time.monotonic() - started,
+        loops,
+        log_path,
+    )
+
+
+async def _diagnose(
+    bootstrap: str,
+    settings: dict[str, str],
+    expected: list[dict[str, Any]],
+    delivered: list[dict[str, Any]],
+) -> None:
+    """Where missing verdicts are stuck: the sessions' states as the changelog has them."""
+    got = {verdict_key(v) for v in delivered}
+    missing = [v for v in expected if verdict_key(v) not in got]
+    sessions = Counter(v["session_key"] for v in missing)
+    changelog = f"{settings['app_id']}-sessions-changelog"
+    records = await read_all(bootstrap, changelog, int(settings.get("partitions", "4")))
+    last: dict[bytes, bytes | None] = {}
+    for _, _, key, value in sorted(records, key=lambda r: (r[0], r[1])):
+        if key is not None:
+            last[key] = value
+    # Consumer lag: the group's committed offsets against the record counts
+    # (offsets start at 0; Tansu's ListOffsets(latest) is unreliable, see kafka_compat).
+    parts = int(settings.get("partitions", "4"))
+    inputs = [settings[f"topic_{t}"] for t in ("tool_calls", "tool_results", "compactions")]
+    ends: dict[TopicPartition, int] = {}
+    for topic in inputs:
+        for partition, offset, _, _ in await read_all(bootstrap, topic, parts):
+            tp = TopicPartition(topic, partition)
+            ends[tp] = max(ends.get(tp, 0), offset + 1)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(
+            settings["app_id"], partitions=list(ends)
+        )
+    finally:
+        await admin.close()
+    lag = {
+        f"{tp.topic}[{tp.partition}]": end - committed[tp].offset
+        for tp, end in sorted(ends.items())
+        if tp in committed and end != committed[tp].offset
+    }
+    say(f"consumer lag at the end (end offset - committed): {lag or 'none'}")
+    say(f"missing verdicts in {len(sessions)} sessions; their states in the changelog:")
+    for key, n in sessions.most_common(8):
+        raw = last.get(key.encode())
+        seqs = sorted(v["seq"] for v in missing if v["session_key"] == key)
+        if raw is None:
+            say(f"  {key}: {n} missing (seqs {seqs[:12]}), no state")
+            continue
+        st = SessionState.from_bytes(raw)
+        say(
+            f"  {key}: {n} missing (seqs {seqs[:12]}); state next_seq={st.next_seq} "
+            f"parked={sorted(st.parked)[:12]} skipped={st.skipped}"
+        )
+
+
+def _dump(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("wb") as f:
+        for row in rows:
+            f.write(orjson.dumps(row) + b"\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.reliability.chaos", description=__doc__)
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=None, help="events/s (default: auto)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--bootstrap", default=None, help="use this broker (host:port)")
+    parser.add_argument(
+        "--broker-kind", default="tansu", choices=["tansu", "kafka"], help="with --bootstrap"
+    )
+    parser.add_argument("--deadline", type=float, default=300.0, help="seconds to wait at end")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--single-topic", action="store_true", help="send every event to the tool-calls topic"
+    )
+    args = parser.parse_args(argv)
+    opts = ChaosOptions(
+        kills=args.kills,
+        events=args.events,
+        sessions=args.sessions,
+        rate=args.rate,
+        seed=args.seed,
+        bootstrap=args.bootstrap,
+        broker_kind=args.broker_kind,
+        deadline=args.deadline,
+        workdir=args.workdir,
+        single_topic=args.single_topic,
+    )
+    result = asyncio.run(run_chaos(opts))
+    say(f"total {result.total_seconds:.1f} s")
+    print(result.line, flush=True)
+    return 0 if result.comparison.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

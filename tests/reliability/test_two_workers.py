@@ -1,0 +1,154 @@
+"""Two workers in one consumer group: the partitions are split, and when one is
+SIGKILLed the other takes over its partitions and their state (changelog recovery).
+
+Which worker owns what is read from their logs: aiokafka logs the full assignment
+after every rebalance ("Setting newly assigned partitions" and Faust's table of
+topic -> partition set). Verdicts of sessions spanning the kill must equal the
+engine's (``Engine.replay``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from streams.worker_process import WorkerProcess
+from tests.reliability.harness import (
+    Collector,
+    compare,
+    encode,
+    expected_verdicts,
+    generate,
+    http_get,
+    new_topics,
+    produce,
+    produce_paced,
+    unique,
+    worker_settings,
+)
+
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(300)]
+
+PARTITIONS = 4
+
+
+def _parse_set(text: str) -> set[int]:
+    out: set[int] = set()
+    for piece in text.strip().strip("{}").split(","):
+        piece = piece.strip()
+        if not piece:
+            continue
+        if "-" in piece:
+            a, b = piece.split("-")
+            out.update(range(int(a), int(b) + 1))
+        else:
+            out.add(int(piece))
+    return out
+
+
+def assignment(log: str, topic: str) -> set[int] | None:
+    """The partitions of ``topic`` in the last assignment logged, or None if none yet."""
+    blocks = log.split("Setting newly assigned partitions")
+    if len(blocks) < 2:
+        return None
+    last = blocks[-1].split("for group")[0]
+    m = re.search(rf"\|\s*{re.escape(topic)}\s*\|\s*([^|]*)\|", last)
+    return _parse_set(m.group(1)) if m else set()
+
+
+async def wait_split(
+    a: WorkerProcess, b: WorkerProcess, topic: str, timeout: float = 90
+) -> tuple[set[int], set[int]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pa, pb = assignment(a.tail(10**7), topic), assignment(b.tail(10**7), topic)
+        ready = (
+            http_get(a.web_port, "/ready")[0] == 200 and http_get(b.web_port, "/ready")[0] == 200
+        )
+        if ready and pa and pb and not pa & pb and pa | pb == set(range(PARTITIONS)):
+            return pa, pb
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"partitions never split: {pa} / {pb}")
+
+
+async def test_two_workers_split_partitions_and_one_takes_over_after_sigkill(
+    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path
+) -> None:
+    t_start = time.monotonic()
+    topics = new_topics()
+    app_id = unique("loopfuse-pair")
+    settings = worker_settings(
+        kafka_bootstrap,
+        kafka_broker_kind,
+        topics,
+        app_id,
+        tmp_path / "data",
+        partitions=PARTITIONS,
+    )
+    events = generate(3_000, 48, seed=21, prefix=unique("pair") + "-")
+    expected = expected_verdicts(events)
+    messages = encode(topics, events)
+    first, rest = messages[:1_000], messages[1_000:]
+    a = WorkerProcess(settings, log_path=tmp_path / "worker-a.log")
+    b = WorkerProcess(settings, log_path=tmp_path / "worker-b.log")
+    try:
+        a.start()
+        await asyncio.to_thread(a.wait_ready, 120)
+        b.start()
+        await asyncio.to_thread(b.wait_ready, 120)
+        pa, pb = await wait_split(a, b, topics["tool_calls"])
+        split_s = time.monotonic() - t_start
+        print(f"two-workers: split after {split_s:.1f} s: A owns {sorted(pa)}, B owns {sorted(pb)}")
+
+        async with Collector(kafka_bootstrap, [topics["verdicts"]]) as out:
+            await produce(kafka_bootstrap, first)
+            n_first = len(expected_verdicts(events[:1_000]))
+            await out.wait_for(
+                "verdicts of the first part",
+                lambda: len(out.of(topics["verdicts"])) >= n_first,
+                90,
+            )
+            # The rest flows while A dies: sessions on A's partitions span the kill.
+            producer = asyncio.create_task(produce_paced(kafka_bootstrap, rest, rate=150))
+            await asyncio.sleep(4.0)
+            a.kill()
+            killed = time.monotonic()
+            a.stop()
+            deadline = time.monotonic() + 90
+            while assignment(b.tail(10**7), topics["tool_calls"]) != set(range(PARTITIONS)):
+                assert time.monotonic() < deadline, f"B never took over\n{b.tail()}"
+                await asyncio.sleep(0.5)
+            await asyncio.to_thread(b.wait_ready, 90)
+            takeover_s = time.monotonic() - killed
+            print(
+                f"two-workers: A killed; B owns all {PARTITIONS} partitions and is ready "
+                f"{takeover_s:.1f} s later"
+            )
+            await producer
+            want = {(v["session_key"], v["seq"]) for v in expected}
+            await out.wait_for(
+                "all verdicts",
+                lambda: want <= {(v["session_key"], v["seq"]) for v in out.of(topics["verdicts"])},
+                120,
+            )
+            await asyncio.sleep(2.0)
+            delivered = out.of(topics["verdicts"])
+        assert b.running, b.tail()
+    finally:
+        a.stop()
+        b.stop()
+
+    result = compare(expected, delivered)
+    a_sessions = {v["session_key"] for v in delivered}  # all sessions span the kill
+    print(
+        f"two-workers: {len(events)} events over {len(a_sessions)} sessions; "
+        f"{time.monotonic() - t_start:.1f} s"
+    )
+    print(result.line("two-workers"))
+    assert result.missing == 0 and result.wrong == 0, (
+        result.line("two-workers") + "\n" + "\n".join(result.examples)
+    )
