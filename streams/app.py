@@ -19,6 +19,7 @@ import orjson
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from faust.streams import _current_event  # see _as_current_event
+from faust.transport.producer import ProducerBuffer
 from faust.types import EventT
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
@@ -443,6 +444,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         key_serializer="raw",
         value_serializer="raw",
     )
+    _track_buffer_hand_off()
     if settings.embedded_broker:
         from streams.kafka_compat import install_end_offset_workaround
 
@@ -538,9 +540,44 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
 
 
 async def _drain_table_writes(app: faust.App) -> None:
+    """Hand every table write of this batch to aiokafka before the batch is acked.
+
+    Faust's ProducerBuffer counts only messages still queued: the one its
+    background task has taken off the queue is invisible until aiokafka has it, so
+    ``buffer.size == 0`` alone let a batch be acked (and its offsets committed, and
+    the worker killed) while its last changelog record was still in that hand-off.
+    ``_track_buffer_hand_off`` makes the hand-off visible.
+    """
     buffer = app.producer.buffer
-    while buffer.size:
-        await buffer.flush()
+    while buffer.size or getattr(buffer, _IN_FLIGHT, 0):
+        if buffer.size:
+            await buffer.flush()
+        else:
+            await asyncio.sleep(0.001)
+
+
+_IN_FLIGHT = "_loopfuse_in_flight"
+
+
+def _track_buffer_hand_off() -> None:
+    """Count, per ProducerBuffer, messages between its queue and aiokafka (idempotent).
+
+    Patched on the class before any producer starts, because the buffer's
+    background task binds ``_send_pending`` once when it starts.
+    """
+    original = ProducerBuffer._send_pending
+    if getattr(original, "_loopfuse_tracked", False):
+        return
+
+    async def _send_pending(self: ProducerBuffer, fut: Any) -> None:
+        setattr(self, _IN_FLIGHT, getattr(self, _IN_FLIGHT, 0) + 1)
+        try:
+            await original(self, fut)
+        finally:
+            setattr(self, _IN_FLIGHT, getattr(self, _IN_FLIGHT) - 1)
+
+    _send_pending._loopfuse_tracked = True  # type: ignore[attr-defined]
+    ProducerBuffer._send_pending = _send_pending  # type: ignore[method-assign]
 
 
 def _owned_partitions(app: faust.App, settings: Settings) -> set[int]:
