@@ -40,8 +40,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         if value is not None
     }
     settings = Settings(**overrides)  # type: ignore[arg-type]
-    if settings.config_file:
-        load_config(settings.config_file)  # fail at start-up, naming the key path
+    # run_worker loads the config file first and exits 2 naming the key path.
     return run_worker(settings, loglevel=args.loglevel)
 
 

@@ -71,7 +71,3 @@ def canonical_json(value: Any) -> bytes:
             pass  # e.g. a lone surrogate: let the reference implementation decide
     return rfc8785.dumps(_as_javascript(value))
 
-
-def reference_canonical_json(value: Any) -> bytes:
-    """The reference implementation alone (tests compare the fast path with it)."""
-    return rfc8785.dumps(_as_javascript(value))
