@@ -28,6 +28,7 @@ from schemas.decode import EventRejected, decode_event
 from schemas.events import DeadLetter
 from streams.engine import Engine, LoopEvent, Notice, Rejection, SessionState, Verdict
 from streams.fast_delivery import install_fast_delivery
+from streams.faust_fixes import ignore_phantom_gaps, keep_queues_on_redundant_resume
 from streams.settings import Settings
 
 log = logging.getLogger("loopfuse.worker")
@@ -500,6 +501,10 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
         _tune_fetch_wait(app, settings.fetch_max_wait_ms)
         install_fast_delivery(app)
+        # Before the fetcher starts (recovery starts it after this signal): without
+        # these a restart with a backlog skipped input and committed it unjudged.
+        keep_queues_on_redundant_resume(app)
+        ignore_phantom_gaps(app, frozenset(settings.input_topics))
         # Each batch writes every session it touched once and drains Faust's producer
         # buffer before it is acknowledged (see judge_events), so the buffer holds at
         # most one batch of table writes. Faust's threshold of 100 would make the

@@ -1,0 +1,97 @@
+"""Two fixes to Faust's consumer that keep a restarting worker from skipping input.
+
+Found by the chaos test (``tests/reliability/chaos.py``): after a SIGKILL, the
+restarted worker silently skipped hundreds of input messages that were already
+in the topics (a backlog), and committed their offsets, so no later restart
+read them again. Sessions then waited on ``seq`` gaps that could never fill.
+The mechanism, in faust-streaming 0.15.3 (``Recovery.on_recovery_completed``):
+
+1. table recovery ends; the input partitions are *resumed* (fetching starts),
+   then ``perform_seek()`` looks up the committed offset of each partition, one
+   request at a time, and seeks to it;
+2. meanwhile fetched input messages are delivered into the agent's channel
+   queue (flow control is active: it was resumed for the changelog read);
+3. ``perform_seek()`` resets the consumer's "read offset" of every partition to
+   its committed offset, although messages past it are already queued;
+4. ``flow_control.resume()`` is called again, and resuming *clears every
+   channel queue* (``mode.utils.queues.FlowControlEvent.clear``): the queued
+   messages are dropped, but the consumer's position is already past them, so
+   nothing fetches them again;
+5. the next message delivered is far past the reset read offset, and Faust
+   records the offsets in between as a "gap" (``Consumer._add_gap``): gap
+   offsets count as acknowledged, so the next commit moves past them.
+
+:func:`keep_queues_on_redundant_resume` stops step 4 (a resume that resumes
+nothing drops nothing) and :func:`ignore_phantom_gaps` stops step 5 (only
+offsets the consumer really never delivered count as a gap), each enough to
+stop the loss on its own; with both, a queued message is neither dropped nor
+committed before it is judged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+
+_PATCHED = "_loopfuse_faust_fixes"
+
+
+def keep_queues_on_redundant_resume(app: faust.App) -> None:
+    """``app.flow_control.resume()`` clears the queues only if flow was suspended.
+
+    Faust clears its channel queues on resume because after a *suspension* (a
+    rebalance) whatever they hold predates the new assignment and is fetched
+    again from the committed offsets. A resume while flow is already active has
+    no such messages to discard, only live ones.
+    """
+    flow_control: Any = app.flow_control
+    if getattr(flow_control, _PATCHED, False):
+        return
+    original = flow_control.resume
+
+    def resume() -> None:
+        if flow_control.is_active():
+            return  # already flowing: nothing stale to clear
+        original()
+
+    flow_control.resume = resume
+    setattr(flow_control, _PATCHED, True)
+
+
+def ignore_phantom_gaps(app: faust.App, topics: frozenset[str] | set[str]) -> None:
+    """Count an offset of ``topics`` as a gap only if no message with it was delivered.
+
+    Faust's fetch loop calls ``Consumer._add_gap(tp, r + 1, offset)`` when a
+    message's offset is more than one past the partition's read offset ``r``;
+    gap offsets are then committed as if processed. That is right for offsets
+    with no record (transaction markers, compaction) but wrong when ``r`` was
+    reset below messages that were delivered and are still waiting in a queue.
+    So the gap starts after the last offset actually delivered, which this
+    tracks by wrapping the consumer's delivery callback. Call before the
+    consumer's fetcher starts (the fetch loop binds the callback once).
+    """
+    consumer: Any = app.consumer
+    if getattr(consumer, _PATCHED, False):
+        return
+    delivered: dict[Any, int] = {}
+    callback = consumer.callback
+    add_gap = consumer._add_gap
+
+    async def deliver(message: Any) -> Any:
+        if message.topic in topics:
+            delivered[message.tp] = message.offset
+        return await callback(message)
+
+    async def _add_gap(tp: Any, offset_from: int, offset_to: int) -> None:
+        if tp.topic in topics:
+            last = delivered.get(tp)
+            if last is not None and last + 1 > offset_from:
+                offset_from = last + 1
+            if offset_from >= offset_to:
+                return  # every offset before offset_to was delivered: no gap
+        await add_gap(tp, offset_from, offset_to)
+
+    consumer.callback = deliver
+    consumer._add_gap = _add_gap
+    setattr(consumer, _PATCHED, True)
