@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from faust.streams import _current_event  # see _as_current_event
 from faust.transport.producer import ProducerBuffer
-from faust.types import EventT
+from faust.types import TP, EventT
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from schemas.config import DetectionConfigFile, load_config
@@ -29,6 +29,7 @@ from schemas.events import DeadLetter
 from streams.engine import Engine, LoopEvent, Notice, Rejection, SessionState, Verdict
 from streams.fast_delivery import install_fast_delivery
 from streams.faust_fixes import ignore_phantom_gaps, keep_queues_on_redundant_resume
+from streams.progress import InputProgress
 from streams.settings import Settings
 
 log = logging.getLogger("loopfuse.worker")
@@ -200,6 +201,7 @@ class Judge:
         self.key_partition: dict[bytes, int] = {}
         # session key -> (the bytes we last wrote, the state they encode)
         self.decoded: dict[bytes, tuple[bytes, SessionState]] = {}
+        self.progress = InputProgress(settings.input_topics)
 
     async def _on_changelog_event(self, event: EventT) -> None:
         key = event.message.key
@@ -218,13 +220,16 @@ class Judge:
         now_ms = int(time.time() * 1000)
         out: list[tuple[str, bytes | None, bytes]] = []
         sessions: dict[bytes, list[tuple[Any, EventT]]] = {}
+        progress = self.progress
         for fevent in batch:
             message = fevent.message
             try:
                 decoded = decode_event(message.value, max_bytes=settings.max_event_bytes)
             except EventRejected as exc:
+                progress.judged(message.topic, message.partition, message.offset, None)
                 out.append(self._dead_letter(message, exc.code, exc.reason))
                 continue
+            progress.judged(message.topic, message.partition, message.offset, decoded.ts)
             key = decoded.key.encode("utf-8", "surrogatepass")
             if message.key != key:
                 # A message on the wrong partition would split the session's state
@@ -242,13 +247,26 @@ class Judge:
             sessions.setdefault(key, []).append((decoded, fevent))
 
         table = self.table
+        watermarks: dict[int, int | None] = {}
         for key, items in sessions.items():
             _as_current_event(items[-1][1])
+            partition = items[-1][1].message.partition
+            if partition not in watermarks:
+                # After the whole batch is counted: a missing event later in this
+                # batch is not late (and the sort below applies it first anyway).
+                watermarks[partition] = progress.watermark(
+                    partition, self._highwater, self._committed
+                )
+            watermark = watermarks[partition]
+            if len(items) > 1 and all(decoded.seq is not None for decoded, _ in items):
+                # The engine would park and drain them into seq order anyway; in
+                # order they cost no parking.
+                items.sort(key=lambda item: item[0].seq)
             raw = table.get(key)
             state = self._load(key, raw)
             for decoded, fevent in items:
                 try:
-                    state, outputs = self.engine.step(state, decoded, now_ms)
+                    state, outputs = self.engine.step(state, decoded, now_ms, watermark)
                 except Exception as exc:  # an engine bug must not stall the partition
                     log.exception("engine failed on event %s", decoded.event_id[:80])
                     out.append(
@@ -258,10 +276,23 @@ class Judge:
                 for output in outputs:
                     self._route(output, key, fevent, out)
             if state is not None:
-                partition = items[-1][1].message.partition
                 self._store(key, raw, state, partition)
         metrics.batches.inc()
         return out
+
+    def _highwater(self, topic: str, partition: int) -> int | None:
+        """End offset of an input partition as of the consumer's last fetch (None: unknown)."""
+        try:
+            return self.app.consumer.highwater(TP(topic, partition))  # type: ignore[no-any-return]
+        except Exception:  # not assigned (any more), or no consumer yet
+            return None
+
+    def _committed(self, topic: str, partition: int) -> int | None:
+        """Where judging of an input partition started: the group's committed offset."""
+        # Faust keeps the offsets it sought to on assignment (and has committed
+        # since) here; it stores 0 as None, which means the same to us.
+        committed = getattr(self.app.consumer, "_committed_offset", None)
+        return None if committed is None else committed.get(TP(topic, partition))
 
     def _store(self, key: bytes, raw: bytes | None, state: SessionState, partition: int) -> None:
         new = state.to_bytes()
@@ -505,6 +536,9 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         # these a restart with a backlog skipped input and committed it unjudged.
         keep_queues_on_redundant_resume(app)
         ignore_phantom_gaps(app, frozenset(settings.input_topics))
+        # Judging restarts from the committed offsets; what we knew of any
+        # partition's progress may be stale (another worker may have moved it on).
+        judge.progress.forget(range(settings.partitions))
         # Each batch writes every session it touched once and drains Faust's producer
         # buffer before it is acknowledged (see judge_events), so the buffer holds at
         # most one batch of table writes. Faust's threshold of 100 would make the

@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     sequence_gap_timeout_seconds: float = Field(
         default=30.0,
         gt=0,
-        description="event time a session's early events may span before a missing seq is skipped",
+        description="event time past a missing seq (early events and input watermark) before it is skipped",
     )
     max_parked_events: int = Field(
         default=128, ge=1, description="early events per session before a seq gap is skipped"

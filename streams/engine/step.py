@@ -120,9 +120,19 @@ class Engine:
     # -- ordering and idempotence ----------------------------------------------------
 
     def step(
-        self, state: SessionState | None, event: InputEventT, now_ms: int
+        self,
+        state: SessionState | None,
+        event: InputEventT,
+        now_ms: int,
+        watermark_ms: int | None = None,
     ) -> tuple[SessionState, list[Output]]:
-        """Apply one event of a session; return the new state and what to publish."""
+        """Apply one event of a session; return the new state and what to publish.
+
+        ``watermark_ms`` is the event time up to which every input the session's
+        events can come from has been read (None: no input is behind, e.g. one
+        ordered file). It only decides when a ``seq`` gap is given up on, see
+        :meth:`_release_gaps`.
+        """
         if state is None:
             state = SessionState()
         outputs: list[Output] = []
@@ -151,7 +161,7 @@ class Engine:
             state.next_seq = expected
             state.parked[seq] = event
             state.touched_ms = now_ms  # a session waiting on a gap is not idle
-            self._release_gaps(state, now_ms, outputs)
+            self._release_gaps(state, now_ms, watermark_ms, outputs)
             return state, outputs
         self._apply(state, event, now_ms, outputs)
         state.next_seq = seq + 1
@@ -164,20 +174,26 @@ class Engine:
             self._apply(state, event, now_ms, outputs)
             state.next_seq += 1
 
-    def _release_gaps(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
-        """Skip a gap once too many later events wait, or they span too much event time.
+    def _release_gaps(
+        self, state: SessionState, now_ms: int, watermark_ms: int | None, outputs: list[Output]
+    ) -> None:
+        """Skip a gap once too many later events wait, or the input has moved on without it.
 
         Topics deliver a session's events out of order, by milliseconds normally and
         by much more while a worker catches up on a backlog, when one topic can be
-        read far ahead of another. So the test is on *event* time, which a backlog
-        does not stretch: the gap is taken as lost once the session's parked events
-        span ``gap_timeout_ms`` of gateway time (or ``max_parked`` of them wait).
+        read far ahead of another. So the wait is measured in *event* time, which a
+        backlog does not stretch, and only as far as every input has been read: the
+        gap is taken as lost once the session's parked events span
+        ``gap_timeout_ms`` of gateway time *and* the watermark (the event time every
+        input topic of the partition has reached) is that far past the first parked
+        event too, or once ``max_parked`` events wait. Without a watermark (a single
+        ordered input, e.g. replay) the parked events' own span decides.
         The skipped seqs are remembered: if the missing event shows up after all,
         it is applied late instead of being dropped as a duplicate.
         """
         while state.parked and (
             len(state.parked) >= self.max_parked
-            or _event_time_span(state.parked.values()) >= self.gap_timeout_ms
+            or _waited_event_time(state.parked.values(), watermark_ms) >= self.gap_timeout_ms
         ):
             first_parked = min(state.parked)
             expected = state.next_seq or 0
@@ -557,9 +573,11 @@ class Engine:
         return outputs
 
 
-def _event_time_span(events: Iterable[InputEventT]) -> int:
-    times = [event.ts for event in events]
-    return max(times) - min(times)
+def _waited_event_time(parked: Iterable[InputEventT], watermark_ms: int | None) -> int:
+    """How long, in event time, the input has moved on since the first parked event."""
+    times = [event.ts for event in parked]
+    reached = max(times) if watermark_ms is None else min(max(times), watermark_ms)
+    return reached - min(times)
 
 
 def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:

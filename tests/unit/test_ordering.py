@@ -79,6 +79,52 @@ def test_a_backlog_does_not_release_a_gap_early() -> None:
     assert loop_events(outputs) == []
 
 
+def test_a_gap_waits_while_another_input_topic_is_behind() -> None:
+    """While a backlog is read unevenly, the tool-results topic can be far ahead of
+    the tool-calls topic the missing call sits on: the parked results span more than
+    the timeout, but the watermark (how far every topic has been read) has not moved
+    on from the missing event, so the gap holds and the call is applied in order."""
+    eng = engine(gap_timeout_ms=1000)
+    results_ahead = [
+        call("read", {"path": f"/{i}"}, call_id=f"c{i}", seq=i, ts=5_000 + 400 * i)
+        for i in range(1, 6)
+    ]  # parked, spanning 1,600 ms of event time
+    state: SessionState | None = None
+    for event in results_ahead:
+        state, outputs = eng.step(state, event, 0, watermark_ms=5_100)
+        assert outputs == []
+    state, outputs = eng.step(
+        state, call("read", {}, call_id="c0", seq=0, ts=5_000), 0, watermark_ms=5_100
+    )
+    assert [v.call_id for v in verdicts(outputs)] == ["c0", "c1", "c2", "c3", "c4", "c5"]
+    assert loop_events(outputs) == []
+
+
+def test_a_gap_is_given_up_once_every_input_is_past_it() -> None:
+    eng = engine(gap_timeout_ms=1000)
+    b = call("read", {"path": "/b"}, call_id="b", seq=1, ts=10_000)
+    c = call("read", {"path": "/c"}, call_id="c", seq=2, ts=12_000)
+    state, outputs = eng.step(None, b, 0, watermark_ms=10_500)
+    state, outputs = eng.step(state, c, 0, watermark_ms=10_999)
+    assert outputs == []  # the slowest topic is 999 ms past the first parked event
+    d = call("read", {"path": "/d"}, call_id="d", seq=3, ts=12_500)
+    state, outputs = eng.step(state, d, 0, watermark_ms=11_000)
+    assert [e.detector for e in loop_events(outputs)] == ["sequence_gap"]
+    assert [v.call_id for v in verdicts(outputs)] == ["b", "c", "d"]
+
+
+def test_max_parked_gives_a_gap_up_whatever_the_watermark() -> None:
+    eng = engine(max_parked=3, gap_timeout_ms=1000)
+    state: SessionState | None = None
+    outputs: list[Any] = []
+    for i in range(2, 5):
+        state, produced = eng.step(
+            state, call("read", {"path": f"/{i}"}, call_id=f"c{i}", seq=i), 0, watermark_ms=0
+        )
+        outputs.extend(produced)
+    assert [e.detector for e in loop_events(outputs)] == ["sequence_gap"]
+
+
 def test_a_run_ended_arriving_early_waits_like_any_other_event() -> None:
     eng = engine()
     state, outputs = feed(eng, [run_ended(seq=2), call("read", {}, call_id="c1", seq=1)])
