@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import random
 import sys
 import tempfile
@@ -247,6 +248,37 @@ async def _diagnose(
         if tp in committed and end != committed[tp].offset
     }
     say(f"consumer lag at the end (end offset - committed): {lag or 'none'}")
+    # Did a session's state ever go backwards in the changelog? A regression means
+    # a worker started from an older state than the changelog held (recovery lost
+    # records); none means the newer state was never written at all.
+    history: dict[bytes, list[tuple[int, int, int]]] = {}
+    for partition, offset, key, value in sorted(records, key=lambda r: (r[0], r[1])):
+        if key is not None and value is not None:
+            seq = SessionState.from_bytes(value).next_seq
+            history.setdefault(key, []).append((partition, offset, -1 if seq is None else seq))
+    regressions = [
+        (key, prev, cur)
+        for key, rows in history.items()
+        for prev, cur in itertools.pairwise(rows)
+        if cur[2] < prev[2]
+    ]
+    say(
+        f"changelog: {len(records)} records, {len(history)} sessions, "
+        f"{len(regressions)} state regressions (next_seq going backwards) in "
+        f"{len({key for key, _, _ in regressions})} sessions"
+    )
+    for key, prev, cur in regressions[:8]:
+        say(f"  {key[-24:]!r}: next_seq {prev[2]} at {prev[:2]} -> {cur[2]} at {cur[:2]}")
+    # Where the lost events sit in the input topics (to match against worker logs).
+    located: dict[tuple[str, int], tuple[str, int, int]] = {}
+    for topic in inputs:
+        for partition, offset, _, value in await read_all(bootstrap, topic, parts):
+            if value:
+                event = orjson.loads(value)
+                located[(event["session_key"], event.get("seq", -1))] = (topic, partition, offset)
+    for v in missing[:12]:
+        where = located.get((v["session_key"], v["seq"]))
+        say(f"  missing {v['session_key']} seq {v['seq']}: input (topic, partition, offset) {where}")
     say(f"missing verdicts in {len(sessions)} sessions; their states in the changelog:")
     for key, n in sessions.most_common(8):
         raw = last.get(key.encode())
