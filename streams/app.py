@@ -202,6 +202,9 @@ class Judge:
         # session key -> (the bytes we last wrote, the state they encode)
         self.decoded: dict[bytes, tuple[bytes, SessionState]] = {}
         self.progress = InputProgress(settings.input_topics)
+        # partition -> wall time (ms) at which every input topic of it was last seen
+        # read to its end; idle expiry measures idleness only up to then.
+        self.caught_up_ms: dict[int, int] = {}
 
     async def _on_changelog_event(self, event: EventT) -> None:
         key = event.message.key
@@ -257,6 +260,8 @@ class Judge:
                 watermarks[partition] = progress.watermark(
                     partition, self._highwater, self._committed
                 )
+                if watermarks[partition] is None:
+                    self._caught_up(partition)
             watermark = watermarks[partition]
             if len(items) > 1 and all(decoded.seq is not None for decoded, _ in items):
                 # The engine would park and drain them into seq order anyway; in
@@ -286,6 +291,25 @@ class Judge:
             return self.app.consumer.highwater(TP(topic, partition))  # type: ignore[no-any-return]
         except Exception:  # not assigned (any more), or no consumer yet
             return None
+
+    def _caught_up(self, partition: int) -> None:
+        """Every input topic of ``partition`` is judged up to its end offset as last fetched.
+
+        That end offset is as old as the fetch that reported it (a stalled process
+        fetches nothing), so the partition was caught up as of the oldest of those
+        fetches, not as of now.
+        """
+        consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+        stamps = []
+        for topic in self.settings.input_topics:
+            try:
+                stamps.append(consumer.last_poll_timestamp(TP(topic, partition)))  # type: ignore[union-attr]
+            except Exception:  # no consumer, or not assigned (any more)
+                return
+        if stamps and all(stamps):
+            at = min(stamps)
+            if at > self.caught_up_ms.get(partition, 0):
+                self.caught_up_ms[partition] = at
 
     def _committed(self, topic: str, partition: int) -> int | None:
         """Where judging of an input partition started: the group's committed offset."""
@@ -382,13 +406,24 @@ class Judge:
         partition; keys of partitions we do not actively own (standbys, or ones
         being revoked) are left to their owner.
         """
-        owned = set(owned_partitions)
-        cutoff = now_ms - int(self.settings.session_ttl_seconds * 1000)
+        ttl_ms = int(self.settings.session_ttl_seconds * 1000)
+        # Idle means: no event of the session among everything read up to the last
+        # moment the partition's input was read to its end. While the worker is
+        # behind (a stall, a backlog after a restart), the sessions' next events may
+        # be waiting unread: by the wall clock alone every session would look idle,
+        # be deleted, and its next events would wait for seq 0 forever.
+        cutoffs: dict[int, int] = {}
+        for partition in owned_partitions:
+            if self.progress.watermark(partition, self._highwater, self._committed) is None:
+                self._caught_up(partition)
+            if partition in self.caught_up_ms:
+                cutoffs[partition] = min(now_ms, self.caught_up_ms[partition]) - ttl_ms
         table, expired = self.table, 0
         data = table.data
         for key, partition in list(self.key_partition.items()):
-            if partition not in owned:
-                continue
+            cutoff = cutoffs.get(partition)
+            if cutoff is None:
+                continue  # not ours, or not read to its end since it was assigned
             raw = data.get(key)
             if raw is None:
                 self.key_partition.pop(key, None)
@@ -539,6 +574,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         # Judging restarts from the committed offsets; what we knew of any
         # partition's progress may be stale (another worker may have moved it on).
         judge.progress.forget(range(settings.partitions))
+        judge.caught_up_ms.clear()
         # Each batch writes every session it touched once and drains Faust's producer
         # buffer before it is acknowledged (see judge_events), so the buffer holds at
         # most one batch of table writes. Faust's threshold of 100 would make the
