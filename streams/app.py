@@ -295,21 +295,24 @@ class Judge:
     def _caught_up(self, partition: int) -> None:
         """Every input topic of ``partition`` is judged up to its end offset as last fetched.
 
-        That end offset is as old as the fetch that reported it (a stalled process
-        fetches nothing), so the partition was caught up as of the oldest of those
-        fetches, not as of now.
+        Those end offsets are only as fresh as the consumer's fetching: a stalled
+        process fetches nothing, so the partition counts as caught up as of its
+        latest fetch answer, not as of now. (The latest, not the oldest: brokers
+        leave partitions without new data out of busy fetch answers, so an idle
+        topic's answer can be minutes old while the others are current.)
         """
         consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
+        if consumer is None:
+            return
         stamps = []
         for topic in self.settings.input_topics:
             try:
-                stamps.append(consumer.last_poll_timestamp(TP(topic, partition)))  # type: ignore[union-attr]
-            except Exception:  # no consumer, or not assigned (any more)
+                stamps.append(consumer.last_poll_timestamp(TP(topic, partition)))
+            except Exception:  # not assigned (any more)
                 return
-        if stamps and all(stamps):
-            at = min(stamps)
-            if at > self.caught_up_ms.get(partition, 0):
-                self.caught_up_ms[partition] = at
+        at = max((stamp for stamp in stamps if stamp), default=0)
+        if at > self.caught_up_ms.get(partition, 0):
+            self.caught_up_ms[partition] = at
 
     def _committed(self, topic: str, partition: int) -> int | None:
         """Where judging of an input partition started: the group's committed offset."""

@@ -65,33 +65,33 @@ async def test_a_restart_onto_a_backlog_judges_every_waiting_event(
     pieces.append(messages[ROUNDS * size :])
     worker = WorkerProcess(settings, log_path=tmp_path / "worker.log")
     await _create_inputs(kafka_bootstrap, topics)  # before a producer auto-creates them
-    produced: set[tuple[str, int]] = set()
-    async with Collector(kafka_bootstrap, [topics["verdicts"], topics["loop_events"]]) as out:
+    try:
+        async with Collector(kafka_bootstrap, [topics["verdicts"], topics["loop_events"]]) as out:
 
-        def judged() -> set[tuple[str, int]]:
-            return {(v["session_key"], v["seq"]) for v in out.of(topics["verdicts"])}
+            def judged() -> set[tuple[str, int]]:
+                return {(v["session_key"], v["seq"]) for v in out.of(topics["verdicts"])}
 
-        for number, piece in enumerate(pieces, start=1):
-            # The backlog waits on the broker while no worker runs.
-            await produce(kafka_bootstrap, piece)
-            produced.update((e["session_key"], e["seq"]) for e in events[: number * size])
-            if number == len(pieces):
-                produced.update((e["session_key"], e["seq"]) for e in events)
-            due = {(v["session_key"], v["seq"]) for v in expected} & produced
-            worker.start()
-            worker.wait_ready(120)
-            await out.wait_for(
-                f"start {number}: the backlog judged", lambda due=due: due <= judged(), 120
-            )
-            if number < len(pieces):
-                # Killed once its input is committed: the next start recovers the
-                # table from the changelog and resumes from the committed offsets.
-                await _wait_committed(kafka_bootstrap, settings, topics)
-                assert worker.send(signal.SIGKILL) == -signal.SIGKILL
-        await asyncio.sleep(1.0)  # anything extra (a wrong verdict) shows up now
-        delivered = out.of(topics["verdicts"])
-        gaps = [e for e in out.of(topics["loop_events"]) if e["detector"] == "sequence_gap"]
-    worker.stop()
+            for number, piece in enumerate(pieces, start=1):
+                # The backlog waits on the broker while no worker runs.
+                await produce(kafka_bootstrap, piece)
+                sent = events[: number * size] if number < len(pieces) else events
+                keys = {(e["session_key"], e["seq"]) for e in sent}
+                due = {(v["session_key"], v["seq"]) for v in expected} & keys
+                worker.start()
+                worker.wait_ready(120)
+                await out.wait_for(
+                    f"start {number}: the backlog judged", lambda due=due: due <= judged(), 120
+                )
+                if number < len(pieces):
+                    # Killed once its input is committed: the next start recovers the
+                    # table from the changelog and resumes from the committed offsets.
+                    await _wait_committed(kafka_bootstrap, settings, topics)
+                    assert worker.send(signal.SIGKILL) == -signal.SIGKILL
+            await asyncio.sleep(1.0)  # anything extra (a wrong verdict) shows up now
+            delivered = out.of(topics["verdicts"])
+            gaps = [e for e in out.of(topics["loop_events"]) if e["detector"] == "sequence_gap"]
+    finally:
+        worker.stop()
     comparison = compare(expected, delivered)
     print(comparison.line("backlog"), f"sequence_gap_events={len(gaps)}")
     assert comparison.ok, "\n".join(comparison.examples)
