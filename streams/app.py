@@ -36,6 +36,8 @@ log = logging.getLogger("loopfuse.worker")
 
 SESSION_TABLE = "sessions"
 #: Decoded states kept between batches (see Judge._load); ~2-5 KB each.
+#: Idle expiry sweeps a partition only if the consumer had a fetch answer this recently.
+FETCH_FRESH_MS = 5_000
 STATE_CACHE_SIZE = 20_000
 
 
@@ -202,9 +204,6 @@ class Judge:
         # session key -> (the bytes we last wrote, the state they encode)
         self.decoded: dict[bytes, tuple[bytes, SessionState]] = {}
         self.progress = InputProgress(settings.input_topics)
-        # partition -> wall time (ms) at which every input topic of it was last seen
-        # read to its end; idle expiry measures idleness only up to then.
-        self.caught_up_ms: dict[int, int] = {}
 
     async def _on_changelog_event(self, event: EventT) -> None:
         key = event.message.key
@@ -260,8 +259,6 @@ class Judge:
                 watermarks[partition] = progress.watermark(
                     partition, self._highwater, self._committed
                 )
-                if watermarks[partition] is None:
-                    self._caught_up(partition)
             watermark = watermarks[partition]
             if len(items) > 1 and all(decoded.seq is not None for decoded, _ in items):
                 # The engine would park and drain them into seq order anyway; in
@@ -292,27 +289,20 @@ class Judge:
         except Exception:  # not assigned (any more), or no consumer yet
             return None
 
-    def _caught_up(self, partition: int) -> None:
-        """Every input topic of ``partition`` is judged up to its end offset as last fetched.
-
-        Those end offsets are only as fresh as the consumer's fetching: a stalled
-        process fetches nothing, so the partition counts as caught up as of its
-        latest fetch answer, not as of now. (The latest, not the oldest: brokers
-        leave partitions without new data out of busy fetch answers, so an idle
-        topic's answer can be minutes old while the others are current.)
-        """
+    def _fetched_within(self, partition: int, since_ms: int) -> bool:
+        """Whether the consumer had a fetch answer for one of the partition's input
+        topics since ``since_ms`` (aiokafka stamps each answer with the wall time)."""
         consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
         if consumer is None:
-            return
-        stamps = []
+            return False
         for topic in self.settings.input_topics:
             try:
-                stamps.append(consumer.last_poll_timestamp(TP(topic, partition)))
+                stamp = consumer.last_poll_timestamp(TP(topic, partition))
             except Exception:  # not assigned (any more)
-                return
-        at = max((stamp for stamp in stamps if stamp), default=0)
-        if at > self.caught_up_ms.get(partition, 0):
-            self.caught_up_ms[partition] = at
+                return False
+            if stamp and stamp >= since_ms:
+                return True
+        return False
 
     def _committed(self, topic: str, partition: int) -> int | None:
         """Where judging of an input partition started: the group's committed offset."""
@@ -409,24 +399,25 @@ class Judge:
         partition; keys of partitions we do not actively own (standbys, or ones
         being revoked) are left to their owner.
         """
-        ttl_ms = int(self.settings.session_ttl_seconds * 1000)
-        # Idle means: no event of the session among everything read up to the last
-        # moment the partition's input was read to its end. While the worker is
-        # behind (a stall, a backlog after a restart), the sessions' next events may
-        # be waiting unread: by the wall clock alone every session would look idle,
-        # be deleted, and its next events would wait for seq 0 forever.
-        cutoffs: dict[int, int] = {}
-        for partition in owned_partitions:
-            if self.progress.watermark(partition, self._highwater, self._committed) is None:
-                self._caught_up(partition)
-            if partition in self.caught_up_ms:
-                cutoffs[partition] = min(now_ms, self.caught_up_ms[partition]) - ttl_ms
+        # A session looks idle by the wall clock whenever the worker is behind (a
+        # stall, a backlog after a restart): its next events may be on the broker,
+        # unread. Deleting it would make them wait for seq 0 forever. So a partition
+        # is swept only while the consumer is fetching (an answer within the last
+        # few seconds) and its input is judged up to what is in flight (at most one
+        # batch behind the end offsets of those answers).
+        cutoff = now_ms - int(self.settings.session_ttl_seconds * 1000)
+        swept = {
+            partition
+            for partition in owned_partitions
+            if self._fetched_within(partition, now_ms - FETCH_FRESH_MS)
+            and (lag := self.progress.lag(partition, self._highwater, self._committed)) is not None
+            and lag <= self.settings.batch_max
+        }
         table, expired = self.table, 0
         data = table.data
         for key, partition in list(self.key_partition.items()):
-            cutoff = cutoffs.get(partition)
-            if cutoff is None:
-                continue  # not ours, or not read to its end since it was assigned
+            if partition not in swept:
+                continue  # not ours, or behind on it
             raw = data.get(key)
             if raw is None:
                 self.key_partition.pop(key, None)
@@ -577,7 +568,6 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         # Judging restarts from the committed offsets; what we knew of any
         # partition's progress may be stale (another worker may have moved it on).
         judge.progress.forget(range(settings.partitions))
-        judge.caught_up_ms.clear()
         # Each batch writes every session it touched once and drains Faust's producer
         # buffer before it is acknowledged (see judge_events), so the buffer holds at
         # most one batch of table writes. Faust's threshold of 100 would make the

@@ -71,3 +71,16 @@ class InputProgress:
             reached = self._event_time.get(key, NOTHING_READ)
             mark = reached if mark is None else min(mark, reached)
         return mark
+
+    def lag(self, partition: int, highwater: OffsetLookup, committed: OffsetLookup) -> int | None:
+        """Records of ``partition``'s input topics not judged yet (None: an end offset is unknown)."""
+        behind = 0
+        for topic in self.topics:
+            end = highwater(topic, partition)
+            if end is None:
+                return None
+            position = max(
+                self._next_offset.get((topic, partition), 0), committed(topic, partition) or 0
+            )
+            behind += max(0, end - position)
+        return behind

@@ -67,3 +67,13 @@ def test_forget_drops_a_partitions_progress() -> None:
     ends[("calls", 0)] = ends[("calls", 1)] = 20
     assert progress.watermark(0, lookup(ends), lookup({})) == NOTHING_READ
     assert progress.watermark(1, lookup(ends), lookup({})) == 2_000
+
+
+def test_lag_counts_records_not_judged_yet_on_every_input_topic() -> None:
+    progress = InputProgress(TOPICS)
+    progress.judged("calls", 0, 9, event_ts=1_000)  # next: 10
+    ends = {("calls", 0): 15, ("results", 0): 7, ("compactions", 0): 0}
+    committed = {("results", 0): 4}
+    assert progress.lag(0, lookup(ends), lookup(committed)) == 5 + 3 + 0
+    del ends[("compactions", 0)]  # no fetch answer yet: unknown, not zero
+    assert progress.lag(0, lookup(ends), lookup(committed)) is None
