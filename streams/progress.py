@@ -44,6 +44,10 @@ class InputProgress:
         if event_ts is not None and event_ts > self._event_time.get(key, NOTHING_READ):
             self._event_time[key] = event_ts
 
+    def _position(self, topic: str, partition: int, committed: OffsetLookup) -> int:
+        """The next offset to judge: past what we judged, and at least where judging began."""
+        return max(self._next_offset.get((topic, partition), 0), committed(topic, partition) or 0)
+
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop what we know of these partition numbers (revoked, or assigned afresh)."""
         gone = set(partitions)
@@ -65,8 +69,7 @@ class InputProgress:
         for topic in self.topics:
             key = (topic, partition)
             end = highwater(topic, partition)
-            position = max(self._next_offset.get(key, 0), committed(topic, partition) or 0)
-            if end is not None and position >= end:
+            if end is not None and self._position(topic, partition, committed) >= end:
                 continue  # caught up: anything missing is not waiting on this topic
             reached = self._event_time.get(key, NOTHING_READ)
             mark = reached if mark is None else min(mark, reached)

@@ -35,8 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.broker import EmbeddedBroker
 from streams.engine import SessionState
@@ -48,6 +46,7 @@ from tests.reliability.harness import (
     encode,
     expected_verdicts,
     generate,
+    input_lag,
     new_topics,
     produce_paced,
     read_all,
@@ -225,27 +224,12 @@ async def _diagnose(
     for _, _, key, value in sorted(records, key=lambda r: (r[0], r[1])):
         if key is not None:
             last[key] = value
-    # Consumer lag: the group's committed offsets against the record counts
-    # (offsets start at 0; Tansu's ListOffsets(latest) is unreliable, see kafka_compat).
     parts = int(settings.get("partitions", "4"))
     inputs = [settings[f"topic_{t}"] for t in ("tool_calls", "tool_results", "compactions")]
-    ends: dict[TopicPartition, int] = {}
-    for topic in inputs:
-        for partition, offset, _, _ in await read_all(bootstrap, topic, parts):
-            tp = TopicPartition(topic, partition)
-            ends[tp] = max(ends.get(tp, 0), offset + 1)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        committed = await admin.list_consumer_group_offsets(
-            settings["app_id"], partitions=list(ends)
-        )
-    finally:
-        await admin.close()
     lag = {
-        f"{tp.topic}[{tp.partition}]": end - committed[tp].offset
-        for tp, end in sorted(ends.items())
-        if tp in committed and end != committed[tp].offset
+        f"{tp.topic}[{tp.partition}]": behind
+        for tp, behind in sorted((await input_lag(bootstrap, settings)).items())
+        if behind
     }
     say(f"consumer lag at the end (end offset - committed): {lag or 'none'}")
     # Did a session's state ever go backwards in the changelog? A regression means
@@ -278,7 +262,9 @@ async def _diagnose(
                 located[(event["session_key"], event.get("seq", -1))] = (topic, partition, offset)
     for v in missing[:12]:
         where = located.get((v["session_key"], v["seq"]))
-        say(f"  missing {v['session_key']} seq {v['seq']}: input (topic, partition, offset) {where}")
+        say(
+            f"  missing {v['session_key']} seq {v['seq']}: input (topic, partition, offset) {where}"
+        )
     say(f"missing verdicts in {len(sessions)} sessions; their states in the changelog:")
     for key, n in sessions.most_common(8):
         raw = last.get(key.encode())

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas import input_event_adapter, load_config
 from streams.engine import Engine, Verdict
@@ -422,6 +423,30 @@ async def read_all(
     finally:
         await consumer.stop()
     return out
+
+
+async def input_lag(
+    bootstrap: str, settings: dict[str, str], *, idle: float = 1.0
+) -> dict[TopicPartition, int]:
+    """Per input topic-partition of a worker: records on the broker minus the group's
+    committed offset (Tansu's ListOffsets(latest) is unreliable, see kafka_compat, so
+    the ends come from reading the records; offsets start at 0)."""
+    parts = int(settings.get("partitions", "4"))
+    ends: dict[TopicPartition, int] = {}
+    for role in ("tool_calls", "tool_results", "compactions"):
+        topic = settings[f"topic_{role}"]
+        for partition, offset, _, _ in await read_all(bootstrap, topic, parts, idle=idle):
+            tp = TopicPartition(topic, partition)
+            ends[tp] = max(ends.get(tp, 0), offset + 1)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(
+            settings["app_id"], partitions=list(ends)
+        )
+    finally:
+        await admin.close()
+    return {tp: end - (committed[tp].offset if tp in committed else 0) for tp, end in ends.items()}
 
 
 def live_keys(records: Iterable[tuple[int, int, bytes | None, bytes | None]]) -> set[bytes]:

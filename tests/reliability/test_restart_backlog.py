@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from pathlib import Path
 
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streams.worker_process import WorkerProcess
@@ -27,9 +27,9 @@ from tests.reliability.harness import (
     encode,
     expected_verdicts,
     generate,
+    input_lag,
     new_topics,
     produce,
-    read_all,
     unique,
     worker_settings,
 )
@@ -85,7 +85,7 @@ async def test_a_restart_onto_a_backlog_judges_every_waiting_event(
                 if number < len(pieces):
                     # Killed once its input is committed: the next start recovers the
                     # table from the changelog and resumes from the committed offsets.
-                    await _wait_committed(kafka_bootstrap, settings, topics)
+                    await _wait_committed(kafka_bootstrap, settings)
                     assert worker.send(signal.SIGKILL) == -signal.SIGKILL
             await asyncio.sleep(1.0)  # anything extra (a wrong verdict) shows up now
             delivered = out.of(topics["verdicts"])
@@ -99,31 +99,13 @@ async def test_a_restart_onto_a_backlog_judges_every_waiting_event(
     assert gaps == [], gaps[:3]
 
 
-async def _wait_committed(bootstrap: str, settings: dict[str, str], topics: dict[str, str]) -> None:
+async def _wait_committed(bootstrap: str, settings: dict[str, str]) -> None:
     """Until the group's committed offsets reach every input record on the broker."""
-    inputs = [topics["tool_calls"], topics["tool_results"], topics["compactions"]]
-    ends: dict[TopicPartition, int] = {}
-    for topic in inputs:
-        for partition, offset, _, _ in await read_all(bootstrap, topic, PARTITIONS, idle=0.3):
-            tp = TopicPartition(topic, partition)
-            ends[tp] = max(ends.get(tp, 0), offset + 1)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-
-        async def caught_up() -> bool:
-            committed = await admin.list_consumer_group_offsets(
-                settings["app_id"], partitions=list(ends)
-            )
-            return all(tp in committed and committed[tp].offset >= end for tp, end in ends.items())
-
-        for _ in range(200):
-            if await caught_up():
-                return
-            await asyncio.sleep(0.1)
-        raise AssertionError("the worker did not commit its input within 20 s")
-    finally:
-        await admin.close()
+    deadline = time.monotonic() + 20
+    while any((await input_lag(bootstrap, settings, idle=0.3)).values()):
+        if time.monotonic() > deadline:
+            raise AssertionError("the worker did not commit its input within 20 s")
+        await asyncio.sleep(0.1)
 
 
 async def _create_inputs(bootstrap: str, topics: dict[str, str]) -> None:
