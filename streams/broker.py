@@ -134,7 +134,7 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return port
 
 
-def _pdeathsig_preexec() -> Callable[[], None] | None:
+def pdeathsig_preexec() -> Callable[[], None] | None:
     """Return a pre-exec hook that makes the kernel SIGTERM the child when we die.
 
     Linux only. PR_SET_PDEATHSIG fires when the *thread* that forked the child
@@ -244,7 +244,7 @@ class EmbeddedBroker:
             return self
         deadline = time.monotonic() + timeout
         for attempt in range(self._attempts()):
-            # Spawn from the caller's thread (see _pdeathsig_preexec); only the
+            # Spawn from the caller's thread (see pdeathsig_preexec); only the
             # readiness probe may need a helper thread.
             self._spawn()
             try:
@@ -340,7 +340,7 @@ class EmbeddedBroker:
             # group, and terminal signals aimed at our group do not hit it.
             start_new_session=True,
             # Not a general-purpose hook: a single prctl call (see the function).
-            preexec_fn=_pdeathsig_preexec(),
+            preexec_fn=pdeathsig_preexec(),
         )
 
     async def _wait_ready(self, deadline: float) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Self
 
-from streams.broker import free_port
+from streams.broker import free_port, pdeathsig_preexec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOPIC_ROLES = ("tool_calls", "tool_results", "compactions", "verdicts", "loop_events", "dead_letters")
@@ -87,6 +87,8 @@ class WorkerProcess:
             # Its own process group: a Ctrl-C in the terminal reaches us, and we stop
             # the worker in order (after the simulator, before the broker).
             start_new_session=True,
+            # A test or demo that dies without stopping it must not leave it running.
+            preexec_fn=pdeathsig_preexec(),
         )
         return self
 
