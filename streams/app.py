@@ -21,7 +21,13 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from faust.streams import _current_event  # see _as_current_event
 from faust.transport.producer import ProducerBuffer
 from faust.types import TP, EventT
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 
 from schemas.config import DetectionConfigFile, load_config
 from schemas.decode import EventRejected, decode_event
@@ -36,8 +42,6 @@ log = logging.getLogger("loopfuse.worker")
 
 SESSION_TABLE = "sessions"
 #: Decoded states kept between batches (see Judge._load); ~2-5 KB each.
-#: Idle expiry sweeps a partition only if the consumer had a fetch answer this recently.
-FETCH_FRESH_MS = 5_000
 STATE_CACHE_SIZE = 20_000
 
 
@@ -140,6 +144,13 @@ class Metrics:
             "loopfuse_sessions_expired", "Idle sessions deleted from the table", registry=r
         )
         self.batches = Counter("loopfuse_batches", "Batches processed", registry=r)
+        self.input_behind = Gauge(
+            "loopfuse_input_behind_seconds",
+            "Wall clock minus the event time every input topic of the partition is judged "
+            "up to, as of the last idle scan (-1: not known yet)",
+            ["partition"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -289,20 +300,16 @@ class Judge:
         except Exception:  # not assigned (any more), or no consumer yet
             return None
 
-    def _fetched_within(self, partition: int, since_ms: int) -> bool:
-        """Whether the consumer had a fetch answer for one of the partition's input
-        topics since ``since_ms`` (aiokafka stamps each answer with the wall time)."""
+    def _answered_at(self, topic: str, partition: int) -> int | None:
+        """Wall time (ms) of the consumer's last fetch answer for an input partition."""
         consumer = getattr(getattr(self.app.consumer, "_thread", None), "_consumer", None)
         if consumer is None:
-            return False
-        for topic in self.settings.input_topics:
-            try:
-                stamp = consumer.last_poll_timestamp(TP(topic, partition))
-            except Exception:  # not assigned (any more)
-                return False
-            if stamp and stamp >= since_ms:
-                return True
-        return False
+            return None
+        try:
+            stamp = consumer.last_poll_timestamp(TP(topic, partition))
+        except Exception:  # not assigned (any more)
+            return None
+        return int(stamp) if stamp else None
 
     def _committed(self, topic: str, partition: int) -> int | None:
         """Where judging of an input partition started: the group's committed offset."""
@@ -400,29 +407,36 @@ class Judge:
         being revoked) are left to their owner.
         """
         # A session looks idle by the wall clock whenever the worker is behind (a
-        # stall, a backlog after a restart): its next events may be on the broker,
-        # unread. Deleting it would make them wait for seq 0 forever. So a partition
-        # is swept only while the consumer is fetching (an answer within the last
-        # few seconds) and its input is judged up to what is in flight (at most one
-        # batch behind the end offsets of those answers).
-        cutoff = now_ms - int(self.settings.session_ttl_seconds * 1000)
-        swept = {
-            partition
-            for partition in owned_partitions
-            if self._fetched_within(partition, now_ms - FETCH_FRESH_MS)
-            and (lag := self.progress.lag(partition, self._highwater, self._committed)) is not None
-            and lag <= self.settings.batch_max
-        }
+        # stall, a backlog after a restart, one input topic read late): its next
+        # events may be on the broker, unread. Deleting it would make them wait for
+        # seq 0 forever. So a session must also be idle in event time: its newest
+        # event older than the TTL by the partition's event clock, the time every
+        # input topic of the partition is judged up to (see InputProgress.event_clock).
+        ttl_ms = int(self.settings.session_ttl_seconds * 1000)
+        wall_cutoff = now_ms - ttl_ms
+        event_cutoffs: dict[int, int] = {}
+        for partition in owned_partitions:
+            clock = self.progress.event_clock(
+                partition, self._highwater, self._committed, self._answered_at
+            )
+            behind = self.metrics.input_behind.labels(str(partition))
+            if clock is None:
+                behind.set(-1)
+                continue
+            behind.set(max(0, now_ms - clock) / 1000)
+            event_cutoffs[partition] = clock - ttl_ms
         table, expired = self.table, 0
         data = table.data
         for key, partition in list(self.key_partition.items()):
-            if partition not in swept:
-                continue  # not ours, or behind on it
+            event_cutoff = event_cutoffs.get(partition)
+            if event_cutoff is None:
+                continue  # not ours, or how far its input is judged is not known yet
             raw = data.get(key)
             if raw is None:
                 self.key_partition.pop(key, None)
                 continue
-            if SessionState.touched_at(raw) >= cutoff:
+            touched_ms, last_event_ms = SessionState.idle_stamps(raw)
+            if touched_ms >= wall_cutoff or last_event_ms >= event_cutoff:
                 continue
             stand_in = _PartitionOnly(self.settings.topic_tool_calls, partition)
             _as_current_event(stand_in)
@@ -568,6 +582,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         # Judging restarts from the committed offsets; what we knew of any
         # partition's progress may be stale (another worker may have moved it on).
         judge.progress.forget(range(settings.partitions))
+        judge.metrics.input_behind.clear()  # the next idle scan sets the owned ones
         # Each batch writes every session it touched once and drains Faust's producer
         # buffer before it is acknowledged (see judge_events), so the buffer holds at
         # most one batch of table writes. Faust's threshold of 100 would make the

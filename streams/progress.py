@@ -75,15 +75,35 @@ class InputProgress:
             mark = reached if mark is None else min(mark, reached)
         return mark
 
-    def lag(self, partition: int, highwater: OffsetLookup, committed: OffsetLookup) -> int | None:
-        """Records of ``partition``'s input topics not judged yet (None: an end offset is unknown)."""
-        behind = 0
+    def event_clock(
+        self,
+        partition: int,
+        highwater: OffsetLookup,
+        committed: OffsetLookup,
+        answered_at: OffsetLookup,
+    ) -> int | None:
+        """Event time up to which every input of ``partition`` is judged (idle expiry).
+
+        Per input topic-partition: judged up to the end offset of the consumer's
+        last fetch answer, it has reached the wall time of that answer (everything
+        appended before the broker answered is judged); otherwise it has reached
+        the latest event time judged on it. The partition's clock is the lowest of
+        them, so one topic read late holds it back whatever the reason, and a
+        consumer that stops fetching stops it. ``answered_at`` gives the wall time
+        (ms) of a topic-partition's last fetch answer. None: not known yet for some
+        input (nothing fetched, or nothing judged on a topic that is behind).
+        """
+        clock: int | None = None
         for topic in self.topics:
             end = highwater(topic, partition)
-            if end is None:
+            answered = answered_at(topic, partition)
+            if end is None or answered is None:
                 return None
-            position = max(
-                self._next_offset.get((topic, partition), 0), committed(topic, partition) or 0
-            )
-            behind += max(0, end - position)
-        return behind
+            if self._position(topic, partition, committed) >= end:
+                reached = answered
+            else:
+                reached = self._event_time.get((topic, partition), NOTHING_READ)
+                if reached == NOTHING_READ:
+                    return None
+            clock = reached if clock is None else min(clock, reached)
+        return clock

@@ -24,7 +24,10 @@ from schemas.events import (
     input_event_adapter,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 had no ``last_event_ms``: read as 0 (unknown), so idle expiry falls back
+# to the worker's clock alone for states written before the upgrade.
+_READABLE_VERSIONS = (1, 2)
 MAX_WARNING_KEYS = 256
 MAX_SEEN_EVENT_IDS = 32
 MAX_DECISIONS = 8  # verdicts other than allow, per session
@@ -107,7 +110,12 @@ class SessionState:
     # Every tool_call with a seq at or above this one that is not in ``decisions``
     # was allowed: a redelivered one gets "allow" again without storing every verdict.
     verdict_floor: int = 0
+    # Worker clock of the last event applied or parked (idle expiry, history deltas).
     touched_ms: int = 0
+    # Gateway clock (``ts``) of the newest event applied or parked, at most the worker
+    # clock: idle expiry measures a session's silence in event time too, so a worker
+    # that reads one input late does not take a live session for an idle one.
+    last_event_ms: int = 0
     # Derived, never serialised: the run ids present in the history (None = recompute).
     _runs: set[str | None] | None = field(default=None, repr=False, compare=False)
     # Derived, never serialised: how many records of the history carry each signature.
@@ -207,6 +215,7 @@ class SessionState:
 
         head = bytearray((FORMAT_VERSION,))
         head += _I64.pack(self.touched_ms)
+        head += _I64.pack(self.last_event_ms)
         _uvarint(head, len(strings))
         for text in strings:
             encoded = text.encode("utf-8", "surrogatepass")
@@ -216,12 +225,16 @@ class SessionState:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SessionState:
-        if not data or data[0] != FORMAT_VERSION:
+        if not data or data[0] not in _READABLE_VERSIONS:
             raise ValueError(f"unknown session state format {data[:1]!r}")
         view = memoryview(data)
         pos = 1
         touched_ms = _I64.unpack_from(data, pos)[0]
         pos += 8
+        last_event_ms = 0
+        if data[0] >= 2:
+            last_event_ms = _I64.unpack_from(data, pos)[0]
+            pos += 8
         count, pos = _read_uvarint(data, pos)
         strings: list[str | None] = [None]
         for _ in range(count):
@@ -229,7 +242,7 @@ class SessionState:
             strings.append(bytes(view[pos : pos + length]).decode("utf-8", "surrogatepass"))
             pos += length
 
-        state = cls(touched_ms=touched_ms)
+        state = cls(touched_ms=touched_ms, last_event_ms=last_event_ms)
         raw_seq, pos = _read_uvarint(data, pos)
         state.next_seq = None if raw_seq == 0 else raw_seq - 1
         pos = _decode_history(data, pos, strings, state.history, touched_ms)
@@ -276,9 +289,14 @@ class SessionState:
         return state
 
     @staticmethod
-    def touched_at(data: bytes) -> int:
-        """Last-activity time of serialised state without decoding the rest (idle expiry)."""
-        return int(_I64.unpack_from(data, 1)[0])
+    def idle_stamps(data: bytes) -> tuple[int, int]:
+        """``(touched_ms, last_event_ms)`` of serialised state without decoding the rest.
+
+        Idle expiry reads these for every session on every scan.
+        """
+        touched_ms = _I64.unpack_from(data, 1)[0]
+        last_event_ms = _I64.unpack_from(data, 9)[0] if data[0] >= 2 else 0
+        return touched_ms, last_event_ms
 
 
 def _uvarint(out: bytearray, value: int) -> None:

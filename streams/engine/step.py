@@ -160,7 +160,7 @@ class Engine:
         if seq > expected:
             state.next_seq = expected
             state.parked[seq] = event
-            state.touched_ms = now_ms  # a session waiting on a gap is not idle
+            _touch(state, event, now_ms)  # a session waiting on a gap is not idle
             self._release_gaps(state, now_ms, watermark_ms, outputs)
             return state, outputs
         self._apply(state, event, now_ms, outputs)
@@ -270,7 +270,7 @@ class Engine:
     def _apply(
         self, state: SessionState, event: InputEventT, now_ms: int, outputs: list[Output]
     ) -> None:
-        state.touched_ms = now_ms
+        _touch(state, event, now_ms)
         if isinstance(event, ToolCall):
             self._on_tool_call(state, event, now_ms, outputs)
         elif isinstance(event, ToolResult):
@@ -571,6 +571,18 @@ class Engine:
             states[key], produced = self.step(states.get(key), event, event.ts)
             outputs.extend(produced)
         return outputs
+
+
+def _touch(state: SessionState, event: InputEventT, now_ms: int) -> None:
+    """Stamp the session active, in worker time and in event time (idle expiry).
+
+    A gateway clock running ahead counts as now: a future ``ts`` must not keep a
+    session from ever expiring.
+    """
+    state.touched_ms = now_ms
+    event_ms = min(event.ts, now_ms)
+    if event_ms > state.last_event_ms:
+        state.last_event_ms = event_ms
 
 
 def _waited_event_time(parked: Iterable[InputEventT], watermark_ms: int | None) -> int:

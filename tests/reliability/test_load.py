@@ -29,7 +29,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streams.worker_process import WorkerProcess
 from tests.reliability.harness import (
-    BASE_TS,
     LONG,
     _session_events,
     http_get,
@@ -91,7 +90,9 @@ class Fleet:
         event = self.active[i].pop()
         if not self.active[i]:
             self.active[i] = self._new()
-        event["ts"] = BASE_TS + self.n
+        # Gateways stamp events with their wall clock: idle expiry compares event
+        # time with the worker's clock (an old synthetic ts would look idle at once).
+        event["ts"] = int(time.time() * 1000)
         self.n += 1
         self.tool_calls += event["type"] == "tool_call"
         if event["type"] == "tool_call":
@@ -179,6 +180,17 @@ class VerdictCounter:
                         self.judged.add((v["session_key"], v["seq"]))
 
 
+def input_behind(web_port: int) -> float:
+    """The worst partition's ``loopfuse_input_behind_seconds`` (-1 when none is known)."""
+    metrics = http_get(web_port, "/metrics")[1]
+    values = [
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("loopfuse_input_behind_seconds{")
+    ]
+    return max(values, default=-1.0)
+
+
 async def test_sustained_load_keeps_memory_and_table_bounded(
     kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path
 ) -> None:
@@ -197,7 +209,8 @@ async def test_sustained_load_keeps_memory_and_table_bounded(
     worker = WorkerProcess(settings, log_path=tmp_path / "worker.log").start()
     tail = ChangelogTail(kafka_bootstrap, f"{app_id}-sessions-changelog")
     counter = VerdictCounter(kafka_bootstrap, topics["verdicts"])
-    samples: list[tuple[float, int, int, int]] = []  # (t, rss kB, live keys, sessions started)
+    # (t, rss kB, live keys, sessions started, input behind s)
+    samples: list[tuple[float, int, int, int, float]] = []
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5)
     try:
         await asyncio.to_thread(worker.wait_ready, 120)
@@ -218,7 +231,10 @@ async def test_sustained_load_keeps_memory_and_table_bounded(
             await producer.flush()
             if now >= next_sample:
                 assert worker.running, worker.tail()
-                samples.append((now - t0, rss_kb(worker.pid), len(tail.live), fleet.started))
+                behind = await asyncio.to_thread(input_behind, worker.web_port)
+                samples.append(
+                    (now - t0, rss_kb(worker.pid), len(tail.live), fleet.started, behind)
+                )
                 next_sample += every
             await asyncio.sleep(0.05)
         produce_s = time.monotonic() - t0
@@ -271,9 +287,9 @@ async def test_sustained_load_keeps_memory_and_table_bounded(
         f"{live_after_idle}; expired {expired:.0f}; changelog records {tail.records}, "
         f"tombstones {tail.tombstones}"
     )
-    print("load: t_s rss_MB live_keys sessions_started")
-    for t, r, live, started in samples:
-        print(f"load: {t:6.0f} {r / 1024:7.1f} {live:6d} {started:7d}")
+    print("load: t_s rss_MB live_keys sessions_started input_behind_s")
+    for t, r, live, started, behind in samples:
+        print(f"load: {t:6.0f} {r / 1024:7.1f} {live:6d} {started:7d} {behind:6.2f}")
     print(
         f"load: RSS first {rss[0] / 1024:.1f} MB, mid {mid / 1024:.1f} MB, max "
         f"{max(rss) / 1024:.1f} MB, end {rss_end / 1024:.1f} MB; second-half growth "

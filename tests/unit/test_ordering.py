@@ -216,4 +216,31 @@ def test_a_session_waiting_on_a_gap_is_not_idle() -> None:
     eng = engine()
     state, _ = feed(eng, [call("read", {}, call_id="c0", seq=0)], now=1_000)
     state, _ = feed(eng, [call("read", {}, call_id="c2", seq=2)], now=9_000)
-    assert SessionState.touched_at(state.to_bytes()) == 9_000
+    assert SessionState.idle_stamps(state.to_bytes())[0] == 9_000
+
+
+def test_a_session_is_stamped_with_its_newest_event_time() -> None:
+    eng = engine()
+    state, _ = feed(eng, [call("read", {}, call_id="c0", seq=0, ts=5_000)], now=10_000)
+    # parked (seq 1 missing) and older than the last one: the newest event time stays
+    state, _ = feed(eng, [call("read", {}, call_id="c2", seq=2, ts=7_000)], now=11_000, state=state)
+    state, _ = feed(eng, [call("read", {}, call_id="c1", seq=1, ts=6_000)], now=12_000, state=state)
+    assert SessionState.idle_stamps(state.to_bytes()) == (12_000, 7_000)
+    # a gateway clock running ahead counts as the worker's now
+    state, _ = feed(eng, [call("read", {}, call_id="c3", seq=3, ts=99_000)], now=13_000, state=state)
+    assert SessionState.idle_stamps(state.to_bytes()) == (13_000, 13_000)
+    # a redelivered event is no sign of life
+    state, _ = feed(eng, [call("read", {}, call_id="c3", seq=3, ts=99_000)], now=50_000, state=state)
+    assert SessionState.from_bytes(state.to_bytes()).last_event_ms == 13_000
+
+
+def test_state_written_before_event_stamps_still_reads() -> None:
+    eng = engine()
+    state, _ = feed(eng, [call("read", {}, call_id="c0", seq=0, ts=5_000)], now=10_000)
+    raw = state.to_bytes()
+    # format 1: the same layout without the 8-byte event stamp after touched_ms
+    old = bytes((1,)) + raw[1:9] + raw[17:]
+    restored = SessionState.from_bytes(old)
+    assert (restored.touched_ms, restored.last_event_ms, restored.next_seq) == (10_000, 0, 1)
+    assert SessionState.idle_stamps(old) == (10_000, 0)
+    assert len(restored.history) == 1

@@ -69,11 +69,39 @@ def test_forget_drops_a_partitions_progress() -> None:
     assert progress.watermark(1, lookup(ends), lookup({})) == 2_000
 
 
-def test_lag_counts_records_not_judged_yet_on_every_input_topic() -> None:
+def test_event_clock_is_the_slowest_input_in_event_time() -> None:
     progress = InputProgress(TOPICS)
-    progress.judged("calls", 0, 9, event_ts=1_000)  # next: 10
+    progress.judged("calls", 0, 9, event_ts=1_000)  # 5 records left: behind, at 1 s
+    progress.judged("results", 0, 6, event_ts=4_000)  # read to its end
     ends = {("calls", 0): 15, ("results", 0): 7, ("compactions", 0): 0}
-    committed = {("results", 0): 4}
-    assert progress.lag(0, lookup(ends), lookup(committed)) == 5 + 3 + 0
-    del ends[("compactions", 0)]  # no fetch answer yet: unknown, not zero
-    assert progress.lag(0, lookup(ends), lookup(committed)) is None
+    answered = {("calls", 0): 9_000, ("results", 0): 9_500, ("compactions", 0): 8_000}
+    clock = progress.event_clock(0, lookup(ends), lookup({}), lookup(answered))
+    assert clock == 1_000  # a topic read late holds the clock back, however fresh the others
+    progress.judged("calls", 0, 14, event_ts=2_000)  # now read to its end as well
+    clock = progress.event_clock(0, lookup(ends), lookup({}), lookup(answered))
+    # every input read to the end of its last answer: the oldest answer's wall time
+    assert clock == 8_000
+
+
+def test_event_clock_is_unknown_until_every_input_was_fetched_and_a_late_one_judged() -> None:
+    progress = InputProgress(TOPICS)
+    ends = {("calls", 0): 15, ("results", 0): 0, ("compactions", 0): 0}
+    answered = {("calls", 0): 9_000, ("results", 0): 9_000}
+    # compactions never answered: unknown, not "caught up"
+    assert progress.event_clock(0, lookup(ends), lookup({}), lookup(answered)) is None
+    answered[("compactions", 0)] = 9_000
+    # calls is behind and nothing was judged on it yet (a backlog after a restart)
+    assert progress.event_clock(0, lookup(ends), lookup({}), lookup(answered)) is None
+    # judging starts at the group's committed offset: caught up there already
+    committed = {("calls", 0): 15}
+    assert progress.event_clock(0, lookup(ends), lookup(committed), lookup(answered)) == 9_000
+
+
+def test_event_clock_stops_when_the_consumer_stops_fetching() -> None:
+    progress = InputProgress(TOPICS)
+    progress.judged("calls", 0, 14, event_ts=5_000)
+    ends = {("calls", 0): 15, ("results", 0): 0, ("compactions", 0): 0}
+    answered = {topic_partition: 6_000 for topic_partition in ends}
+    before = progress.event_clock(0, lookup(ends), lookup({}), lookup(answered))
+    # no new answers (a stalled process): the clock stays where the answers left it
+    assert progress.event_clock(0, lookup(ends), lookup({}), lookup(answered)) == before == 6_000
