@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 import weakref
 from collections.abc import Iterable, Sequence
@@ -539,7 +541,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         partitions=settings.partitions,
     )
     producer_send = None
-    health = {"broker_ok": False, "broker_checked": 0.0}
+    health: dict[str, Any] = {"broker_ok": False, "broker_checked": 0.0, "topics_missing": []}
 
     @app.agent(inputs, name="judge")
     async def judge_events(stream: faust.Stream) -> None:
@@ -596,8 +598,11 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
 
     @app.timer(2.0, name="probe_broker")
     async def probe_broker() -> None:
-        health["broker_ok"] = await _broker_answers(app)
+        cluster = await _broker_metadata(app)
+        health["broker_ok"] = cluster is not None
         health["broker_checked"] = time.monotonic()
+        if cluster is not None:
+            health["topics_missing"] = await _restore_lost_topics(app, settings, cluster)
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
@@ -608,6 +613,8 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         reasons = []
         if not health["broker_ok"] or time.monotonic() - health["broker_checked"] > 10:
             reasons.append("broker unreachable")
+        if health["topics_missing"]:
+            reasons.append("topics missing: " + ", ".join(health["topics_missing"]))
         if app.rebalancing:
             reasons.append("rebalancing")
         if app.in_recovery or not app.tables.recovery.completed.is_set():
@@ -682,10 +689,46 @@ def _tune_fetch_wait(app: faust.App, max_wait_ms: int) -> None:
         fetcher._fetch_max_wait_ms = max_wait_ms
 
 
-async def _broker_answers(app: faust.App) -> bool:
+async def _broker_metadata(app: faust.App) -> Any:
+    """The cluster's metadata (aiokafka ClusterMetadata), None when the broker does not answer."""
     try:
         client = app.producer._producer.client  # type: ignore[attr-defined]
-        await asyncio.wait_for(client.fetch_all_metadata(), 2.0)
+        return await asyncio.wait_for(client.fetch_all_metadata(), 2.0)
     except (KafkaError, OSError, TimeoutError, AttributeError):
-        return False
-    return True
+        return None
+
+
+async def _restore_lost_topics(app: faust.App, settings: Settings, cluster: Any) -> list[str]:
+    """Re-create loopfuse's topics if the broker no longer has them; the ones still missing.
+
+    A broker that comes back without them has lost everything (the in-memory test
+    broker after a restart, or a wiped cluster): the session table's changelog and
+    the group's offsets with them. Judging goes on with what the worker holds in
+    memory, but nothing of it is persisted until the changelog exists again, and a
+    gateway's next event would let the broker auto-create an input topic with its
+    default partition count, splitting sessions across partitions. So they are
+    re-created at once with the configured size. An input topic that came back with
+    another size cannot be repaired here: the worker stops (exit code 2), as at
+    start-up.
+    """
+    wanted = [*settings.input_topics, changelog_topic(settings), *settings.output_topics]
+    present = cluster.topics()
+    missing = [name for name in wanted if name not in present]
+    if not missing:
+        return []
+    log.error(
+        "the broker has lost topics %s (a restarted in-memory broker, or a wiped cluster): "
+        "re-creating them; what the changelog held is gone",
+        ", ".join(missing),
+    )
+    try:
+        await ensure_topics(settings, timeout=10.0)
+    except TopicMismatchError as exc:
+        log.critical("%s Stopping (exit code 2).", exc)
+        app.loopfuse_exit = (2, str(exc))  # type: ignore[attr-defined]
+        os.kill(os.getpid(), signal.SIGTERM)  # mode's worker stops the app in order
+        return missing
+    except Exception as exc:  # the broker went away again: the next probe retries
+        log.warning("could not re-create topics: %r", exc)
+        return missing
+    return []

@@ -18,8 +18,9 @@ log = logging.getLogger("loopfuse.worker")
 def run_worker(settings: Settings, loglevel: str = "info") -> int:
     """Create topics, build the app and run a Faust worker until SIGTERM / SIGINT.
 
-    Returns the process exit code: 0 after a clean shutdown, 2 for a start-up
-    problem that retrying will not fix (bad config, topics with the wrong size).
+    Returns the process exit code: 0 after a clean shutdown, 2 for a problem that
+    retrying will not fix (bad config, topics with the wrong size, also when an
+    input topic comes back with the wrong size while running).
     """
     try:
         config = load_config(settings.config_file) if settings.config_file else None
@@ -57,8 +58,16 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
         worker.execute_from_commandline()
     except SystemExit as exc:
         code = exc.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+        code = code if isinstance(code, int) else (0 if code is None else 1)
+    else:
+        code = 0
+    # The app asks for a non-zero exit (and stops itself) on a problem a restart
+    # will not fix, e.g. an input topic re-created with the wrong size.
+    requested: tuple[int, str] | None = getattr(app, "loopfuse_exit", None)
+    if requested is not None:
+        print(f"loopfuse worker: {requested[1]}", file=sys.stderr, flush=True)
+        return requested[0]
+    return code
 
 
 def main() -> int:

@@ -17,14 +17,18 @@ Behaviour measured (and asserted):
     200 and nothing restarts it (no silent crash loop: a supervisor must restart
     it). Once the broker is up, a new worker on the same settings works.
 (b) broker gone while running: the worker stays up, /ready answers 503
-    ``broker unreachable`` within ~1 s while it is gone; when the (empty) broker is
-    back the worker says ready again by itself within ~3 s - but it does not
-    re-create its topics (the pre-flight only runs at start). Producers then
-    auto-create the input topics with the broker's default partition count (4 on
-    Tansu), the worker keeps consuming only the partitions it had (0-1 with
-    LOOPFUSE_PARTITIONS=2), and the changelog, loop-event and dead-letter topics do
-    not come back: sessions on the new partitions never get a verdict, and nothing
-    is persisted for recovery. That half is a product bug, marked xfail(strict).
+    ``broker unreachable`` within ~1 s while it is gone. When the (empty) broker is
+    back, the worker's broker probe sees that its topics are gone, logs so
+    ("the broker has lost topics ...") and re-creates them with the configured
+    partition count before it says ready again, so the gateways' next events do
+    not auto-create input topics of the broker's default size (4 on Tansu, not
+    LOOPFUSE_PARTITIONS=2). It goes on judging with the session state it holds in
+    memory: the sessions' next verdicts are the ones an uninterrupted run gives.
+    (Until this was fixed the worker said ready without its topics, kept consuming
+    partitions 0-1 of the auto-created 4, and sessions on 2-3 never got a verdict.)
+(c) the broker comes back with an input topic of another size (someone else
+    created it first): the worker cannot repair that, says so naming the topic,
+    and exits with code 2, as it does at start-up.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
 
 from streams.broker import EmbeddedBroker, free_port
 from streams.worker_process import WorkerProcess
@@ -139,6 +144,7 @@ class Outage:
     before: Comparison
     after: Comparison
     after_by_partition: dict[int, int]
+    log: str
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +231,7 @@ async def outage(tmp_path_factory: pytest.TempPathFactory) -> Outage:
         compare(expected1, delivered1),
         compare(expected2, delivered2),
         by_partition,
+        (tmp_path / "worker.log").read_text(errors="replace"),
     )
     print(f"outage: topics before the outage {before}")
     print(result.after.line("outage(after return)"))
@@ -241,21 +248,59 @@ async def test_worker_reports_not_ready_while_the_broker_is_gone(outage: Outage)
     assert outage.ready_again_s < 60
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "product bug: after the (in-memory) broker comes back empty the worker reports "
-        "ready without re-creating its topics (ensure_topics runs only at start-up, "
-        "streams/worker.py:33); producers auto-create the input topics with the broker's "
-        "default partition count (4, not LOOPFUSE_PARTITIONS=2), the worker keeps "
-        "consuming only its old partitions 0-1, and the changelog / loop-event / "
-        "dead-letter topics are not re-created: events on partitions 2-3 never get a verdict"
-    ),
-)
 async def test_worker_resumes_judging_after_the_broker_comes_back_empty(outage: Outage) -> None:
     after = outage.after
+    assert "the broker has lost topics" in outage.log, outage.log[-2000:]
     assert after.ok, after.line("outage(after return)") + "\n" + "\n".join(after.examples)
     changelog = [t for t in outage.topics_after_events if t.endswith("-sessions-changelog")]
     assert changelog, f"the changelog was not re-created: {outage.topics_after_events}"
     calls = [n for t, n in outage.topics_after_events.items() if t.startswith("rel-calls-")]
     assert calls == [PARTITIONS], outage.topics_after_events
+
+
+async def test_an_input_topic_back_with_another_size_stops_the_worker(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(log_path=tmp_path / "tansu.log").start(timeout=30)
+    topics = new_topics()
+    settings = worker_settings(
+        broker.bootstrap,
+        "tansu",
+        topics,
+        unique("loopfuse-resized"),
+        tmp_path / "data",
+        partitions=PARTITIONS,
+    )
+    worker = WorkerProcess(settings, log_path=tmp_path / "worker.log").start()
+    try:
+        await asyncio.to_thread(worker.wait_ready, 120)
+        # Restart the broker empty and create the calls topic with another size at
+        # once; the worker probes every 2 s, so it rarely gets there first: then
+        # the topic exists with the right size and we try again.
+        for _ in range(5):
+            broker.stop()
+            broker.start(timeout=30)
+            admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+            await admin.start()
+            try:
+                await admin.create_topics([NewTopic(topics["tool_calls"], PARTITIONS + 2, 1)])
+                break
+            except TopicAlreadyExistsError:
+                await asyncio.sleep(3)  # let the worker settle before the next attempt
+            finally:
+                await admin.close()
+        else:
+            pytest.fail("the worker re-created the topic first in 5 attempts")
+        deadline = time.monotonic() + 60
+        while worker.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.3)
+        assert not worker.running, "the worker kept running with a wrongly sized input topic"
+        code = worker.stop()
+        log = worker.tail()
+        print(f"resized: worker exited with code {code}: {log.strip().splitlines()[-1][:300]!r}")
+        assert code == 2, log
+        assert (
+            f"topic {topics['tool_calls']!r} has {PARTITIONS + 2} partitions, "
+            f"expected {PARTITIONS}" in log
+        ), log
+    finally:
+        worker.stop()
+        broker.stop()
