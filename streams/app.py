@@ -270,7 +270,7 @@ class Judge:
                 # After the whole batch is counted: a missing event later in this
                 # batch is not late (and the sort below applies it first anyway).
                 watermarks[partition] = progress.watermark(
-                    partition, self._highwater, self._committed
+                    partition, self._highwater, self._committed, self._answered_at
                 )
             watermark = watermarks[partition]
             if len(items) > 1 and all(decoded.seq is not None for decoded, _ in items):

@@ -35,6 +35,8 @@ class InputProgress:
         self.topics = tuple(topics)
         self._next_offset: dict[tuple[str, int], int] = {}
         self._event_time: dict[tuple[str, int], int] = {}
+        # wall time of the latest fetch answer whose end offset was seen judged
+        self._caught_up_at: dict[tuple[str, int], int] = {}
 
     def judged(self, topic: str, partition: int, offset: int, event_ts: int | None) -> None:
         """Record a message handed to the engine (``event_ts`` None: it was not an event)."""
@@ -51,29 +53,41 @@ class InputProgress:
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop what we know of these partition numbers (revoked, or assigned afresh)."""
         gone = set(partitions)
-        for table in (self._next_offset, self._event_time):
+        for table in (self._next_offset, self._event_time, self._caught_up_at):
             for key in [key for key in table if key[1] in gone]:
                 del table[key]
 
     def watermark(
-        self, partition: int, highwater: OffsetLookup, committed: OffsetLookup
+        self,
+        partition: int,
+        highwater: OffsetLookup,
+        committed: OffsetLookup,
+        answered_at: OffsetLookup | None = None,
     ) -> int | None:
         """Event time every input topic of ``partition`` has been judged up to.
 
         ``highwater`` gives a topic-partition's end offset as last seen by the
         consumer, ``committed`` the consumer group's position at assignment (where
         judging starts). None means no topic-partition has anything left to read,
-        so nothing can be behind: the session's own events decide.
+        so nothing can be behind: the session's own events decide. With
+        ``answered_at`` (see :meth:`event_clock`) a caught-up topic-partition is
+        noted for the event clock too.
         """
         mark: int | None = None
         for topic in self.topics:
             key = (topic, partition)
             end = highwater(topic, partition)
             if end is not None and self._position(topic, partition, committed) >= end:
+                if answered_at is not None:
+                    self._caught_up(key, answered_at(topic, partition))
                 continue  # caught up: anything missing is not waiting on this topic
             reached = self._event_time.get(key, NOTHING_READ)
             mark = reached if mark is None else min(mark, reached)
         return mark
+
+    def _caught_up(self, key: tuple[str, int], answered: int | None) -> None:
+        if answered is not None and answered > self._caught_up_at.get(key, NOTHING_READ):
+            self._caught_up_at[key] = answered
 
     def event_clock(
         self,
@@ -84,25 +98,33 @@ class InputProgress:
     ) -> int | None:
         """Event time up to which every input of ``partition`` is judged (idle expiry).
 
-        Per input topic-partition: judged up to the end offset of the consumer's
-        last fetch answer, it has reached the wall time of that answer (everything
-        appended before the broker answered is judged); otherwise it has reached
-        the latest event time judged on it. The partition's clock is the lowest of
-        them, so one topic read late holds it back whatever the reason, and a
-        consumer that stops fetching stops it. ``answered_at`` gives the wall time
-        (ms) of a topic-partition's last fetch answer. None: not known yet for some
-        input (nothing fetched, or nothing judged on a topic that is behind).
+        Per input topic-partition: judged up to the end offset of a fetch answer,
+        it has reached the wall time of that answer (everything appended before
+        the broker answered is judged), and stays there at least; it has also
+        reached the latest event time judged on it. The partition's clock is the
+        lowest of them, so one topic read late holds it back whatever the reason,
+        and a consumer that stops fetching stops it. A sparse topic (compactions)
+        with a record just fetched is not held back to its previous record's time
+        of hours ago: it was caught up moments before. ``answered_at`` gives the
+        wall time (ms) of a topic-partition's last fetch answer. None: not known
+        yet for some input (nothing fetched, or a topic behind since assignment
+        with nothing judged on it).
         """
         clock: int | None = None
         for topic in self.topics:
+            key = (topic, partition)
             end = highwater(topic, partition)
             answered = answered_at(topic, partition)
             if end is None or answered is None:
                 return None
             if self._position(topic, partition, committed) >= end:
+                self._caught_up(key, answered)
                 reached = answered
             else:
-                reached = self._event_time.get((topic, partition), NOTHING_READ)
+                reached = max(
+                    self._event_time.get(key, NOTHING_READ),
+                    self._caught_up_at.get(key, NOTHING_READ),
+                )
                 if reached == NOTHING_READ:
                     return None
             clock = reached if clock is None else min(clock, reached)

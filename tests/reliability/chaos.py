@@ -9,7 +9,10 @@
   file the worker reads) for the expected verdicts;
 * a producer sends them at a steady pace in the background, while a killer
   SIGKILLs the worker ``--kills`` times at random moments and restarts it each
-  time (it recovers the session table from the changelog);
+  time (it recovers the session table from the changelog); with ``--workers N``
+  N workers share the consumer group and each kill hits a random one, so the
+  others take its partitions over (rebalance, changelog recovery) while events
+  flow, and get some back when it returns;
 * at the end it waits (up to ``--deadline`` s) until every expected verdict has
   arrived, then compares: each delivered verdict must equal the engine's (all
   fields but ``decided_ts``); duplicates are fine only with the same verdict_id
@@ -68,6 +71,7 @@ class ChaosOptions:
     deadline: float = 300.0
     workdir: Path | None = None
     single_topic: bool = False  # every event on the tool-calls topic (no cross-topic skew)
+    workers: int = 1  # in one consumer group
 
 
 @dataclass
@@ -112,7 +116,10 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
     expected = expected_verdicts(events)
     topics = new_topics()
     settings = worker_settings(bootstrap, kind, topics, unique("loopfuse-chaos"), workdir / "data")
-    log_path = workdir / "worker.log"
+    log_paths = [
+        workdir / ("worker.log" if n == 0 else f"worker-{n + 1}.log") for n in range(opts.workers)
+    ]
+    log_path = log_paths[0]
     messages = encode(topics, events)
     if opts.single_topic:
         messages = [(topics["tool_calls"], k, v) for _, k, v in messages]
@@ -120,16 +127,17 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
     duration = len(messages) / rate
     say(
         f"{len(events)} events, {opts.sessions} sessions, {len(expected)} expected verdicts; "
-        f"{opts.kills} kills; producing at {rate:.0f} ev/s for ~{duration:.0f} s; "
-        f"broker {bootstrap} ({kind}); worker log {log_path}"
+        f"{opts.kills} kills of {opts.workers} worker(s); producing at {rate:.0f} ev/s for "
+        f"~{duration:.0f} s; broker {bootstrap} ({kind}); worker logs in {workdir}"
     )
 
-    worker = WorkerProcess(settings, log_path=log_path).start()
+    workers = [WorkerProcess(settings, log_path=path).start() for path in log_paths]
     restarts: list[float] = []
     producer: asyncio.Task[None] | None = None
     produced = [0]
     try:
-        await asyncio.to_thread(worker.wait_ready, 120)
+        for worker in workers:
+            await asyncio.to_thread(worker.wait_ready, 120)
         async with Collector(bootstrap, [topics["verdicts"], topics["loop_events"]]) as out:
             t0 = time.monotonic()
             producer = asyncio.create_task(
@@ -143,17 +151,21 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
                 delay = at - (time.monotonic() - t0)
                 # Never closer than a random 0.3-3 s to the previous restart.
                 await asyncio.sleep(max(delay, rng.uniform(0.3, 3.0)))
-                worker.kill()
-                worker.stop()  # reaps, closes the log
+                victim = rng.randrange(len(workers))
+                workers[victim].kill()
+                workers[victim].stop()  # reaps, closes the log
                 killed = time.monotonic()
                 verdicts, sent = len(out.of(topics["verdicts"])), produced[0]
-                worker = WorkerProcess(settings, log_path=log_path, web_port=worker.web_port)
-                worker.start()
-                await asyncio.to_thread(worker.wait_ready, 120)
+                workers[victim] = WorkerProcess(
+                    settings, log_path=log_paths[victim], web_port=workers[victim].web_port
+                ).start()
+                for worker in workers:
+                    await asyncio.to_thread(worker.wait_ready, 120)
                 restarts.append(time.monotonic() - killed)
                 say(
-                    f"kill {i}/{opts.kills} at t={killed - t0:.1f} s (produced {sent}, "
-                    f"verdicts so far {verdicts}); ready again after {restarts[-1]:.1f} s"
+                    f"kill {i}/{opts.kills} (worker {victim + 1}) at t={killed - t0:.1f} s "
+                    f"(produced {sent}, verdicts so far {verdicts}); all ready again after "
+                    f"{restarts[-1]:.1f} s"
                 )
             await producer
             produce_seconds = time.monotonic() - t0
@@ -185,7 +197,8 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
         if producer is not None and not producer.done():
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
-        worker.stop()
+        for worker in workers:
+            worker.stop()
     _dump(workdir / "events.jsonl", events)
     _dump(workdir / "expected.jsonl", expected)
     _dump(workdir / "delivered.jsonl", delivered)
@@ -301,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--single-topic", action="store_true", help="send every event to the tool-calls topic"
     )
+    parser.add_argument("--workers", type=int, default=1, help="workers in the consumer group")
     args = parser.parse_args(argv)
     opts = ChaosOptions(
         kills=args.kills,
@@ -313,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         deadline=args.deadline,
         workdir=args.workdir,
         single_topic=args.single_topic,
+        workers=args.workers,
     )
     result = asyncio.run(run_chaos(opts))
     say(f"total {result.total_seconds:.1f} s")

@@ -1,7 +1,11 @@
-"""CI-sized chaos run: SIGKILL the worker twice while events flow; no verdict lost or wrong.
+"""CI-sized chaos runs: SIGKILL a worker twice while events flow; no verdict lost or wrong.
 
-The full run is ``python -m tests.reliability.chaos --kills 5 --events 20000``
-(or this test with ``LOOPFUSE_LONG=1``).
+Once with one worker (it recovers its whole table from the changelog) and once
+with two in one consumer group (each kill moves partitions between them twice:
+to the survivor, and back when the killed one returns).
+
+The full runs are ``python -m tests.reliability.chaos --kills 5 --events 20000``
+(``--workers 2`` for the second), or these tests with ``LOOPFUSE_LONG=1``.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from tests.reliability.harness import LONG
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(1800 if LONG else 240)]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_sigkill_chaos_loses_no_verdict_and_changes_none(
-    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path
+    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path, workers: int
 ) -> None:
     opts = (
-        ChaosOptions(kills=5, events=20_000, sessions=200)
+        ChaosOptions(kills=5, events=20_000, sessions=200, workers=workers)
         if LONG
-        else ChaosOptions(kills=2, events=3_000, sessions=60)
+        else ChaosOptions(kills=2, events=3_000, sessions=60, workers=workers)
     )
     opts.bootstrap, opts.broker_kind, opts.workdir = kafka_bootstrap, kafka_broker_kind, tmp_path
     opts.deadline = 180.0

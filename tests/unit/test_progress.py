@@ -105,3 +105,23 @@ def test_event_clock_stops_when_the_consumer_stops_fetching() -> None:
     before = progress.event_clock(0, lookup(ends), lookup({}), lookup(answered))
     # no new answers (a stalled process): the clock stays where the answers left it
     assert progress.event_clock(0, lookup(ends), lookup({}), lookup(answered)) == before == 6_000
+
+
+def test_a_sparse_topic_with_a_record_in_flight_holds_the_clock_at_its_last_catch_up() -> None:
+    progress = InputProgress(TOPICS)
+    progress.judged("compactions", 0, 0, event_ts=1_000)  # the last compaction, long ago
+    ends = {("calls", 0): 0, ("results", 0): 0, ("compactions", 0): 1}
+    answered = {topic_partition: 50_000 for topic_partition in ends}
+    assert progress.event_clock(0, lookup(ends), lookup({}), lookup(answered)) == 50_000
+    # a new compaction is fetched (end 2) but not judged yet: the topic was caught up
+    # at 50 s, so everything before that is judged, not just what came before 1 s
+    ends[("compactions", 0)] = 2
+    answered = {topic_partition: 51_000 for topic_partition in ends}
+    assert progress.event_clock(0, lookup(ends), lookup({}), lookup(answered)) == 50_000
+    # the per-batch watermark notes catching up too
+    progress.judged("compactions", 0, 1, event_ts=50_500)
+    ends[("compactions", 0)] = 2
+    assert progress.watermark(0, lookup(ends), lookup({}), lookup(answered)) is None
+    ends[("compactions", 0)] = 3  # another one in flight
+    answered = {topic_partition: 52_000 for topic_partition in ends}
+    assert progress.event_clock(0, lookup(ends), lookup({}), lookup(answered)) == 51_000
