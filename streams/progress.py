@@ -14,6 +14,10 @@ The watermark of a partition number is therefore the lowest event time reached
 over its input topics, where a topic-partition with nothing left to read (judged
 up to its high watermark) does not hold it back: an idle topic - compactions are
 rare - must not stop gaps from ever being given up.
+
+The same bookkeeping gives idle expiry its *event clock* (:meth:`InputProgress.event_clock`):
+how far in time every input of a partition is judged, so that a worker reading one
+topic late does not take a live session for an idle one.
 """
 
 from __future__ import annotations
