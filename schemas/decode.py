@@ -7,7 +7,15 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from schemas.events import Compaction, RunEnded, ToolCall, ToolResult, input_event_adapter
+from schemas.events import (
+    DEFAULT_MAX_IDENTIFIER_BYTES,
+    IDENTIFIER_FIELDS,
+    Compaction,
+    RunEnded,
+    ToolCall,
+    ToolResult,
+    input_event_adapter,
+)
 
 DEFAULT_MAX_EVENT_BYTES = 1_048_576
 DEFAULT_MAX_DEPTH = 64
@@ -49,13 +57,40 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def utf8_size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (lone surrogates count as the 3 bytes they take)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_identifiers(
+    event: ToolCall | ToolResult | Compaction | RunEnded, limit: int
+) -> None:
+    """Reject an event whose identifiers or tokens are longer than ``limit`` UTF-8 bytes.
+
+    They end up in session state, verdicts, loop events and messages: unbounded, one
+    event could make a session's state or an output larger than Kafka accepts.
+    """
+    quick = limit // 4  # a string this short cannot exceed the limit in UTF-8
+    for name in IDENTIFIER_FIELDS:
+        value = getattr(event, name, None)
+        if value is not None and len(value) > quick and (size := utf8_size(value)) > limit:
+            raise EventRejected(
+                "invalid_event", f"{name} is {size} bytes, the limit is {limit}"
+            )
+
+
 def decode_event(
     raw: bytes | None,
     *,
     max_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    max_identifier_bytes: int = DEFAULT_MAX_IDENTIFIER_BYTES,
 ) -> ToolCall | ToolResult | Compaction | RunEnded:
-    """Parse and validate one wire event; raise EventRejected with a code and a reason."""
+    """Parse and validate one wire event; raise EventRejected with a code and a reason.
+
+    Bounds (README, Wire format): the message size, JSON nesting, integers in
+    0 .. 2**53-1 (the models), identifiers at most ``max_identifier_bytes``.
+    """
     if not raw:
         raise EventRejected("empty_message", "empty message (no bytes)")
     if len(raw) > max_bytes:
@@ -83,6 +118,8 @@ def decode_event(
     if kind not in _KNOWN_TYPES:
         raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
     try:
-        return input_event_adapter.validate_python(data)
+        event = input_event_adapter.validate_python(data)
     except ValidationError as exc:
         raise EventRejected("invalid_event", _describe(exc)) from None
+    check_identifiers(event, max_identifier_bytes)
+    return event

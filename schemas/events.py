@@ -22,15 +22,34 @@ from pydantic import (
 
 WIRE_VERSION = 1
 
+#: The largest integer a JavaScript gateway can send exactly (2**53 - 1): the bound of
+#: every integer on the wire (``ts``, ``seq``), so state and outputs never overflow.
+MAX_WIRE_INT = 2**53 - 1
+#: Default bound of identifiers and tokens, in UTF-8 bytes (``LOOPFUSE_MAX_IDENTIFIER_BYTES``).
+DEFAULT_MAX_IDENTIFIER_BYTES = 512
+#: The fields that identify something (and end up in state, outputs or messages);
+#: each is at most ``max_identifier_bytes`` UTF-8 bytes (checked in schemas.decode).
+IDENTIFIER_FIELDS = (
+    "event_id",
+    "session_key",
+    "run_id",
+    "agent_id",
+    "incarnation",
+    "call_id",
+    "tool_name",
+    "args_hash",
+    "args_action",
+    "result_hash",
+    "unknown_tool",
+)
+
 
 def _to_epoch_ms(value: Any) -> Any:
-    """Accept RFC 3339 text or epoch milliseconds; store epoch milliseconds."""
+    """Accept RFC 3339 text or epoch milliseconds; store epoch milliseconds (0 .. 2**53-1)."""
     if isinstance(value, bool):
         raise ValueError("ts must be an RFC 3339 time or epoch milliseconds, not a boolean")
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
     if isinstance(value, str):
         try:
             parsed = datetime.fromisoformat(value)
@@ -38,22 +57,50 @@ def _to_epoch_ms(value: Any) -> Any:
             raise ValueError(f"ts is not an RFC 3339 time: {value[:40]!r}") from exc
         if parsed.tzinfo is None:
             raise ValueError("ts must carry a time zone offset (RFC 3339)")
-        return int(parsed.timestamp() * 1000)
+        value = int(parsed.timestamp() * 1000)
+    if isinstance(value, int):
+        if not 0 <= value <= MAX_WIRE_INT:
+            raise ValueError("ts must be epoch milliseconds in 0 .. 2**53-1")
+        return value
     raise ValueError("ts must be an RFC 3339 time or epoch milliseconds")
 
 
-EpochMs = Annotated[int, BeforeValidator(_to_epoch_ms)]
-NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+def _identifier(description: str) -> Any:
+    # JSON Schema's maxLength counts characters; the worker counts UTF-8 bytes (the same
+    # for ASCII ids) against LOOPFUSE_MAX_IDENTIFIER_BYTES, whose default this documents.
+    return Field(
+        default=None,
+        description=f"{description}; at most {DEFAULT_MAX_IDENTIFIER_BYTES} UTF-8 bytes",
+        json_schema_extra={"maxLength": DEFAULT_MAX_IDENTIFIER_BYTES},
+    )
+
+
+EpochMs = Annotated[
+    int,
+    BeforeValidator(_to_epoch_ms),
+    Field(json_schema_extra={"minimum": 0, "maximum": MAX_WIRE_INT}),
+]
+WireInt = Annotated[StrictInt, Field(ge=0, le=MAX_WIRE_INT)]
+NonEmptyStr = Annotated[
+    StrictStr,
+    Field(min_length=1, json_schema_extra={"maxLength": DEFAULT_MAX_IDENTIFIER_BYTES}),
+]
 
 
 class _InputEvent(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     event_id: NonEmptyStr
-    session_key: StrictStr | None = None
-    run_id: StrictStr | None = None
-    agent_id: StrictStr | None = None
-    seq: Annotated[StrictInt, Field(ge=0)] | None = None
+    session_key: StrictStr | None = _identifier("history scope and Kafka message key")
+    run_id: StrictStr | None = _identifier("detection scope inside the session")
+    agent_id: StrictStr | None = _identifier("selects per-agent config overrides")
+    # Restart-safe extension to v1: the gateway's seq space. A gateway that restarts
+    # (or otherwise starts counting seq from 0 again) sends a new incarnation, which
+    # opens a new seq space while the session keeps its history (README: Ordering).
+    incarnation: Annotated[StrictStr, Field(min_length=1)] | None = _identifier(
+        "the gateway's seq space: a new value per gateway start (e.g. a random id)"
+    )
+    seq: WireInt | None = None
     ts: EpochMs = Field(description="Event time: RFC 3339 text or epoch milliseconds")
 
     @model_validator(mode="after")
@@ -69,14 +116,14 @@ class _InputEvent(BaseModel):
 
 
 class _ArgsCarrier(_InputEvent):
-    call_id: StrictStr
+    call_id: Annotated[StrictStr, Field(json_schema_extra={"maxLength": DEFAULT_MAX_IDENTIFIER_BYTES})]
     tool_name: NonEmptyStr
     args: Any = None
-    args_hash: StrictStr | None = None
+    args_hash: StrictStr | None = _identifier("opaque token of the args (instead of args)")
     # Extension to v1 for gateways that hash args locally: the string value of
     # args.action, which the engine needs to tell process polls and message sends
     # apart without seeing the args themselves.
-    args_action: StrictStr | None = None
+    args_action: StrictStr | None = _identifier("the string value of args.action")
 
     @property
     def has_args(self) -> bool:
@@ -107,9 +154,9 @@ class ToolResult(_ArgsCarrier):
 
     type: Literal["tool_result"]
     result: Any = None
-    result_hash: StrictStr | None = None
+    result_hash: StrictStr | None = _identifier("opaque token of the result (instead of result)")
     error: StrictStr | ErrorDetail | None = None
-    unknown_tool: StrictStr | None = None
+    unknown_tool: StrictStr | None = _identifier("the missing tool's name")
 
     @model_validator(mode="after")
     def _one_outcome(self) -> ToolResult:
@@ -176,6 +223,7 @@ class Verdict(BaseModel):
     agent_id: str | None
     call_id: str | None
     seq: int | None
+    incarnation: str | None = None
     tool_name: str | None
     action: Action
     level: Level
@@ -200,6 +248,7 @@ class LoopEvent(BaseModel):
     agent_id: str | None
     call_id: str | None
     seq: int | None
+    incarnation: str | None = None
     tool_name: str | None
     action: Action
     level: Level
@@ -211,6 +260,11 @@ class LoopEvent(BaseModel):
     warning_key: str | None
     config: dict[str, Any]
     enforced: bool = True
+    args: Any = Field(
+        default=None,
+        description="the call's raw args, only with loopfuse.includePayloadsInLoopEvents "
+        "(and only when the call was judged with raw args as it arrived)",
+    )
     event_ts: int
     decided_ts: int
 
@@ -225,6 +279,9 @@ DeadLetterCode = Literal[
     "unknown_type",
     "invalid_event",
     "orphan_result",
+    "engine_error",
+    "output_too_large",
+    "state_too_large",
 ]
 
 

@@ -33,10 +33,14 @@ from prometheus_client import (
 
 from schemas.config import DetectionConfigFile, load_config
 from schemas.decode import EventRejected, decode_event
-from schemas.events import DeadLetter
-from streams.engine import Engine, LoopEvent, Notice, Rejection, SessionState, Verdict
+from streams.engine import Engine, Notice, SessionState
 from streams.fast_delivery import install_fast_delivery
-from streams.faust_fixes import ignore_phantom_gaps, keep_queues_on_redundant_resume
+from streams.faust_fixes import (
+    ignore_phantom_gaps,
+    keep_queues_on_redundant_resume,
+    operators_only_web,
+)
+from streams.processor import Limits, Outgoing, SessionFold, Source, dead_letter
 from streams.progress import InputProgress
 from streams.settings import Settings
 
@@ -146,6 +150,11 @@ class Metrics:
             "loopfuse_sessions_expired", "Idle sessions deleted from the table", registry=r
         )
         self.batches = Counter("loopfuse_batches", "Batches processed", registry=r)
+        self.shed = Counter(
+            "loopfuse_state_shed",
+            "Times a session's state was over its byte cap and its oldest evidence shed",
+            registry=r,
+        )
         self.input_behind = Gauge(
             "loopfuse_input_behind_seconds",
             "Wall clock minus the event time every input topic of the partition is judged "
@@ -217,6 +226,21 @@ class Judge:
         # session key -> (the bytes we last wrote, the state they encode)
         self.decoded: dict[bytes, tuple[bytes, SessionState]] = {}
         self.progress = InputProgress(settings.input_topics)
+        self.limits = Limits(
+            max_state_bytes=settings.max_session_state_bytes,
+            max_output_bytes=settings.producer_max_request_size,
+            dead_letter_original_bytes=settings.dead_letter_original_bytes,
+            max_identifier_bytes=settings.max_identifier_bytes,
+        )
+        # Sessions whose restarted gateway's first events wait for the input to move
+        # on (Engine.release): key -> partition. Re-checked every batch and by a timer,
+        # since the gateway sends nothing more until it has its verdict.
+        self.waiting: dict[bytes, int] = {}
+        self.topic_of = {
+            "verdict": settings.topic_verdicts,
+            "loop_event": settings.topic_loop_events,
+            "dead_letter": settings.topic_dead_letters,
+        }
 
     async def _on_changelog_event(self, event: EventT) -> None:
         key = event.message.key
@@ -230,70 +254,136 @@ class Judge:
     # The batch is processed synchronously (no await between reading a session's
     # state and writing it back), so the expiry timer can never interleave with it.
     def judge(self, batch: Sequence[EventT]) -> list[tuple[str, bytes | None, bytes]]:
-        settings = self.settings
+        """One batch in, the messages to publish out; table writes done.
+
+        Poison isolation (streams.processor): whatever fails for one event - its
+        bytes, its key, the engine, an output or the state over its size - becomes
+        that event's dead letter and changes nothing else. Nothing here raises
+        because of input, so a batch is never acknowledged unjudged.
+        """
+        settings, limits = self.settings, self.limits
         metrics = self.metrics
         now_ms = int(time.time() * 1000)
         out: list[tuple[str, bytes | None, bytes]] = []
-        sessions: dict[bytes, list[tuple[Any, EventT]]] = {}
+        sessions: dict[bytes, list[tuple[Any, Source, EventT]]] = {}
         progress = self.progress
         for fevent in batch:
             message = fevent.message
+            source = Source(
+                message.topic, message.partition, message.offset, key=message.key,
+                value=message.value,
+            )
             try:
-                decoded = decode_event(message.value, max_bytes=settings.max_event_bytes)
+                decoded = decode_event(
+                    message.value,
+                    max_bytes=settings.max_event_bytes,
+                    max_identifier_bytes=limits.max_identifier_bytes,
+                )
             except EventRejected as exc:
                 progress.judged(message.topic, message.partition, message.offset, None)
-                out.append(self._dead_letter(message, exc.code, exc.reason))
+                self._emit(dead_letter(source, exc.code, exc.reason, limits), out)
                 continue
-            progress.judged(message.topic, message.partition, message.offset, decoded.ts)
+            # A gateway clock running ahead counts as now: one far-future ts must not
+            # move the partition's watermark and event clock for every session on it.
+            progress.judged(
+                message.topic, message.partition, message.offset, min(decoded.ts, now_ms)
+            )
             key = decoded.key.encode("utf-8", "surrogatepass")
             if message.key != key:
                 # A message on the wrong partition would split the session's state
                 # across partitions (and workers): refuse it rather than guess.
-                out.append(
-                    self._dead_letter(
-                        message,
-                        "invalid_event",
-                        f"message key {_show_key(message.key)} is not the event's session key "
-                        f"{decoded.key[:80]!r}: events must be keyed by session_key (else run_id)",
-                    )
+                reason = (
+                    f"message key {_show_key(message.key)} is not the event's session key "
+                    f"{decoded.key[:80]!r}: events must be keyed by session_key (else run_id)"
                 )
+                self._emit(dead_letter(source, "invalid_event", reason, limits), out)
                 continue
             metrics.events.labels(decoded.type).inc()
-            sessions.setdefault(key, []).append((decoded, fevent))
+            sessions.setdefault(key, []).append((decoded, source, fevent))
 
-        table = self.table
         watermarks: dict[int, int | None] = {}
         for key, items in sessions.items():
-            _as_current_event(items[-1][1])
-            partition = items[-1][1].message.partition
-            if partition not in watermarks:
-                # After the whole batch is counted: a missing event later in this
-                # batch is not late (and the sort below applies it first anyway).
-                watermarks[partition] = progress.watermark(
-                    partition, self._highwater, self._committed, self._answered_at
-                )
-            watermark = watermarks[partition]
-            if len(items) > 1 and all(decoded.seq is not None for decoded, _ in items):
+            _as_current_event(items[-1][2])
+            partition = items[-1][1].partition or 0
+            watermark = self._watermark(partition, watermarks)
+            if len(items) > 1 and all(decoded.seq is not None for decoded, _, _ in items):
                 # The engine would park and drain them into seq order anyway; in
                 # order they cost no parking.
                 items.sort(key=lambda item: item[0].seq)
-            raw = table.get(key)
-            state = self._load(key, raw)
-            for decoded, fevent in items:
-                try:
-                    state, outputs = self.engine.step(state, decoded, now_ms, watermark)
-                except Exception as exc:  # an engine bug must not stall the partition
-                    log.exception("engine failed on event %s", decoded.event_id[:80])
-                    out.append(
-                        self._dead_letter(fevent.message, "invalid_event", f"engine error: {exc!r}")
-                    )
-                    continue
-                for output in outputs:
-                    self._route(output, key, fevent, out)
-            if state is not None:
-                self._store(key, raw, state, partition)
+            fold = self._fold(key)
+            for decoded, source, _ in items:
+                fold.apply(decoded, source, now_ms, watermark)
+            self._settle(key, fold, partition, out)
+        self._release_waiting(now_ms, watermarks, out, skip=sessions)
         metrics.batches.inc()
         return out
+
+    def release_waiting(self) -> list[tuple[str, bytes | None, bytes]]:
+        """Apply what waits in sessions whose input has moved on (the timer's work)."""
+        out: list[tuple[str, bytes | None, bytes]] = []
+        if self.waiting:
+            self._release_waiting(int(time.time() * 1000), {}, out, skip={})
+            _current_event.set(None)
+        return out
+
+    def _release_waiting(
+        self,
+        now_ms: int,
+        watermarks: dict[int, int | None],
+        out: list[tuple[str, bytes | None, bytes]],
+        skip: dict[bytes, Any],
+    ) -> None:
+        for key, partition in list(self.waiting.items()):
+            if key in skip:
+                continue
+            source = Source(self.settings.topic_tool_calls, partition, key=key)
+            _as_current_event(_PartitionOnly(self.settings.topic_tool_calls, partition))
+            fold = self._fold(key)
+            if fold.release(now_ms, self._watermark(partition, watermarks), source):
+                self._settle(key, fold, partition, out)
+
+    def _watermark(self, partition: int, known: dict[int, int | None]) -> int | None:
+        if partition not in known:
+            # After the whole batch is counted: a missing event later in this batch
+            # is not late (and the seq sort applies it first anyway).
+            known[partition] = self.progress.watermark(
+                partition, self._highwater, self._committed, self._answered_at
+            )
+        return known[partition]
+
+    def _fold(self, key: bytes) -> SessionFold:
+        raw = self.table.get(key)
+        state = self._load(key, raw)
+        # An unreadable state was logged and starts afresh: nothing to go back to.
+        return SessionFold(self.engine, key, self.limits, raw if state else None, state)
+
+    def _settle(
+        self,
+        key: bytes,
+        fold: SessionFold,
+        partition: int,
+        out: list[tuple[str, bytes | None, bytes]],
+    ) -> None:
+        """Write the session's state back and queue the messages of what it includes."""
+        before = fold.base
+        data, messages = fold.checkpoint()
+        if fold.shed:
+            self.metrics.shed.inc(fold.shed)
+        for message in messages:
+            self._emit(message, out)
+        for notice in fold.notices:
+            self._log_notice(notice)
+        state = fold.state
+        if data is None or state is None:
+            return
+        if data != before:
+            self.table[key] = data  # Faust persists (changelog) only on assignment
+            self.key_partition[key] = partition
+        self._remember(key, data, state)
+        if state.pending:
+            self.waiting[key] = partition
+        else:
+            self.waiting.pop(key, None)
 
     def _highwater(self, topic: str, partition: int) -> int | None:
         """End offset of an input partition as of the consumer's last fetch (None: unknown)."""
@@ -320,13 +410,6 @@ class Judge:
         committed = getattr(self.app.consumer, "_committed_offset", None)
         return None if committed is None else committed.get(TP(topic, partition))
 
-    def _store(self, key: bytes, raw: bytes | None, state: SessionState, partition: int) -> None:
-        new = state.to_bytes()
-        if new != raw:
-            self.table[key] = new  # Faust persists (changelog) only on assignment
-            self.key_partition[key] = partition
-        self._remember(key, new, state)
-
     def _load(self, key: bytes, raw: bytes | None) -> SessionState | None:
         """The session's state: reuse the decoded one when the table still holds our bytes.
 
@@ -352,51 +435,27 @@ class Judge:
         if len(decoded) > STATE_CACHE_SIZE:
             del decoded[next(iter(decoded))]
 
-    def _route(
-        self, output: Any, key: bytes, fevent: EventT, out: list[tuple[str, bytes | None, bytes]]
-    ) -> None:
-        settings, metrics = self.settings, self.metrics
-        if isinstance(output, Verdict):
-            metrics.verdicts.labels(output.action, output.detector or "none").inc()
-            out.append((settings.topic_verdicts, key, output.to_json()))
-        elif isinstance(output, LoopEvent):
-            metrics.loop_events.labels(output.detector).inc()
-            out.append((settings.topic_loop_events, key, output.to_json()))
-        elif isinstance(output, Rejection):
-            out.append(self._dead_letter(fevent.message, output.code, output.reason))
-        elif isinstance(output, Notice):
-            log.log(
-                logging.getLevelName(output.level.upper()),
-                "%s (session %r, run %r)",
-                output.message,
-                output.session_key[:80],
-                (output.run_id or "")[:80],
-            )
+    def _emit(self, message: Outgoing, out: list[tuple[str, bytes | None, bytes]]) -> None:
+        metrics = self.metrics
+        if message.kind == "verdict":
+            metrics.verdicts.labels(message.detail, message.detector or "none").inc()
+        elif message.kind == "loop_event":
+            metrics.loop_events.labels(message.detail).inc()
+        else:
+            metrics.dead_letters.labels(message.detail).inc()
+            log.warning("dead letter %s: %s", message.detail, message.value[:300].decode(
+                "utf-8", "replace"))
+        out.append((self.topic_of[message.kind], message.key, message.value))
 
-    def _dead_letter(self, message: Any, code: str, reason: str) -> tuple[str, bytes | None, bytes]:
-        self.metrics.dead_letters.labels(code).inc()
-        raw: bytes = message.value or b""
-        limit = self.settings.dead_letter_original_bytes
-        letter = DeadLetter(
-            error_code=code,  # type: ignore[arg-type]
-            reason=reason,
-            source_topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            key=message.key.decode("utf-8", "replace") if message.key else None,
-            original=raw[:limit].decode("utf-8", "replace"),
-            original_size=len(raw),
-            original_truncated=len(raw) > limit,
+    @staticmethod
+    def _log_notice(notice: Notice) -> None:
+        log.log(
+            logging.getLevelName(notice.level.upper()),
+            "%s (session %r, run %r)",
+            notice.message,
+            notice.session_key[:80],
+            (notice.run_id or "")[:80],
         )
-        log.warning(
-            "dead letter %s from %s[%s]@%s: %s",
-            code,
-            message.topic,
-            message.partition,
-            message.offset,
-            reason[:200],
-        )
-        return (self.settings.topic_dead_letters, message.key, letter.model_dump_json().encode())
 
     # -- idle expiry ------------------------------------------------------------------
 
@@ -445,6 +504,7 @@ class Judge:
             del table[key]
             del self.key_partition[key]
             self.decoded.pop(key, None)
+            self.waiting.pop(key, None)
             expired += 1
         _current_event.set(None)
         if expired:
@@ -518,6 +578,15 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         web_host=settings.web_host,
         web_port=settings.web_port,
         web_in_thread=False,
+        # Only what operators need (/metrics, /ready, /livez): Faust's table view
+        # would serve session state, its router view the cluster layout.
+        web=operators_only_web(),
+        web_tables_enabled=False,
+        web_router_enabled=False,
+        web_stats_enabled=False,
+        web_graph_enabled=False,
+        web_metrics_enabled=False,
+        producer_max_request_size=settings.producer_max_request_size,
         key_serializer="raw",
         value_serializer="raw",
     )
@@ -530,6 +599,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     engine = Engine(
         config,
         max_parked=settings.max_parked_events,
+        max_parked_bytes=settings.max_parked_bytes,
         gap_timeout_ms=int(settings.sequence_gap_timeout_seconds * 1000),
     )
     metrics = Metrics()
@@ -543,15 +613,31 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     producer_send = None
     health: dict[str, Any] = {"broker_ok": False, "broker_checked": 0.0, "topics_missing": []}
 
+    async def publish(messages: list[tuple[str, bytes | None, bytes]]) -> None:
+        """Hand messages to the producer; a broker problem is retried, never skipped.
+
+        Outputs were checked against the producer's request size, so what fails
+        here is the broker (or the network), not the input: giving up would let the
+        batch be acknowledged without its verdicts.
+        """
+        nonlocal producer_send
+        if producer_send is None:
+            producer_send = app.producer.send
+        for topic, key, value in messages:
+            delay = 0.1
+            while True:
+                try:
+                    await producer_send(topic, key, value, None, None, None)
+                    break
+                except (KafkaError, OSError) as exc:
+                    log.warning("cannot hand a message to the producer (%r); retrying", exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+
     @app.agent(inputs, name="judge")
     async def judge_events(stream: faust.Stream) -> None:
-        nonlocal producer_send
         async for batch in stream.take_events(settings.batch_max, within=settings.batch_within):
-            messages = judge.judge(batch)
-            if producer_send is None:
-                producer_send = app.producer.send
-            for topic, key, value in messages:
-                await producer_send(topic, key, value, None, None, None)
+            await publish(judge.judge(batch))
             # At-least-once. take_events acks this batch's offsets only after this
             # body returns, and Faust commits only acked offsets; its commit path
             # (Consumer._commit_offsets) awaits producer.flush() - every message
@@ -566,6 +652,13 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
             # acknowledgement here instead would cost a round trip per batch and
             # stall the take buffer meanwhile (4x lower throughput measured).
             await _drain_table_writes(app)
+
+    @app.timer(0.25, name="release_waiting_sessions")
+    async def release_waiting_sessions() -> None:
+        # A restarted gateway's first call waits until the input moved on, and the
+        # gateway sends nothing else until it has the verdict: no batch would come.
+        if judge.waiting and not (app.rebalancing or app.in_recovery):
+            await publish(judge.release_waiting())
 
     @app.timer(settings.idle_scan_interval_seconds, name="expire_idle_sessions")
     async def expire_idle_sessions() -> None:
@@ -607,6 +700,11 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
         return web.bytes(metrics.render(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    @app.page("/livez")
+    async def livez_page(web: Any, request: Any) -> Any:
+        # The event loop answers: the process is alive (readiness is /ready).
+        return web.bytes(b'{"live":true}', content_type="application/json")
 
     @app.page("/ready")
     async def ready_page(web: Any, request: Any) -> Any:

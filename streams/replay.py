@@ -14,24 +14,17 @@ from typing import IO
 
 from schemas.config import DetectionConfigFile
 from schemas.decode import DEFAULT_MAX_EVENT_BYTES, EventRejected, decode_event
-from schemas.events import DeadLetter
-from streams.engine import Engine, Notice, Rejection, SessionState
+from streams.engine import Engine
+from streams.processor import Limits, SessionFold, Source, dead_letter
 
 log = logging.getLogger("loopfuse.replay")
 
 ORIGINAL_LIMIT = 4096
 
 
-def dead_letter_for_line(line_no: int, raw: bytes, code: str, reason: str) -> DeadLetter:
-    text = raw[:ORIGINAL_LIMIT].decode("utf-8", "replace")
-    return DeadLetter(
-        error_code=code,  # type: ignore[arg-type]
-        reason=reason,
-        line=line_no,
-        original=text,
-        original_size=len(raw),
-        original_truncated=len(raw) > ORIGINAL_LIMIT,
-    )
+#: A replayed session's state is checkpointed (encoded) every this many steps, so an
+#: event that fails can be undone without keeping a copy of the state per event.
+CHECKPOINT_EVERY = 8
 
 
 def replay_lines(
@@ -39,37 +32,42 @@ def replay_lines(
     engine: Engine,
     *,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    limits: Limits | None = None,
 ) -> Iterator[bytes]:
-    """Yield one JSON document (bytes, no newline) per output, in input order."""
-    states: dict[str, SessionState] = {}
+    """Yield one JSON document (bytes, no newline) per output, in input order.
+
+    Every line gets its outputs or a dead letter; a bad line changes nothing else
+    (the same poison isolation as the worker's, see streams.processor).
+    """
+    limits = limits or Limits(dead_letter_original_bytes=ORIGINAL_LIMIT)
+    folds: dict[str, SessionFold] = {}
     for line_no, line in enumerate(lines, start=1):
         raw = line.rstrip(b"\r\n")
         if not raw.strip():
             continue  # blank lines separate nothing in JSONL; skipping them loses nothing
+        source = Source(line=line_no, value=raw)
         try:
-            event = decode_event(raw, max_bytes=max_event_bytes)
-        except EventRejected as exc:
-            yield (
-                dead_letter_for_line(line_no, raw, exc.code, exc.reason)
-                .model_dump_json(exclude_none=True)
-                .encode()
+            event = decode_event(
+                raw, max_bytes=max_event_bytes, max_identifier_bytes=limits.max_identifier_bytes
             )
+        except EventRejected as exc:
+            yield dead_letter(source, exc.code, exc.reason, limits).value
             continue
         key = event.key
-        states[key], outputs = engine.step(states.get(key), event, event.ts)
-        for output in outputs:
-            if isinstance(output, Notice):
-                log.info(
-                    "%s (session %s, run %s)", output.message, output.session_key, output.run_id
-                )
-            elif isinstance(output, Rejection):
-                yield (
-                    dead_letter_for_line(line_no, raw, output.code, output.reason)
-                    .model_dump_json(exclude_none=True)
-                    .encode()
-                )
-            else:
-                yield output.to_json()
+        fold = folds.get(key)
+        if fold is None:
+            fold = folds[key] = SessionFold(
+                engine, key.encode("utf-8", "surrogatepass"), limits, None, None
+            )
+        for message in fold.apply(event, source, event.ts, None):
+            yield message.value
+        for notice in fold.notices:
+            log.info("%s (session %s, run %s)", notice.message, notice.session_key, notice.run_id)
+        fold.notices.clear()
+        if len(fold.steps) >= CHECKPOINT_EVERY:
+            fold.checkpoint()  # its messages were written as each event was judged
+            for letter in fold.isolated:  # an event that broke the state: said late
+                yield letter.value
 
 
 def _progress_lines(stream: IO[bytes], total: int | None) -> Iterator[bytes]:

@@ -70,6 +70,29 @@ class Settings(BaseSettings):
         default=128, ge=1, description="early events per session before a seq gap is skipped"
     )
     dead_letter_original_bytes: int = Field(default=65_536, ge=0)
+    max_identifier_bytes: int = Field(
+        default=512,
+        ge=64,
+        le=65_536,
+        description="longest identifier or token in an event (UTF-8 bytes): session_key, "
+        "run_id, agent_id, incarnation, call_id, tool_name, event_id, hashes",
+    )
+    max_session_state_bytes: int = Field(
+        default=65_536,
+        ge=16_384,
+        le=900_000,
+        description="one session's serialised state at most (oldest evidence is shed)",
+    )
+    max_parked_bytes: int = Field(
+        default=16_384,
+        ge=1_024,
+        description="events per session waiting on a seq gap or a gateway restart, in bytes",
+    )
+    producer_max_request_size: int = Field(
+        default=1_000_000,
+        ge=65_536,
+        description="largest message the worker produces; larger outputs are dead-lettered",
+    )
 
     # -- consumer group and processing -------------------------------------------------
     broker_session_timeout: float = Field(default=30.0, gt=0)
@@ -94,6 +117,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
+        if self.max_session_state_bytes + 4_096 > self.producer_max_request_size:
+            raise ValueError(
+                "max_session_state_bytes must leave room within producer_max_request_size"
+            )
         if self.broker_heartbeat_interval >= self.broker_session_timeout:
             raise ValueError(
                 "broker_heartbeat_interval must be shorter than broker_session_timeout"

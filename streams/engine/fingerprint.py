@@ -16,6 +16,9 @@ from xxhash import xxh3_64_intdigest, xxh3_128_hexdigest
 from streams.engine.canonical import canonical_json
 
 ERROR_PREFIX = "error:"
+#: An unknown-tool name taken from error text is cut to this many characters (an
+#: ``unknown_tool`` field is bounded at decode like every identifier).
+MAX_TOOL_NAME_CHARS = 512
 
 _UNKNOWN_TOOL = re.compile(r"unknown tool[:\s]+[\"']?([a-z0-9_.-]+)[\"']?", re.IGNORECASE)
 _TOOL_NOT_FOUND = re.compile(
@@ -116,7 +119,8 @@ def unknown_tool_name(error_text: str) -> str | None:
     match = _UNKNOWN_TOOL.search(raw) or _TOOL_NOT_FOUND.search(raw)
     if match is None:
         return None
-    name = match.group(1).strip()
+    # Bounded like every identifier: the name is kept in state and quoted in messages.
+    name = match.group(1).strip()[:MAX_TOOL_NAME_CHARS]
     return name.lower() if name else None
 
 

@@ -26,6 +26,7 @@ class Verdict:
     agent_id: str | None
     call_id: str | None
     seq: int | None
+    incarnation: str | None = None
     tool_name: str | None
     action: Action
     level: Level
@@ -50,6 +51,7 @@ class LoopEvent:
     agent_id: str | None
     call_id: str | None
     seq: int | None
+    incarnation: str | None = None
     tool_name: str | None
     action: Action
     level: Level
@@ -61,6 +63,7 @@ class LoopEvent:
     warning_key: str | None
     config: dict[str, Any]
     enforced: bool
+    args: Any = None
     event_ts: int
     decided_ts: int
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
 
+from xxhash import xxh3_64_intdigest
+
 from schemas.events import (
     Action,
     Compaction,
@@ -24,13 +26,35 @@ from schemas.events import (
     input_event_adapter,
 )
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Version 1 had no ``last_event_ms``: read as 0 (unknown), so idle expiry falls back
-# to the worker's clock alone for states written before the upgrade.
-_READABLE_VERSIONS = (1, 2)
+# to the worker's clock alone for states written before the upgrade. Version 2 kept
+# every guard's results and the run ids of warnings and guards as text; version 3
+# keeps what decides an abort and run hashes, plus the incarnation bookkeeping.
+_READABLE_VERSIONS = (1, 2, 3)
 MAX_WARNING_KEYS = 256
 MAX_SEEN_EVENT_IDS = 32
 MAX_DECISIONS = 8  # verdicts other than allow, per session
+MAX_GUARDS = 32  # armed post-compaction guards (one per run), oldest dropped first
+MAX_RETIRED_INCARNATIONS = 8  # closed seq spaces remembered to recognise their redeliveries
+
+
+class StateTooLarge(ValueError):
+    """A session's state does not fit its byte cap even with everything sheddable gone."""
+
+
+def run_key(run: str | None) -> int:
+    """A run id (already scoped) as a non-zero 64-bit int; 0 for no run id."""
+    if run is None:
+        return 0
+    return xxh3_64_intdigest(run.encode("utf-8", "surrogatepass")) | 1
+
+
+def incarnation_key(incarnation: str | None) -> int:
+    """A gateway incarnation as a non-zero 64-bit int; 0 for events without one (v1)."""
+    if incarnation is None:
+        return 0
+    return xxh3_64_intdigest(incarnation.encode("utf-8", "surrogatepass")) | 1
 
 InputEventT = ToolCall | ToolResult | Compaction | RunEnded
 
@@ -61,11 +85,19 @@ class Record:
 
 @dataclass(slots=True)
 class Guard:
-    """The post-compaction guard of one run (spec section 7)."""
+    """The post-compaction guard of one run (spec section 7).
+
+    It aborts when some (tool, sig, result) triple occurs ``window`` times among the
+    first ``window`` results after arming, i.e. when all of them are the same triple.
+    So the first triple and whether every later one equalled it decide everything;
+    keeping every result (as the spec describes it) would let one session's state
+    grow with the configured window.
+    """
 
     window: int
     remaining: int
-    seen: list[tuple[str, int, int]] = field(default_factory=list)  # (tool, sig, result)
+    first: tuple[str, int, int] | None = None  # (tool, sig, result) of the first result
+    broken: bool = False  # a later result differed from the first: it can no longer trip
 
 
 @dataclass(slots=True)
@@ -96,11 +128,13 @@ DETECTORS: tuple[Detector | None, ...] = (
 @dataclass(slots=True)
 class SessionState:
     history: list[Record] = field(default_factory=list)
-    guards: dict[str | None, Guard] = field(default_factory=dict)
-    # warning key hash -> (run, last published bucket); insertion order = age
-    warnings: dict[int, tuple[str | None, int]] = field(default_factory=dict)
+    # run_key(run) -> its guard; insertion order = age (at most MAX_GUARDS)
+    guards: dict[int, Guard] = field(default_factory=dict)
+    # warning key hash -> (run_key(run), last published bucket); insertion order = age
+    warnings: dict[int, tuple[int, int]] = field(default_factory=dict)
     next_seq: int | None = None
-    # seq -> early event, applied once the gap before it fills
+    # seq -> early event, applied once the gap before it fills. Kept as fingerprints
+    # (raw args and results replaced by their tokens): nothing raw is at rest.
     parked: dict[int, InputEventT] = field(default_factory=dict)
     # seq ranges (first, last) given up on: an event of one that still arrives is
     # applied late rather than dropped as a duplicate
@@ -116,6 +150,17 @@ class SessionState:
     # clock: idle expiry measures a session's silence in event time too, so a worker
     # that reads one input late does not take a live session for an idle one.
     last_event_ms: int = 0
+    # The seq space events are applied in: incarnation_key of the gateway's
+    # incarnation (0: events without one). A gateway that restarts counts seq from 0
+    # again under a new incarnation; see Engine.step.
+    incarnation: int = 0
+    # Closed seq spaces, oldest first: (incarnation key, next seq), so that their
+    # redelivered events are recognised as duplicates.
+    retired: list[tuple[int, int]] = field(default_factory=list)
+    # Events of seq spaces not opened yet (a restarted gateway's first events, waiting
+    # until the input can hold nothing more of the current one), in arrival order,
+    # as fingerprints like ``parked``.
+    pending: list[InputEventT] = field(default_factory=list)
     # Derived, never serialised: the run ids present in the history (None = recompute).
     _runs: set[str | None] | None = field(default=None, repr=False, compare=False)
     # Derived, never serialised: how many records of the history carry each signature.
@@ -165,6 +210,50 @@ class SessionState:
             if not same_runs:
                 self._runs = None  # a run may have left the history: recompute lazily
 
+    def forget_derived(self) -> None:
+        """Drop the derived caches after the history was changed other than by append."""
+        self._runs = None
+        self._sig_counts = None
+
+    def fit(self, cap: int) -> bytes:
+        """The state's bytes, shedding the oldest evidence until they fit in ``cap``.
+
+        Identifiers are bounded at decode and every collection is capped, so with
+        the default config a state fits in the default cap whatever the input; a
+        large ``historySize`` or many long ids can still exceed it. Then the oldest
+        history records go first (they would be trimmed next anyway), then warning
+        buckets, guards, remembered verdicts and incarnations. Events waiting on a
+        gap are never shed (they are input not yet applied): their bytes are capped
+        by the engine. Raises StateTooLarge when nothing is left to shed.
+        """
+        data = self.to_bytes()
+        while len(data) > cap:
+            if len(self.history) > 1:
+                del self.history[: max(1, len(self.history) // 4)]
+                self.forget_derived()
+            elif self.warnings:
+                for key in list(self.warnings)[: max(1, len(self.warnings) // 2)]:
+                    del self.warnings[key]
+            elif self.guards:
+                for run in list(self.guards)[: max(1, len(self.guards) // 2)]:
+                    del self.guards[run]
+            elif self.decisions:
+                self.decisions.clear()
+                # no verdict is vouched for any more: none is re-sent for a redelivery
+                self.verdict_floor = max(self.verdict_floor, self.next_seq or 0)
+            elif self.retired or self.history or self.seen_ids:
+                self.retired.clear()
+                self.history.clear()
+                self.seen_ids.clear()
+                self.forget_derived()
+            else:
+                raise StateTooLarge(
+                    f"session state is {len(data)} bytes with nothing left to shed "
+                    f"(the cap is {cap})"
+                )
+            data = self.to_bytes()
+        return data
+
     # -- serialisation -------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
@@ -184,18 +273,21 @@ class SessionState:
         _encode_history(body, self.history, strings, ref, self.touched_ms)
         _uvarint(body, len(self.guards))
         for run, guard in self.guards.items():
-            _uvarint(body, ref(run))
+            body += _U64.pack(run)
             _uvarint(body, guard.window)
-            _uvarint(body, guard.remaining)
-            _uvarint(body, len(guard.seen))
-            for tool, sig, result in guard.seen:
+            _uvarint(body, max(guard.remaining, 0))
+            if guard.first is None:
+                body.append(0)
+            else:
+                body.append(2 if guard.broken else 1)
+                tool, sig, result = guard.first
                 _uvarint(body, ref(tool))
                 body += _U64.pack(sig)
                 body += _U64.pack(result)
         _uvarint(body, len(self.warnings))
         for key, (run, bucket) in self.warnings.items():
             body += _U64.pack(key)
-            _uvarint(body, ref(run))
+            body += _U64.pack(run)
             _uvarint(body, bucket)
         _uvarint(body, len(self.seen_ids))
         for event_hash in self.seen_ids:
@@ -212,6 +304,16 @@ class SessionState:
         for first, last in self.skipped:
             _uvarint(body, first)
             _uvarint(body, last - first)
+        body += _U64.pack(self.incarnation)
+        _uvarint(body, len(self.retired))
+        for incarnation, next_seq in self.retired:
+            body += _U64.pack(incarnation)
+            _uvarint(body, next_seq)
+        _uvarint(body, len(self.pending))
+        for event in self.pending:
+            payload = event.model_dump_json(exclude_unset=True).encode()
+            _uvarint(body, len(payload))
+            body += payload
 
         head = bytearray((FORMAT_VERSION,))
         head += _I64.pack(self.touched_ms)
@@ -246,27 +348,52 @@ class SessionState:
         raw_seq, pos = _read_uvarint(data, pos)
         state.next_seq = None if raw_seq == 0 else raw_seq - 1
         pos = _decode_history(data, pos, strings, state.history, touched_ms)
+        version = data[0]
         count, pos = _read_uvarint(data, pos)
         for _ in range(count):
-            index, pos = _read_uvarint(data, pos)
-            run = strings[index]
-            window, pos = _read_uvarint(data, pos)
-            remaining, pos = _read_uvarint(data, pos)
-            seen_count, pos = _read_uvarint(data, pos)
-            guard = Guard(window, remaining)
-            for _ in range(seen_count):
+            if version >= 3:
+                run = _U64.unpack_from(data, pos)[0]
+                pos += 8
+                window, pos = _read_uvarint(data, pos)
+                remaining, pos = _read_uvarint(data, pos)
+                guard = Guard(window, remaining)
+                flag = data[pos]
+                pos += 1
+                if flag:
+                    index, pos = _read_uvarint(data, pos)
+                    sig, result = struct.unpack_from("<QQ", data, pos)
+                    pos += 16
+                    guard.first = (strings[index] or "", sig, result)
+                    guard.broken = flag == 2
+            else:  # versions 1-2: the run as text and every result fed to the guard
                 index, pos = _read_uvarint(data, pos)
-                sig, result = struct.unpack_from("<QQ", data, pos)
-                pos += 16
-                guard.seen.append((strings[index] or "", sig, result))
+                run = run_key(strings[index])
+                window, pos = _read_uvarint(data, pos)
+                remaining, pos = _read_uvarint(data, pos)
+                seen_count, pos = _read_uvarint(data, pos)
+                guard = Guard(window, remaining)
+                for _ in range(seen_count):
+                    index, pos = _read_uvarint(data, pos)
+                    sig, result = struct.unpack_from("<QQ", data, pos)
+                    pos += 16
+                    triple = (strings[index] or "", sig, result)
+                    if guard.first is None:
+                        guard.first = triple
+                    elif triple != guard.first:
+                        guard.broken = True
             state.guards[run] = guard
         count, pos = _read_uvarint(data, pos)
         for _ in range(count):
             key = _U64.unpack_from(data, pos)[0]
             pos += 8
-            index, pos = _read_uvarint(data, pos)
+            if version >= 3:
+                owner = _U64.unpack_from(data, pos)[0]
+                pos += 8
+            else:
+                index, pos = _read_uvarint(data, pos)
+                owner = run_key(strings[index])
             bucket, pos = _read_uvarint(data, pos)
-            state.warnings[key] = (strings[index], bucket)
+            state.warnings[key] = (owner, bucket)
         count, pos = _read_uvarint(data, pos)
         for _ in range(count):
             state.seen_ids.append(_U64.unpack_from(data, pos)[0])
@@ -284,6 +411,21 @@ class SessionState:
             first, pos = _read_uvarint(data, pos)
             span, pos = _read_uvarint(data, pos)
             state.skipped.append((first, first + span))
+        if version >= 3:
+            state.incarnation = _U64.unpack_from(data, pos)[0]
+            pos += 8
+            count, pos = _read_uvarint(data, pos)
+            for _ in range(count):
+                incarnation = _U64.unpack_from(data, pos)[0]
+                next_seq, pos = _read_uvarint(data, pos + 8)
+                state.retired.append((incarnation, next_seq))
+            count, pos = _read_uvarint(data, pos)
+            for _ in range(count):
+                length, pos = _read_uvarint(data, pos)
+                state.pending.append(
+                    input_event_adapter.validate_json(bytes(view[pos : pos + length]))
+                )
+                pos += length
         if pos != len(data):
             raise ValueError(f"session state has {len(data) - pos} trailing bytes")
         return state

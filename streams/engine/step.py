@@ -11,7 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from schemas.config import DetectionConfigFile
+from schemas.decode import utf8_size
 from schemas.events import (
     Action,
     Compaction,
@@ -39,6 +42,8 @@ from streams.engine.state import (
     ACTIONS,
     DETECTORS,
     MAX_DECISIONS,
+    MAX_GUARDS,
+    MAX_RETIRED_INCARNATIONS,
     MAX_SEEN_EVENT_IDS,
     MAX_WARNING_KEYS,
     Decision,
@@ -46,12 +51,20 @@ from streams.engine.state import (
     InputEventT,
     Record,
     SessionState,
+    incarnation_key,
+    run_key,
 )
 
 WARNING_BUCKET_SIZE = 10
 DEFAULT_MAX_PARKED = 128
+DEFAULT_MAX_PARKED_BYTES = 16_384
 DEFAULT_GAP_TIMEOUT_MS = 30_000
 MAX_SKIPPED_RANGES = 64
+#: Raw args larger than this (as JSON) are left out of loop events even when
+#: ``includePayloadsInLoopEvents`` is on: a loop event must stay a small message.
+MAX_LOOP_EVENT_ARGS_BYTES = 65_536
+#: Resolved configs rendered into loop events, kept by value (bounded).
+_CONFIG_DICT_CACHE = 1_024
 
 _LEVEL_OF_ACTION: dict[Action, Level] = {
     "allow": "none",
@@ -93,10 +106,19 @@ def run_scope(run_id: str | None) -> str | None:
     return trimmed or None
 
 
-def verdict_id(session: str, run: str | None, call_id: str | None, action: str) -> str:
-    return digest(
-        f"{session}\x1f{run or ''}\x1f{call_id or ''}\x1f{action}".encode("utf-8", "surrogatepass")
-    )
+def verdict_id(
+    session: str,
+    run: str | None,
+    call_id: str | None,
+    action: str,
+    incarnation: str | None = None,
+) -> str:
+    """Deterministic per (session, run, call id, action), and per gateway incarnation when
+    the call carries one: a restarted gateway that reuses call ids gets new verdict ids."""
+    text = f"{session}\x1f{run or ''}\x1f{call_id or ''}\x1f{action}"
+    if incarnation is not None:
+        text += f"\x1f{incarnation}"
+    return digest(text.encode("utf-8", "surrogatepass"))
 
 
 class Engine:
@@ -107,12 +129,15 @@ class Engine:
         config: DetectionConfigFile | None = None,
         *,
         max_parked: int = DEFAULT_MAX_PARKED,
+        max_parked_bytes: int = DEFAULT_MAX_PARKED_BYTES,
         gap_timeout_ms: int = DEFAULT_GAP_TIMEOUT_MS,
     ) -> None:
         self.resolver = ConfigResolver(config)
         self.max_parked = max_parked
+        self.max_parked_bytes = max_parked_bytes
         self.gap_timeout_ms = gap_timeout_ms
-        self._config_dicts: dict[int, dict[str, Any]] = {}
+        self.include_payloads = self.resolver.file.loopfuse.includePayloadsInLoopEvents
+        self._config_dicts: dict[ResolvedConfig, dict[str, Any]] = {}
 
     def resolve(self, agent_id: str | None) -> ResolvedConfig:
         return self.resolver.resolve(agent_id)
@@ -148,25 +173,163 @@ class Engine:
             self._apply(state, event, now_ms, outputs)
             return state, outputs
 
+        incarnation = incarnation_key(event.incarnation)
+        if incarnation != state.incarnation:
+            if state.next_seq is None and not state.parked:
+                state.incarnation = incarnation  # nothing numbered yet: the first seq space
+            else:
+                self._other_seq_space(state, event, incarnation, now_ms, watermark_ms, outputs)
+                return state, outputs
         expected = 0 if state.next_seq is None else state.next_seq
         if seq < expected:
             if _take_skipped(state.skipped, seq):
                 self._apply(state, event, now_ms, outputs)  # late, but not lost
             else:
                 self._redeliver(state, event, now_ms, outputs)
-            return state, outputs
-        if seq in state.parked:
-            return state, outputs  # the same early event again: already waiting
-        if seq > expected:
+        elif seq in state.parked:
+            pass  # the same early event again: already waiting
+        elif seq > expected:
             state.next_seq = expected
-            state.parked[seq] = event
+            state.parked[seq] = self._at_rest(event)
             _touch(state, event, now_ms)  # a session waiting on a gap is not idle
             self._release_gaps(state, now_ms, watermark_ms, outputs)
-            return state, outputs
-        self._apply(state, event, now_ms, outputs)
-        state.next_seq = seq + 1
-        self._drain(state, now_ms, outputs)
+        else:
+            self._apply(state, event, now_ms, outputs)
+            state.next_seq = seq + 1
+            self._drain(state, now_ms, outputs)
+        if state.pending:
+            self._open_pending(state, now_ms, watermark_ms, outputs)
         return state, outputs
+
+    def release(
+        self, state: SessionState, now_ms: int, watermark_ms: int | None
+    ) -> list[Output]:
+        """Apply what waits in ``state`` and may go now that the input moved on.
+
+        A restarted gateway's first events wait until every input has been read past
+        them (see :meth:`_open_pending`), and the next event of the session may never
+        come: the gateway is waiting for the verdict. The stream adapter calls this
+        for sessions with waiting events whenever its watermark may have moved.
+        """
+        outputs: list[Output] = []
+        if state.pending:
+            self._open_pending(state, now_ms, watermark_ms, outputs)
+        if state.parked:
+            self._release_gaps(state, now_ms, watermark_ms, outputs)
+        return outputs
+
+    # -- seq spaces (gateway incarnations) --------------------------------------------
+
+    def _other_seq_space(
+        self,
+        state: SessionState,
+        event: InputEventT,
+        incarnation: int,
+        now_ms: int,
+        watermark_ms: int | None,
+        outputs: list[Output],
+    ) -> None:
+        """An event numbered in another seq space than the current one.
+
+        A gateway counts ``seq`` from 0 in each incarnation (each start). An event of
+        a closed incarnation is a redelivery, or a straggler read late: applied once.
+        An event of an unknown incarnation means the gateway restarted: the session
+        goes on (history, guards, warnings) in a new seq space, which opens once the
+        current one can have nothing more in flight (:meth:`_open_pending`), so a
+        worker reading the topics unevenly still applies the old incarnation's last
+        events first, as an uninterrupted gateway would have had them applied.
+        """
+        seq = event.seq
+        assert seq is not None
+        for index, (closed, next_seq) in enumerate(state.retired):
+            if closed == incarnation:
+                if seq < next_seq:
+                    self._redeliver(state, event, now_ms, outputs, vouch_allow=False)
+                else:
+                    state.retired[index] = (closed, seq + 1)
+                    self._apply(state, event, now_ms, outputs)
+                return
+        for waiting in state.pending:
+            if waiting.seq == seq and incarnation_key(waiting.incarnation) == incarnation:
+                return  # the same early event again
+        state.pending.append(self._at_rest(event))
+        _touch(state, event, now_ms)
+        self._open_pending(state, now_ms, watermark_ms, outputs)
+
+    def _open_pending(
+        self, state: SessionState, now_ms: int, watermark_ms: int | None, outputs: list[Output]
+    ) -> None:
+        """Open the waiting incarnations' seq spaces, oldest first, when their time has come.
+
+        The current seq space is closed once the input has been read, on every topic
+        the session's events come from, up to the new incarnation's first event time
+        (``watermark_ms`` None: nothing is left to read anywhere), or once too much
+        waits. Then whatever of it still waits behind a gap is applied (the gap given
+        up), and the new seq space starts at seq 0.
+        """
+        while state.pending:
+            incarnation = incarnation_key(state.pending[0].incarnation)
+            opening = [e for e in state.pending if incarnation_key(e.incarnation) == incarnation]
+            started = min(min(e.ts for e in opening), now_ms)
+            crowded = (
+                len(state.parked) + len(state.pending) >= self.max_parked
+                or _waiting_bytes(state) > self.max_parked_bytes
+            )
+            if watermark_ms is not None and min(watermark_ms, now_ms) < started and not crowded:
+                return
+            while state.parked:
+                self._give_up_gap(state, now_ms, outputs)
+            state.retired.append((state.incarnation, state.next_seq or 0))
+            del state.retired[:-MAX_RETIRED_INCARNATIONS]
+            for decision in state.decisions:
+                decision.seq = -1  # seqs of a closed space say nothing about the new one
+            state.incarnation = incarnation
+            state.next_seq = 0
+            state.skipped.clear()
+            state.verdict_floor = 0
+            state.pending = [e for e in state.pending if e not in opening]
+            for event in opening:
+                if event.seq is not None:
+                    state.parked[event.seq] = event
+            self._drain(state, now_ms, outputs)
+            if state.parked:
+                self._release_gaps(state, now_ms, watermark_ms, outputs)
+
+    def _at_rest(self, event: InputEventT) -> InputEventT:
+        """The event as the engine keeps it while it waits: raw args and results replaced
+        by their tokens (nothing raw at rest), with everything applying it needs."""
+        if isinstance(event, ToolCall):
+            if event.args_hash is not None:
+                return event
+            data = event.model_dump(exclude_unset=True, exclude={"args"})
+            data["args_hash"] = args_hash(event.args)
+            action = action_of(event.args, event.args_action)
+            if action is not None:
+                data["args_action"] = action
+            else:
+                data.pop("args_action", None)
+            return ToolCall.model_validate(data)
+        if isinstance(event, ToolResult):
+            data = event.model_dump(
+                exclude_unset=True, exclude={"args", "result", "error", "unknown_tool"}
+            )
+            if event.has_args:
+                data["args_hash"] = self._args_token(event)
+                action = action_of(event.args, event.args_action)
+                if action is not None:
+                    data["args_action"] = action
+            token, unknown = self._result_token(event)
+            if token is None:
+                data["result"] = None
+                data.pop("result_hash", None)
+            else:
+                data["result_hash"] = token
+            if unknown is not None:
+                data["unknown_tool"] = unknown
+            return ToolResult.model_validate(data)
+        if isinstance(event, Compaction) and event.reason is not None:
+            return event.model_copy(update={"reason": None})
+        return event
 
     def _drain(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
         while state.next_seq is not None and state.next_seq in state.parked:
@@ -193,42 +356,57 @@ class Engine:
         """
         while state.parked and (
             len(state.parked) >= self.max_parked
-            or _waited_event_time(state.parked.values(), watermark_ms) >= self.gap_timeout_ms
+            or _waiting_bytes(state) > self.max_parked_bytes
+            or _waited_event_time(state.parked.values(), watermark_ms, now_ms)
+            >= self.gap_timeout_ms
         ):
-            first_parked = min(state.parked)
-            expected = state.next_seq or 0
-            missing = first_parked - expected
-            trigger = state.parked[first_parked]
-            state.skipped.append((expected, first_parked - 1))
-            if len(state.skipped) > MAX_SKIPPED_RANGES:
-                del state.skipped[0]
-            outputs.append(
-                self._loop_event(
-                    trigger,
-                    self.resolve(trigger.agent_id),
-                    action="allow",
-                    level="warning",
-                    detector="sequence_gap",
-                    count=missing,
-                    message=(
-                        f"WARNING: gave up waiting for {missing} missing event(s) of this "
-                        f"session (seq {expected}..{first_parked - 1}); continuing without them."
-                    ),
-                    warning_key=None,
-                    call_id=None,
-                    tool_name=None,
-                    args_token=None,
-                    paired=None,
-                    now_ms=now_ms,
-                )
+            self._give_up_gap(state, now_ms, outputs)
+
+    def _give_up_gap(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
+        """Skip the first gap: say so in a loop event, apply what waited behind it."""
+        first_parked = min(state.parked)
+        expected = state.next_seq or 0
+        missing = first_parked - expected
+        trigger = state.parked[first_parked]
+        state.skipped.append((expected, first_parked - 1))
+        del state.skipped[:-MAX_SKIPPED_RANGES]
+        outputs.append(
+            self._loop_event(
+                trigger,
+                self.resolve(trigger.agent_id),
+                action="allow",
+                level="warning",
+                detector="sequence_gap",
+                count=missing,
+                message=(
+                    f"WARNING: gave up waiting for {missing} missing event(s) of this "
+                    f"session (seq {expected}..{first_parked - 1}); continuing without them."
+                ),
+                warning_key=None,
+                call_id=None,
+                tool_name=None,
+                args_token=None,
+                paired=None,
+                now_ms=now_ms,
             )
-            state.next_seq = first_parked
-            self._drain(state, now_ms, outputs)
+        )
+        state.next_seq = first_parked
+        self._drain(state, now_ms, outputs)
 
     def _redeliver(
-        self, state: SessionState, event: InputEventT, now_ms: int, outputs: list[Output]
+        self,
+        state: SessionState,
+        event: InputEventT,
+        now_ms: int,
+        outputs: list[Output],
+        *,
+        vouch_allow: bool = True,
     ) -> None:
-        """A duplicate changes nothing; a duplicate tool_call gets its verdict again."""
+        """A duplicate changes nothing; a duplicate tool_call gets its verdict again.
+
+        ``vouch_allow`` False: the call's seq space is closed (its gateway restarted),
+        so ``verdict_floor`` says nothing about it, and nobody waits for its verdict.
+        """
         if not isinstance(event, ToolCall):
             return
         event_hash = fold(event.event_id) & 0xFFFFFFFF
@@ -258,7 +436,7 @@ class Engine:
                     )
                 )
                 return
-        if event.seq is not None and event.seq >= state.verdict_floor:
+        if vouch_allow and event.seq is not None and event.seq >= state.verdict_floor:
             outputs.append(
                 self._verdict(
                     event, "allow", "none", None, 0, None, self._args_token(event), None, now_ms
@@ -283,6 +461,24 @@ class Engine:
     @staticmethod
     def _args_token(event: ToolCall | ToolResult) -> str:
         return event.args_hash if event.args_hash is not None else args_hash(event.args)
+
+    def _result_token(self, event: ToolResult) -> tuple[str | None, str | None]:
+        """(outcome token or None when nothing is recorded, unknown-tool name)."""
+        error = event.error_text
+        unknown = event.unknown_tool.lower() if event.unknown_tool else None
+        if error is not None:
+            unknown = unknown or unknown_tool_name(error)
+        if event.result_hash is not None:
+            return event.result_hash, unknown
+        token = result_token(
+            event.tool_name,
+            event.args,
+            result=event.result,
+            error=error,
+            args_action=event.args_action,
+            send_tools=self.resolver.send_tools,
+        )
+        return token, unknown
 
     def _on_tool_call(
         self, state: SessionState, event: ToolCall, now_ms: int, outputs: list[Output]
@@ -348,6 +544,7 @@ class Engine:
                     args_token=token,
                     paired=detection.paired_tool_name,
                     now_ms=now_ms,
+                    args=self._payload(event),
                 )
             )
 
@@ -358,21 +555,7 @@ class Engine:
         if not config.recording_on:
             return
         tool = event.tool_name
-        error = event.error_text
-        unknown = event.unknown_tool.lower() if event.unknown_tool else None
-        if error is not None:
-            unknown = unknown or unknown_tool_name(error)
-        if event.result_hash is not None:
-            token: str | None = event.result_hash
-        else:
-            token = result_token(
-                tool,
-                event.args,
-                result=event.result,
-                error=error,
-                args_action=event.args_action,
-                send_tools=self.resolver.send_tools,
-            )
+        token, unknown = self._result_token(event)
         if token is None:
             return  # no result at all, or the loop detector's own block: nothing recorded
         result = result_fingerprint(token)
@@ -410,15 +593,19 @@ class Engine:
         else:
             state.append(Record(tool, sig, run, 0, result, unknown, event.ts), config.history_size)
 
-        guard = state.guards.get(run)
+        guard_key = run_key(run)
+        guard = state.guards.get(guard_key)
         if guard is None:
             return
         guard.remaining -= 1
         triple = (tool, sig, result)
-        guard.seen.append(triple)
-        repeats = guard.seen.count(triple)
-        if repeats >= guard.window:
-            del state.guards[run]
+        if guard.first is None:
+            guard.first = triple
+        elif triple != guard.first:
+            guard.broken = True
+        repeats = guard.window - guard.remaining  # results fed, all equal unless broken
+        if not guard.broken and repeats >= guard.window:
+            del state.guards[guard_key]
             message = guard_message(tool, repeats, guard.window)
             enforce = self.resolver.enforce
             token = self._args_token(event) if event.has_args else None
@@ -454,7 +641,7 @@ class Engine:
                 )
             )
         elif guard.remaining <= 0:
-            del state.guards[run]
+            del state.guards[guard_key]
 
     def _on_compaction(self, state: SessionState, event: Compaction, outputs: list[Output]) -> None:
         config = self.resolve(event.agent_id)
@@ -462,14 +649,18 @@ class Engine:
             return  # the guard is on unless loop detection is explicitly disabled
         run = run_scope(event.run_id)
         window = config.guard_window_size
-        state.guards[run] = Guard(window, window)
+        guard_key = run_key(run)
+        state.guards.pop(guard_key, None)  # arming again resets, and makes it the newest
+        state.guards[guard_key] = Guard(window, window)
+        if len(state.guards) > MAX_GUARDS:
+            del state.guards[next(iter(state.guards))]
         outputs.append(
             Notice("info", f"post-compaction guard armed for {window} attempts", event.key, run)
         )
 
     @staticmethod
     def _on_run_ended(state: SessionState, event: RunEnded) -> None:
-        run = run_scope(event.run_id)
+        run = run_key(run_scope(event.run_id))
         state.guards.pop(run, None)
         for key in [key for key, (owner, _) in state.warnings.items() if owner == run]:
             del state.warnings[key]
@@ -490,12 +681,15 @@ class Engine:
     ) -> Verdict:
         session = event.key
         return Verdict(
-            verdict_id=verdict_id(session, event.run_id, event.call_id, action),
+            verdict_id=verdict_id(
+                session, event.run_id, event.call_id, action, event.incarnation
+            ),
             session_key=session,
             run_id=event.run_id,
             agent_id=event.agent_id,
             call_id=event.call_id,
             seq=event.seq,
+            incarnation=event.incarnation,
             tool_name=event.tool_name,
             action=action,
             level=level,
@@ -509,11 +703,15 @@ class Engine:
         )
 
     def _config_dict(self, config: ResolvedConfig) -> dict[str, Any]:
-        cached = self._config_dicts.get(id(config))
+        """The config as loop events show it; cached by value (resolved configs are
+        rebuilt once the resolver's cache is full, so an id() would not do)."""
+        cached = self._config_dicts.get(config)
         if cached is None:
             cached = config.as_dict()
             cached["enforce"] = self.resolver.enforce
-            self._config_dicts[id(config)] = cached
+            if len(self._config_dicts) >= _CONFIG_DICT_CACHE:
+                self._config_dicts.clear()
+            self._config_dicts[config] = cached
         return cached
 
     def _loop_event(
@@ -532,6 +730,7 @@ class Engine:
         args_token: str | None,
         paired: str | None,
         now_ms: int,
+        args: Any = None,
     ) -> LoopEvent:
         session = event.key
         return LoopEvent(
@@ -545,6 +744,7 @@ class Engine:
             agent_id=event.agent_id,
             call_id=call_id,
             seq=event.seq,
+            incarnation=event.incarnation,
             tool_name=tool_name,
             action=action,
             level=level,
@@ -556,9 +756,18 @@ class Engine:
             warning_key=warning_key,
             config=self._config_dict(config),
             enforced=self.resolver.enforce,
+            args=args,
             event_ts=event.ts,
             decided_ts=now_ms,
         )
+
+    def _payload(self, event: ToolCall) -> Any:
+        """The call's raw args for its loop event, only when configured and at hand."""
+        if not self.include_payloads or "args" not in event.model_fields_set:
+            return None
+        if len(orjson.dumps(event.args, option=orjson.OPT_NON_STR_KEYS)) > MAX_LOOP_EVENT_ARGS_BYTES:
+            return None
+        return event.args
 
     # -- offline use -----------------------------------------------------------------
 
@@ -585,11 +794,33 @@ def _touch(state: SessionState, event: InputEventT, now_ms: int) -> None:
         state.last_event_ms = event_ms
 
 
-def _waited_event_time(parked: Iterable[InputEventT], watermark_ms: int | None) -> int:
-    """How long, in event time, the input has moved on since the first parked event."""
-    times = [event.ts for event in parked]
+def _waited_event_time(
+    parked: Iterable[InputEventT], watermark_ms: int | None, now_ms: int
+) -> int:
+    """How long, in event time, the input has moved on since the first parked event.
+
+    A gateway clock running ahead counts as the worker's now: one event with a
+    far-future ``ts`` must not give every gap up at once.
+    """
+    times = [min(event.ts, now_ms) for event in parked]
     reached = max(times) if watermark_ms is None else min(max(times), watermark_ms)
     return reached - min(times)
+
+
+def _rest_size(event: InputEventT) -> int:
+    """About what a waiting event takes in the state's bytes (its identifiers dominate)."""
+    size = 96
+    for name in ("event_id", "session_key", "run_id", "agent_id", "incarnation", "call_id",
+                 "tool_name", "args_hash", "args_action", "result_hash", "unknown_tool"):
+        value = getattr(event, name, None)
+        if value is not None:
+            size += utf8_size(value)
+    return size
+
+
+def _waiting_bytes(state: SessionState) -> int:
+    """About what the events waiting in ``state`` take (parked and pending)."""
+    return sum(map(_rest_size, state.parked.values())) + sum(map(_rest_size, state.pending))
 
 
 def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:
@@ -600,6 +831,7 @@ def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:
             if seq < last:
                 pieces.append((seq + 1, last))
             skipped[index : index + 1] = pieces
+            del skipped[:-MAX_SKIPPED_RANGES]  # a split must not grow past the cap
             return True
     return False
 
@@ -611,7 +843,7 @@ def _warning_rises(state: SessionState, detection: Detection, run: str | None) -
     last = state.warnings.get(key)
     if bucket <= (last[1] if last is not None else 0):
         return False
-    state.warnings[key] = (run, bucket)  # an existing key keeps its age, as in a JS Map
+    state.warnings[key] = (run_key(run), bucket)  # an existing key keeps its age (JS Map)
     if len(state.warnings) > MAX_WARNING_KEYS:
         del state.warnings[next(iter(state.warnings))]
     return True

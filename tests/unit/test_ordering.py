@@ -14,7 +14,7 @@ def engine(**kwargs: Any) -> Engine:
 
 
 def feed(
-    eng: Engine, events: list[Any], now: int = 0, state: SessionState | None = None
+    eng: Engine, events: list[Any], now: int = 2_000_000_000_000, state: SessionState | None = None
 ) -> tuple[SessionState, list[Any]]:
     outputs: list[Any] = []
     for event in events:
@@ -104,11 +104,11 @@ def test_a_gap_is_given_up_once_every_input_is_past_it() -> None:
     eng = engine(gap_timeout_ms=1000)
     b = call("read", {"path": "/b"}, call_id="b", seq=1, ts=10_000)
     c = call("read", {"path": "/c"}, call_id="c", seq=2, ts=12_000)
-    state, outputs = eng.step(None, b, 0, watermark_ms=10_500)
-    state, outputs = eng.step(state, c, 0, watermark_ms=10_999)
+    state, outputs = eng.step(None, b, 20_000, watermark_ms=10_500)
+    state, outputs = eng.step(state, c, 20_000, watermark_ms=10_999)
     assert outputs == []  # the slowest topic is 999 ms past the first parked event
     d = call("read", {"path": "/d"}, call_id="d", seq=3, ts=12_500)
-    state, outputs = eng.step(state, d, 0, watermark_ms=11_000)
+    state, outputs = eng.step(state, d, 20_000, watermark_ms=11_000)
     assert [e.detector for e in loop_events(outputs)] == ["sequence_gap"]
     assert [v.call_id for v in verdicts(outputs)] == ["b", "c", "d"]
 
@@ -238,8 +238,13 @@ def test_state_written_before_event_stamps_still_reads() -> None:
     eng = engine()
     state, _ = feed(eng, [call("read", {}, call_id="c0", seq=0, ts=5_000)], now=10_000)
     raw = state.to_bytes()
-    # format 1: the same layout without the 8-byte event stamp after touched_ms
-    old = bytes((1,)) + raw[1:9] + raw[17:]
+    # With no guards and no warnings, format 2 is format 3 without its incarnation
+    # bookkeeping at the end (8-byte incarnation, no retired, nothing pending) ...
+    assert raw[-10:] == bytes(10)
+    v2 = bytes((2,)) + raw[1:-10]
+    assert SessionState.from_bytes(v2).to_bytes() == raw
+    # ... and format 1 is format 2 without the 8-byte event stamp after touched_ms.
+    old = bytes((1,)) + v2[1:9] + v2[17:]
     restored = SessionState.from_bytes(old)
     assert (restored.touched_ms, restored.last_event_ms, restored.next_seq) == (10_000, 0, 1)
     assert SessionState.idle_stamps(old) == (10_000, 0)
