@@ -13,8 +13,14 @@ and, before it runs a tool, asks for the verdict:
                              result=outcome)
 
 One producer and one verdict consumer serve any number of concurrent sessions.
-Verdicts are matched to calls by (session, call id). ``seq`` and ``event_id`` are
-assigned here, per session, in publish order.
+``seq`` and ``event_id`` are assigned here, per session key, in publish order, in
+this client's *incarnation* (a random id per client): a gateway that restarts gets a
+new incarnation, so loopfuse continues its sessions in a new seq space instead of
+taking the new events for redeliveries (README: restart-safe gateways). A verdict is
+accepted only for the pending call it answers: same session, call id, seq,
+incarnation and args hash; anything else on the verdicts topic is counted and
+dropped. The verdict reader survives bad records, callback errors and consumer
+errors (logged, counted, restarted); ``client.stats`` has the counters.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,6 +51,42 @@ FailPolicy = Literal["open", "closed"]
 AbortCallback = Callable[[Verdict], Awaitable[None] | None]
 
 TIMEOUT_MESSAGE = "loopfuse did not answer in time; the call is {what} by the fail-{policy} policy."
+#: Session keys whose seq counters a client keeps; a key evicted and seen again
+#: continues in a fresh seq space (a sub-incarnation), which loopfuse handles like a
+#: restart, so eviction never turns detection off.
+MAX_TRACKED_SESSIONS = 100_000
+
+
+@dataclass(slots=True)
+class ClientStats:
+    """What the client could not do as asked; a rising number is worth an alert."""
+
+    verdicts: int = 0  # verdicts matched to a pending call
+    timeouts: int = 0  # calls decided by the fail policy (no verdict in time)
+    dropped_verdicts: int = 0  # verdicts for no pending call of ours, or not matching it
+    undecodable_records: int = 0  # records on the verdicts topic that are not verdicts
+    callback_errors: int = 0  # on_abort callbacks that raised
+    reader_errors: int = 0  # consumer errors survived by the verdict reader
+    reader_restarts: int = 0  # times the verdict reader task was started again
+
+
+@dataclass(slots=True)
+class _SeqSpace:
+    """The counters of one session key in one incarnation."""
+
+    incarnation: str
+    seq: itertools.count[int] = field(default_factory=itertools.count)
+    calls: itertools.count[int] = field(default_factory=itertools.count)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A published call waiting for its verdict."""
+
+    future: asyncio.Future[Verdict]
+    seq: int
+    incarnation: str
+    args_hash: str
 
 
 def _default(name: str) -> str:
@@ -94,8 +137,6 @@ class GatewaySession:
         self.session_key = session_key
         self.run_id = run_id
         self.agent_id = agent_id
-        self._seq = itertools.count()
-        self._calls = itertools.count()
         # Called with every event this session publishes, in seq order (audit logs,
         # the fleet simulator's expected-verdict engine).
         self.observer: Callable[[dict[str, Any]], None] | None = None
@@ -106,19 +147,24 @@ class GatewaySession:
         await self.client._publish(topic, self.session_key, event)
 
     def _envelope(self, kind: str) -> dict[str, Any]:
-        seq = next(self._seq)
+        # One seq space per session key in this client, shared by every session
+        # object for the key: two objects for one key must not both count from 0.
+        space = self.client._seq_space(self.session_key)
+        seq = next(space.seq)
         return {
             "type": kind,
-            "event_id": f"{self.client.client_id}:{self.session_key}:{seq}",
+            "event_id": f"{space.incarnation}:{seq}",
             "session_key": self.session_key,
             "run_id": self.run_id,
             "agent_id": self.agent_id,
+            "incarnation": space.incarnation,
             "seq": seq,
             "ts": int(time.time() * 1000),
         }
 
     def new_call_id(self) -> str:
-        return f"call-{next(self._calls)}"
+        space = self.client._seq_space(self.session_key)
+        return f"call-{next(space.calls)}-{space.incarnation[:8]}"
 
     async def check(
         self, tool_name: str, args: Any, *, call_id: str | None = None, timeout: float | None = None
@@ -203,12 +249,38 @@ class GatewayClient:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._pending: dict[tuple[str, str], asyncio.Future[Verdict]] = {}
+        self._stopping = False
+        self._pending: dict[tuple[str, str], _Pending] = {}
         self._blocked: dict[tuple[str, str | None], dict[str, Verdict]] = {}
         self._abort_callbacks: dict[tuple[str, str | None], list[AbortCallback]] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        self._aborted: set[str] = set()  # verdict ids: a redelivered abort fires once
-        self.timeouts = 0
+        self._aborted: OrderedDict[str, None] = OrderedDict()  # a redelivered abort fires once
+        # This client's incarnation: every event it publishes is numbered in it.
+        self.incarnation = uuid.uuid4().hex
+        self._spaces: OrderedDict[str, _SeqSpace] = OrderedDict()
+        self._spaces_made = 0
+        self.stats = ClientStats()
+
+    @property
+    def timeouts(self) -> int:
+        """Calls decided by the fail policy (kept for older callers; see ``stats``)."""
+        return self.stats.timeouts
+
+    def _seq_space(self, session_key: str) -> _SeqSpace:
+        space = self._spaces.get(session_key)
+        if space is None:
+            self._spaces_made += 1
+            # The first space of a key is the plain incarnation; a key seen again
+            # after eviction gets a fresh one (a counter cannot be resumed).
+            incarnation = self.incarnation if self._spaces_made <= MAX_TRACKED_SESSIONS else (
+                f"{self.incarnation}.{self._spaces_made}"
+            )
+            space = self._spaces[session_key] = _SeqSpace(incarnation)
+            if len(self._spaces) > MAX_TRACKED_SESSIONS:
+                self._spaces.popitem(last=False)
+        else:
+            self._spaces.move_to_end(session_key)
+        return space
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -237,7 +309,21 @@ class GatewayClient:
         await self._consumer.seek_to_end(*tps)
         for tp in tps:  # resolve "end" now, so no verdict published after start is missed
             await self._consumer.position(tp)
+        self._stopping = False
+        self._start_reader()
+
+    def _start_reader(self) -> None:
         self._reader = asyncio.create_task(self._read_verdicts(), name="loopfuse-verdicts")
+        self._reader.add_done_callback(self._reader_ended)
+
+    def _reader_ended(self, task: asyncio.Task[None]) -> None:
+        """The reader never ends on its own; if it does, say so and start it again."""
+        if self._stopping or task.cancelled():
+            return
+        exc = task.exception()
+        log.error("the loopfuse verdict reader stopped (%r); starting it again", exc)
+        self.stats.reader_restarts += 1
+        self._start_reader()
 
     async def _partitions_of(self, topic: str) -> set[int]:
         assert self._consumer is not None
@@ -250,6 +336,7 @@ class GatewayClient:
         raise RuntimeError(f"topic {topic!r} does not exist (is the loopfuse worker running?)")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -260,8 +347,8 @@ class GatewayClient:
             await self._consumer.stop()
         if self._producer is not None:
             await self._producer.stop()
-        for future in self._pending.values():
-            future.cancel()
+        for pending in self._pending.values():
+            pending.future.cancel()
         self._pending.clear()
 
     async def __aenter__(self) -> GatewayClient:
@@ -307,7 +394,11 @@ class GatewayClient:
                     update={
                         "call_id": call_id,
                         "verdict_id": verdict_id(
-                            session.session_key, session.run_id, call_id, "block"
+                            session.session_key,
+                            session.run_id,
+                            call_id,
+                            "block",
+                            self._seq_space(session.session_key).incarnation,
                         ),
                         "decided_ts": int(time.time() * 1000),
                     }
@@ -316,15 +407,28 @@ class GatewayClient:
         event.update(call_id=call_id, tool_name=tool_name)
         self._put_args(event, tool_name, args, token)
         waiter: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-        self._pending[(session.session_key, call_id)] = waiter
+        pending_key = (session.session_key, call_id)
+        self._pending[pending_key] = _Pending(waiter, event["seq"], event["incarnation"], token)
         try:
             await session._publish(self.topics.tool_calls, event)
             verdict = await asyncio.wait_for(waiter, timeout or self.timeout)
         except TimeoutError:
-            self.timeouts += 1
+            self.stats.timeouts += 1
+            # Never silently: every call decided without loopfuse is logged and counted.
+            log.warning(
+                "no verdict for %s call %r of session %r within %.1f s: %s by the "
+                "fail-%s policy (%d such calls so far)",
+                tool_name[:80],
+                call_id[:80],
+                session.session_key[:80],
+                timeout or self.timeout,
+                "allowed" if self.fail_policy == "open" else "blocked",
+                self.fail_policy,
+                self.stats.timeouts,
+            )
             return self._timeout_verdict(event, token)
         finally:
-            self._pending.pop((session.session_key, call_id), None)
+            self._pending.pop(pending_key, None)
         if verdict.action == "block" and self.sticky_blocks:
             self._blocked.setdefault(run_key, {})[token] = verdict
         return verdict
@@ -351,12 +455,16 @@ class GatewayClient:
         allow = self.fail_policy == "open"
         action = "allow" if allow else "block"
         return Verdict(
-            verdict_id=verdict_id(event["session_key"], event["run_id"], event["call_id"], action),
+            verdict_id=verdict_id(
+                event["session_key"], event["run_id"], event["call_id"], action,
+                event["incarnation"],
+            ),
             session_key=event["session_key"],
             run_id=event["run_id"],
             agent_id=event["agent_id"],
             call_id=event["call_id"],
             seq=event["seq"],
+            incarnation=event["incarnation"],
             tool_name=event["tool_name"],
             action=action,
             level="none" if allow else "critical",
@@ -375,36 +483,86 @@ class GatewayClient:
         self._abort_callbacks.pop((session_key, run_id), None)
 
     async def _read_verdicts(self) -> None:
+        """Hand verdicts to the calls waiting for them, whatever else turns up.
+
+        A consumer error is logged, counted and retried with backoff; a record that
+        is not a verdict, or a callback that raises, costs only that record.
+        """
         assert self._consumer is not None
+        backoff = 0.1
         while True:
-            batches = await self._consumer.getmany(timeout_ms=100)
+            try:
+                batches = await self._consumer.getmany(timeout_ms=100)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.stats.reader_errors += 1
+                log.warning("reading loopfuse verdicts failed (%r); retrying", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
             for records in batches.values():
                 for record in records:
                     self._deliver(record.value)
 
     def _deliver(self, raw: bytes | None) -> None:
-        if not raw:
-            return
         try:
-            verdict = Verdict.model_validate_json(raw)
+            verdict = Verdict.model_validate_json(raw or b"")
         except ValidationError:
-            log.warning("ignoring a message on the verdicts topic that is not a verdict")
+            self.stats.undecodable_records += 1
+            log.warning("ignoring a record on the verdicts topic that is not a verdict")
             return
         if verdict.action == "abort":
             self._on_abort(verdict)
             return
-        waiter = self._pending.get((verdict.session_key, verdict.call_id or ""))
-        if waiter is not None and not waiter.done():
-            waiter.set_result(verdict)
+        pending = self._pending.get((verdict.session_key, verdict.call_id or ""))
+        if pending is None:
+            if verdict.incarnation == self.incarnation or any(
+                verdict.incarnation == space.incarnation for space in self._spaces.values()
+            ):
+                self.stats.dropped_verdicts += 1  # ours, but nobody waits (late, duplicate)
+            return  # another gateway's session: not ours to count
+        if pending.future.done():
+            return  # a redelivered verdict for a call already answered
+        if (
+            verdict.seq != pending.seq
+            or verdict.incarnation != pending.incarnation
+            or verdict.args_hash != pending.args_hash
+        ):
+            # Same session and call id, but not this call: an older incarnation's
+            # verdict, or a forged one. Accepting it could allow what was blocked.
+            self.stats.dropped_verdicts += 1
+            log.warning(
+                "dropping a verdict for call %r of session %r that does not match it",
+                (verdict.call_id or "")[:80],
+                verdict.session_key[:80],
+            )
+            return
+        self.stats.verdicts += 1
+        pending.future.set_result(verdict)
 
     def _on_abort(self, verdict: Verdict) -> None:
         if verdict.verdict_id in self._aborted:
             return
-        self._aborted.add(verdict.verdict_id)
+        self._aborted[verdict.verdict_id] = None
+        if len(self._aborted) > 10_000:
+            self._aborted.popitem(last=False)
         run_key = (verdict.session_key, verdict.run_id)
         for callback in self._abort_callbacks.get(run_key, []):
-            outcome = callback(verdict)
+            try:
+                outcome = callback(verdict)
+            except Exception:
+                self.stats.callback_errors += 1
+                log.exception("an on_abort callback raised")
+                continue
             if asyncio.iscoroutine(outcome):
                 task = asyncio.ensure_future(outcome)
                 self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                task.add_done_callback(self._callback_done)
+
+    def _callback_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.stats.callback_errors += 1
+            log.error("an on_abort callback raised", exc_info=task.exception())

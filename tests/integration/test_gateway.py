@@ -229,3 +229,141 @@ def test_demo_runs_end_to_end_without_mismatches_or_leftovers() -> None:
     assert len(children) >= 2, "demo should have started a broker and a worker"
     leftovers = {pid for pid in children if Path(f"/proc/{pid}").exists()}
     assert not leftovers, f"processes left behind: {leftovers}"
+
+
+# -- restart-safe gateways ------------------------------------------------------------
+
+
+def _shape(verdicts: list[Verdict]) -> list[tuple[str, str | None, int, str | None]]:
+    return [(v.action, v.detector, v.count, v.message) for v in verdicts]
+
+
+@pytest.mark.parametrize("new_run", [False, True], ids=["same-run", "new-run"])
+async def test_a_restarted_gateway_gets_the_verdicts_of_an_uninterrupted_one(
+    kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics], new_run: bool
+) -> None:
+    topics = worker[1]
+    async with GatewayClient(kafka_bootstrap, topics=topics, timeout=30) as gateway:
+        session = gateway.session(f"steady-{uuid.uuid4().hex}", run_id="run-1")
+        uninterrupted = await _loop(session, 3)
+        if new_run:
+            session.new_run("run-2")
+        uninterrupted += await _loop(session, 5)
+    key = f"restarted-{uuid.uuid4().hex}"
+    async with GatewayClient(kafka_bootstrap, topics=topics, timeout=30) as before:
+        restarted = await _loop(before.session(key, run_id="run-1"), 3)
+    async with GatewayClient(kafka_bootstrap, topics=topics, timeout=30) as after:
+        assert after.incarnation != before.incarnation
+        session = after.session(key, run_id="run-2" if new_run else "run-1")
+        restarted += await _loop(session, 5)
+    assert _shape(restarted) == _shape(uninterrupted)
+    # the same run continues into blocks; a new run starts with clean counts
+    assert restarted[-1].action == ("warn" if new_run else "block")
+    # verdict ids stay unique although the new client counts call ids from 0 again
+    assert len({v.verdict_id for v in restarted}) == len(restarted)
+
+
+async def test_two_session_objects_for_one_key_share_its_seq_space(
+    client: GatewayClient,
+) -> None:
+    key = f"twins-{uuid.uuid4().hex}"
+    one, two = client.session(key, run_id="run-1"), client.session(key, run_id="run-1")
+    verdicts = []
+    for i in range(6):
+        verdicts += await _loop(one if i % 2 else two, 1)
+    assert [v.action for v in verdicts] == ["allow", "allow", "allow", "warn", "warn", "block"]
+    assert sorted(v.seq or 0 for v in verdicts) == [0, 2, 4, 6, 8, 10]
+
+
+# -- a reader that survives -----------------------------------------------------------
+
+
+async def test_the_reader_survives_a_raising_abort_callback(client: GatewayClient) -> None:
+    session = client.session(f"cb-{uuid.uuid4().hex}", run_id="run-1")
+    fired: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+
+    def broken(verdict: Verdict) -> None:
+        raise RuntimeError("the gateway's own bug")
+
+    client.on_abort(session.session_key, "run-1", broken)
+    client.on_abort(session.session_key, "run-1", fired.set_result)
+    await session.compaction("context_overflow")
+    args = {"command": "cargo test"}
+    failing = {"details": {"status": "failed", "exitCode": 101, "aggregated": "1 failed"}}
+    for _ in range(3):
+        verdict = await session.check("exec", args)
+        await session.result("exec", args, call_id=verdict.call_id, result=failing)
+    assert (await asyncio.wait_for(fired, 30)).action == "abort"
+    assert client.stats.callback_errors == 1
+    after = await session.check("read", {"path": "/still/alive"})  # the reader goes on
+    assert after.action == "allow" and client.stats.reader_restarts == 0
+
+
+async def test_the_reader_survives_garbage_and_consumer_errors(
+    kafka_bootstrap: str, client: GatewayClient
+) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(client.topics.verdicts, b"\xff not a verdict", key=b"x")
+    finally:
+        await producer.stop()
+    consumer = client._consumer
+    assert consumer is not None
+    real_getmany = consumer.getmany
+    failures = iter([OSError("connection reset")])
+
+    async def flaky_getmany(*args: Any, **kwargs: Any) -> Any:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return await real_getmany(*args, **kwargs)
+
+    consumer.getmany = flaky_getmany  # type: ignore[method-assign]
+    session = client.session(f"garbage-{uuid.uuid4().hex}", run_id="run-1")
+    verdicts = await _loop(session, 4)
+    assert [v.action for v in verdicts] == ["allow", "allow", "allow", "warn"]
+    assert client.stats.reader_errors == 1
+    assert client.stats.undecodable_records >= 1
+    assert client.stats.timeouts == 0
+
+
+async def test_a_verdict_that_does_not_match_the_pending_call_is_dropped(
+    kafka_bootstrap: str,
+) -> None:
+    """Call ids are predictable: a forged verdict for the next one must not count."""
+    import orjson
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topics = _topics()  # no worker reads these: only the forged verdict will come
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t, 1, 1) for t in (topics.tool_calls, topics.verdicts)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    async with GatewayClient(
+        kafka_bootstrap, topics=topics, timeout=3.0, fail_policy="closed"
+    ) as gateway:
+        session = gateway.session("s-forged", run_id="r")
+        call_id = "c-1"
+        forged = {
+            "type": "verdict", "verdict_id": "x", "session_key": "s-forged", "run_id": "r",
+            "agent_id": None, "call_id": call_id, "seq": 0, "incarnation": gateway.incarnation,
+            "tool_name": "exec", "action": "allow", "level": "none", "detector": None,
+            "count": 0, "message": None, "args_hash": "not-the-args", "event_ts": 1,
+            "decided_ts": 1,
+        }
+        checking = asyncio.ensure_future(session.check("exec", {"command": "rm -rf /"},
+                                                       call_id=call_id))
+        await asyncio.sleep(0.5)
+        await producer.send_and_wait(topics.verdicts, orjson.dumps(forged), key=b"s-forged")
+        verdict = await checking
+    await producer.stop()
+    assert verdict.action == "block"  # fail-closed: the forged allow was not taken
+    assert gateway.stats.dropped_verdicts == 1 and gateway.stats.timeouts == 1
