@@ -8,6 +8,7 @@ that name their key path.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -166,7 +167,53 @@ def load_config(path: str | Path) -> DetectionConfigFile:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: config file is not UTF-8 text") from None
     try:
-        data = json5.loads(text)
+        data = json5.loads(text, object_pairs_hook=_KeyedObject.from_pairs)
+        duplicate = _first_duplicate(data)
+        if duplicate is not None:
+            raise ConfigError(f"{path}: {duplicate}: duplicate key")
+        return parse_config(data)
+    except RecursionError:
+        raise ConfigError(f"{path}: config nested too deeply") from None
     except ValueError as exc:
-        raise ConfigError(f"{path}: not valid JSON/JSON5 ({exc})") from None
-    return parse_config(data)
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{path}: not valid JSON/JSON5 ({str(exc)[:200]})") from None
+
+
+class _KeyedObject(dict[str, Any]):
+    """A parsed JSON object that remembers keys it saw more than once.
+
+    JSON5 (like JSON) keeps the last of duplicate keys, so ``enabled: true,
+    enabled: false`` would silently turn detection off: they are an error instead.
+    """
+
+    duplicates: tuple[str, ...] = ()
+
+    @classmethod
+    def from_pairs(cls, items: Iterable[tuple[str, Any]]) -> _KeyedObject:
+        pairs = list(items)
+        obj = cls(pairs)
+        if len(obj) != len(pairs):
+            seen: set[str] = set()
+            repeated = []
+            for key, _ in pairs:
+                if key in seen:
+                    repeated.append(key)
+                seen.add(key)
+            obj.duplicates = tuple(repeated)
+        return obj
+
+
+def _first_duplicate(value: Any, path: str = "") -> str | None:
+    """The key path of the first duplicate key in a parsed document (iterative)."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, _KeyedObject) and node.duplicates:
+            key = node.duplicates[0]
+            return f"{where}.{key}" if where else key
+        if isinstance(node, dict):
+            stack.extend((child, f"{where}.{key}" if where else key) for key, child in node.items())
+        elif isinstance(node, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(node))
+    return None

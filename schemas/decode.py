@@ -115,7 +115,7 @@ def decode_event(
     if raw.count(b"{") + raw.count(b"[") > max_depth and _depth(data, max_depth) > max_depth:
         raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")
     kind = data.get("type")
-    if kind not in _KNOWN_TYPES:
+    if not isinstance(kind, str) or kind not in _KNOWN_TYPES:
         raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
     try:
         event = input_event_adapter.validate_python(data)

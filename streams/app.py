@@ -283,6 +283,12 @@ class Judge:
                 progress.judged(message.topic, message.partition, message.offset, None)
                 self._emit(dead_letter(source, exc.code, exc.reason, limits), out)
                 continue
+            except Exception as exc:  # a decoder bug must not take the partition down
+                log.exception("decoding failed")
+                progress.judged(message.topic, message.partition, message.offset, None)
+                reason = f"undecodable: {exc!r}"
+                self._emit(dead_letter(source, "invalid_event", reason, limits), out)
+                continue
             # A gateway clock running ahead counts as now: one far-future ts must not
             # move the partition's watermark and event clock for every session on it.
             progress.judged(

@@ -113,12 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"loopfuse {args.command}: invalid config: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:  # settings from LOOPFUSE_* variables or flags
-        first = exc.errors()[0]
-        name = ".".join(str(part) for part in first["loc"]) or "settings"
-        print(
-            f"loopfuse {args.command}: invalid setting LOOPFUSE_{name.upper()}: {first['msg']}",
-            file=sys.stderr,
-        )
+        from streams.settings import describe_settings_error
+
+        print(f"loopfuse {args.command}: {describe_settings_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

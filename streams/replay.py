@@ -53,6 +53,10 @@ def replay_lines(
         except EventRejected as exc:
             yield dead_letter(source, exc.code, exc.reason, limits).value
             continue
+        except Exception as exc:  # a decoder bug must not end the replay
+            log.exception("decoding line %d failed", line_no)
+            yield dead_letter(source, "invalid_event", f"undecodable: {exc!r}", limits).value
+            continue
         key = event.key
         fold = folds.get(key)
         if fold is None:

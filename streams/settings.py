@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
@@ -119,17 +119,22 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         if self.max_session_state_bytes + 4_096 > self.producer_max_request_size:
             raise ValueError(
-                "max_session_state_bytes must leave room within producer_max_request_size"
+                "LOOPFUSE_MAX_SESSION_STATE_BYTES must leave room within "
+                "LOOPFUSE_PRODUCER_MAX_REQUEST_SIZE"
             )
         if self.broker_heartbeat_interval >= self.broker_session_timeout:
             raise ValueError(
-                "broker_heartbeat_interval must be shorter than broker_session_timeout"
+                "LOOPFUSE_BROKER_HEARTBEAT_INTERVAL must be shorter than "
+                "LOOPFUSE_BROKER_SESSION_TIMEOUT"
             )
         topics = self.input_topics + self.output_topics
         if len(set(topics)) != len(topics):
-            raise ValueError(f"topic names must be distinct, got {topics}")
+            raise ValueError(f"LOOPFUSE_TOPIC_* names must be distinct, got {topics}")
         if self.sasl_mechanism is not None and not self.security_protocol.startswith("SASL"):
-            raise ValueError("sasl_mechanism needs security_protocol SASL_PLAINTEXT or SASL_SSL")
+            raise ValueError(
+                "LOOPFUSE_SASL_MECHANISM needs LOOPFUSE_SECURITY_PROTOCOL SASL_PLAINTEXT "
+                "or SASL_SSL"
+            )
         return self
 
     @property
@@ -161,3 +166,13 @@ class Settings(BaseSettings):
                 self.sasl_password.get_secret_value() if self.sasl_password else None
             )
         return kwargs
+
+
+def describe_settings_error(exc: ValidationError) -> str:
+    """One line naming the variable and what is wrong, never the value (it may be a secret)."""
+    first = exc.errors(include_input=False, include_url=False)[0]
+    message = str(first["msg"]).removeprefix("Value error, ")
+    names = [str(part) for part in first["loc"] if isinstance(part, str)]
+    if not names:  # a rule across variables: its message names them
+        return f"invalid settings: {message}"
+    return f"invalid setting LOOPFUSE_{names[0].upper()}: {message}"

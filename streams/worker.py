@@ -7,10 +7,11 @@ import logging
 import sys
 
 import faust
+from pydantic import ValidationError
 
 from schemas.config import ConfigError, load_config
 from streams.app import TopicMismatchError, create_app, ensure_topics
-from streams.settings import Settings
+from streams.settings import Settings, describe_settings_error
 
 log = logging.getLogger("loopfuse.worker")
 
@@ -71,7 +72,12 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
 
 
 def main() -> int:
-    return run_worker(Settings(), loglevel="info")
+    try:
+        settings = Settings()
+    except ValidationError as exc:  # never a traceback: it would print the values
+        print(f"loopfuse worker: {describe_settings_error(exc)}", file=sys.stderr, flush=True)
+        return 2
+    return run_worker(settings, loglevel="info")
 
 
 if __name__ == "__main__":

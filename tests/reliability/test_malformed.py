@@ -43,6 +43,7 @@ from tests.reliability.harness import (
     expected_verdicts,
     generate,
     http_get,
+    input_lag,
     new_topics,
     topic_of,
     unique,
@@ -94,6 +95,14 @@ def bad_inputs(n: int, seed: int = 5) -> list[tuple[str, bytes | None, bytes | N
         "orphan",
         "bad_ts",
         "both_args",
+        # the edge-hardening cases: each once crashed the worker or switched a session off
+        "huge_ts",
+        "max_ts",
+        "huge_seq",
+        "type_list",
+        "long_tool_name",
+        "long_key_garbage",
+        "long_incarnation",
     ]
     for i in range(n):
         kind = kinds[i % len(kinds)]
@@ -164,6 +173,20 @@ def bad_inputs(n: int, seed: int = 5) -> list[tuple[str, bytes | None, bytes | N
             value = dumps(ev | {"ts": rng.choice(["yesterday", "2026-01-01T00:00:00", [1]])})
         elif kind == "both_args":
             value = dumps(ev | {"args_hash": "abc"})
+        elif kind == "huge_ts":  # 1e300 (and any ts >= 2**64) once failed encoding a verdict
+            value = dumps(ev)[:-1] + b',"ts":1e300}'
+        elif kind == "max_ts":  # 2**64-1 once broke the session's state codec for good
+            value = dumps(ev)[:-1] + b',"ts":18446744073709551615}'
+        elif kind == "huge_seq":
+            value = dumps(ev)[:-1] + b',"seq":9223372036854775808}'
+        elif kind == "type_list":  # an unhashable type once raised in the decoder
+            value = dumps(ev | {"type": []})
+        elif kind == "long_tool_name":  # once made 600 KB verdicts and 900 KB loop events
+            value = dumps(ev | {"tool_name": "t" * rng.choice([513, 300_000])})
+        elif kind == "long_key_garbage":  # a 600 KB key once made a 1.2 MB dead letter
+            value, k, jsonl = b"\x01", b"k" * 600_000, False
+        elif kind == "long_incarnation":
+            value = dumps(ev | {"incarnation": "i" * 1_000})
         else:  # too_large: valid JSON just over (or well over) the 1 MiB limit
             size = rng.choice([MIB + 1, MIB + 100_000, 3 * MIB])
             filler = "y" * (size - len(dumps(ev)) + 40)
@@ -251,8 +274,10 @@ async def test_bad_inputs_are_dead_lettered_and_good_ones_judged(
                 return want <= got and len(out.of(topics["dead_letters"])) >= len(bad)
 
             deadline = time.monotonic() + (600 if LONG else 150)
+            readiness: list[int] = []
             while not done() and time.monotonic() < deadline:
                 assert worker.running, f"worker died\n{worker.tail()}"
+                readiness.append((await asyncio.to_thread(http_get, worker.web_port, "/ready"))[0])
                 await asyncio.sleep(0.5)
             # Not stalled: a good event after all that still gets its verdict promptly.
             await producer_send_one(kafka_bootstrap, topics["tool_calls"], canary)
@@ -264,6 +289,14 @@ async def test_bad_inputs_are_dead_lettered_and_good_ones_judged(
             await asyncio.sleep(1.0)
             status, body = http_get(worker.web_port, "/ready")
             metrics = http_get(worker.web_port, "/metrics")[1]
+            # Nothing is left unjudged or uncommitted: the group's committed offsets
+            # reach the end of every input partition.
+            lag: dict[Any, int] = {}
+            for _ in range(60):
+                lag = await input_lag(kafka_bootstrap, settings)
+                if not any(lag.values()):
+                    break
+                await asyncio.sleep(0.5)
             verdicts = [v for v in out.of(topics["verdicts"]) if v["session_key"] != "canary"]
             letters = out.of(topics["dead_letters"])
             gaps = [e for e in out.of(topics["loop_events"]) if e["detector"] == "sequence_gap"]
@@ -290,6 +323,8 @@ async def test_bad_inputs_are_dead_lettered_and_good_ones_judged(
         )
         _explain_missing(expected, verdicts, sent)
     assert status == 200, body
+    assert set(readiness) <= {200}, f"/ready answered {sorted(set(readiness))} while judging"
+    assert not any(lag.values()), f"committed offsets short of the end: {lag}"
     assert len(letters) == len(bad), f"dead letters {len(letters)} != bad inputs {len(bad)}"
     assert set(letter_offsets) == bad_offsets, "dead letters are not exactly the bad inputs"
     assert all(d["reason"] and d["error_code"] for d in letters)
