@@ -150,6 +150,13 @@ class Metrics:
             "loopfuse_sessions_expired", "Idle sessions deleted from the table", registry=r
         )
         self.batches = Counter("loopfuse_batches", "Batches processed", registry=r)
+        self.consumer_lag = Gauge(
+            "loopfuse_consumer_lag",
+            "Records of an input partition not judged yet (end offset as of the last fetch "
+            "minus the next offset to judge)",
+            ["topic", "partition"],
+            registry=r,
+        )
         self.shed = Counter(
             "loopfuse_state_shed",
             "Times a session's state was over its byte cap and its oldest evidence shed",
@@ -463,6 +470,15 @@ class Judge:
             (notice.run_id or "")[:80],
         )
 
+    def measure_lag(self, owned: Iterable[TP]) -> None:
+        """Set ``loopfuse_consumer_lag`` for the input partitions this worker owns."""
+        gauge = self.metrics.consumer_lag
+        gauge.clear()
+        for tp in owned:
+            lag = self.progress.lag(tp.topic, tp.partition, self._highwater, self._committed)
+            if lag is not None:
+                gauge.labels(tp.topic, str(tp.partition)).set(lag)
+
     # -- idle expiry ------------------------------------------------------------------
 
     def expire_idle(self, owned_partitions: Iterable[int], now_ms: int) -> int:
@@ -643,7 +659,20 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     @app.agent(inputs, name="judge")
     async def judge_events(stream: faust.Stream) -> None:
         async for batch in stream.take_events(settings.batch_max, within=settings.batch_within):
-            await publish(judge.judge(batch))
+            try:
+                messages = judge.judge(batch)
+            except Exception:
+                # Input cannot get here (each event is isolated); a bug can. Faust
+                # would restart the agent and acknowledge this batch unjudged, so stop
+                # the process instead: nothing of the batch is committed, and the
+                # restarted worker judges it again (at-least-once holds).
+                log.critical(
+                    "judging a batch failed outside any one event's isolation: "
+                    "exiting (code 70) so that it is judged again after a restart",
+                    exc_info=True,
+                )
+                os._exit(70)
+            await publish(messages)
             # At-least-once. take_events acks this batch's offsets only after this
             # body returns, and Faust commits only acked offsets; its commit path
             # (Consumer._commit_offsets) awaits producer.flush() - every message
@@ -705,6 +734,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
+        judge.measure_lag(_owned_input_partitions(app, settings))
         return web.bytes(metrics.render(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
     @app.page("/livez")
@@ -775,8 +805,15 @@ def _track_buffer_hand_off() -> None:
 
 
 def _owned_partitions(app: faust.App, settings: Settings) -> set[int]:
+    return {tp.partition for tp in _owned_input_partitions(app, settings)}
+
+
+def _owned_input_partitions(app: faust.App, settings: Settings) -> list[TP]:
     inputs = set(settings.input_topics)
-    return {tp.partition for tp in app.consumer.assignment() if tp.topic in inputs}
+    try:
+        return [tp for tp in app.consumer.assignment() if tp.topic in inputs]
+    except Exception:  # no consumer yet (starting up)
+        return []
 
 
 def _tune_fetch_wait(app: faust.App, max_wait_ms: int) -> None:

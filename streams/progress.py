@@ -54,6 +54,15 @@ class InputProgress:
         """The next offset to judge: past what we judged, and at least where judging began."""
         return max(self._next_offset.get((topic, partition), 0), committed(topic, partition) or 0)
 
+    def lag(
+        self, topic: str, partition: int, highwater: OffsetLookup, committed: OffsetLookup
+    ) -> int | None:
+        """Records of an input partition not judged yet, as of the consumer's last fetch."""
+        end = highwater(topic, partition)
+        if end is None:
+            return None
+        return max(0, end - self._position(topic, partition, committed))
+
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop what we know of these partition numbers (revoked, or assigned afresh)."""
         gone = set(partitions)

@@ -236,6 +236,14 @@ async def test_verdicts_loop_events_and_dead_letters(
     assert 'loopfuse_verdicts_total{action="block",detector="known_poll_no_progress"} 1.0' in metrics
     assert 'loopfuse_dead_letters_total{reason="invalid_json"} 1.0' in metrics
     assert "agent:ops:main" not in metrics  # no session ids as labels
+    assert f'loopfuse_consumer_lag{{partition="0",topic="{t["tool_calls"]}"}} 0.0' in metrics
+
+    # Only what operators need is served: no table contents, no cluster layout.
+    assert worker.get("/livez") == '{"live":true}'
+    for path in ("/table/sessions/", "/router/", "/", "/stats/", "/graph/"):
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            worker.get(path)
+        assert missing.value.code == 404, path
 
     partitions = await partition_counts(kafka_bootstrap, list(t.values()))
     assert set(partitions.values()) == {4}, partitions

@@ -148,3 +148,28 @@ def test_in_process_main_writes_jsonl(monkeypatch: pytest.MonkeyPatch) -> None:
     lines = buffer.getvalue().decode().splitlines()
     # no config file: detection is off, so six plain allows
     assert [json.loads(line)["action"] for line in lines] == ["allow"] * 6
+
+
+def test_hostile_lines_are_dead_letters_and_replay_goes_on_to_exit_0() -> None:
+    """Each of these once stopped replay (or the worker) at the line; now each gets a
+    dead letter with a reason and every line after it is judged."""
+    good = (FIXTURES / "polling_loop.jsonl").read_bytes().splitlines()
+    call = json.loads(good[0])
+    hostile = [
+        json.dumps(call)[:-1].encode() + b', "ts": 1e300}',
+        json.dumps(call)[:-1].encode() + b', "ts": 18446744073709551615}',
+        json.dumps(call)[:-1].encode() + b', "seq": 9223372036854775808}',
+        json.dumps({**call, "tool_name": "t" * 300_000}).encode(),
+        json.dumps({**call, "type": []}).encode(),
+        json.dumps({**call, "session_key": "k" * 600_000}).encode(),
+    ]
+    lines = [hostile[0], *good[:3], *hostile[1:], *good[3:]]
+    code, out, err = replay("--config", str(FIXTURES / "small.json5"), "-",
+                            stdin=b"\n".join(lines) + b"\n")
+    assert code == 0, err
+    letters = [line for line in out if line["type"] == "dead_letter"]
+    assert [d["line"] for d in letters] == [1, 5, 6, 7, 8, 9]
+    assert all(d["reason"] and len(d["original"]) <= 4096 for d in letters)
+    assert {d["error_code"] for d in letters} == {"invalid_event", "unknown_type"}
+    verdicts = [line for line in out if line["type"] == "verdict"]
+    assert [v["action"] for v in verdicts] == ["allow"] * 3 + ["warn", "warn", "block"]
