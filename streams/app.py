@@ -352,8 +352,8 @@ class Judge:
             source = Source(self.settings.topic_tool_calls, partition, key=key)
             _as_current_event(_PartitionOnly(self.settings.topic_tool_calls, partition))
             fold = self._fold(key)
-            if fold.release(now_ms, self._watermark(partition, watermarks), source):
-                self._settle(key, fold, partition, out)
+            fold.release(now_ms, self._watermark(partition, watermarks), source)
+            self._settle(key, fold, partition, out)  # writes only if the state changed
 
     def _watermark(self, partition: int, known: dict[int, int | None]) -> int | None:
         if partition not in known:

@@ -205,8 +205,7 @@ class SessionFold:
         except Exception as exc:
             log.exception("engine failed releasing the waiting events of a session")
             return self._reject(source, "engine_error", f"engine error: {exc!r}")
-        if encoded or outputs:
-            self.steps.append(_Applied(None, now_ms, watermark_ms, source, encoded))
+        self.steps.append(_Applied(None, now_ms, watermark_ms, source, encoded))
         return encoded
 
     def checkpoint(self) -> tuple[bytes | None, list[Outgoing]]:

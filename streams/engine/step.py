@@ -313,11 +313,9 @@ class Engine:
             data = event.model_dump(
                 exclude_unset=True, exclude={"args", "result", "error", "unknown_tool"}
             )
+            data.pop("args_action", None)  # decides nothing once the token is computed
             if event.has_args:
                 data["args_hash"] = self._args_token(event)
-                action = action_of(event.args, event.args_action)
-                if action is not None:
-                    data["args_action"] = action
             token, unknown = self._result_token(event)
             if token is None:
                 data["result"] = None
