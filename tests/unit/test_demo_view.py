@@ -10,43 +10,15 @@ from __future__ import annotations
 import re
 from collections import Counter
 from types import SimpleNamespace
-from typing import Any
 
 from rich.console import Console
 
 from schemas.config import parse_config
-from schemas.events import input_event_adapter
 from streams.demo import render
-from streams.engine import Engine, SessionState
-from streams.engine.outputs import Verdict as EngineVerdict
-from streams.gateway import GatewayClient
 from streams.simulator import DEMO_CONFIG, KINDS, FleetStats, run_fleet
+from tests.support.loopback_gateway import LoopbackClient
 
 ACTIONS = ("allow", "warn", "block", "abort")
-
-
-class LoopbackClient(GatewayClient):
-    """The gateway client with the broker and worker replaced by one in-process engine."""
-
-    def __init__(self) -> None:
-        super().__init__("unused:0")
-        self._engine = Engine(parse_config(DEMO_CONFIG))
-        self._states: dict[str, SessionState | None] = {}
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    async def _publish(self, topic: str, key: str, event: dict[str, Any]) -> None:
-        validated = input_event_adapter.validate_python(event)
-        self._states[key], outputs = self._engine.step(
-            self._states.get(key), validated, validated.ts
-        )
-        for output in outputs:
-            if isinstance(output, EngineVerdict):
-                self._deliver(output.to_json())
 
 
 async def _fleet(seconds: float) -> FleetStats:
