@@ -41,6 +41,7 @@ def _consumer(bootstrap: str, kafka_options: dict[str, Any]) -> AIOKafkaConsumer
         bootstrap_servers=bootstrap,
         group_id=None,
         enable_auto_commit=False,
+        auto_offset_reset="earliest",  # offset 0 already deleted (retention): the log start
         fetch_max_wait_ms=100,
         **kafka_options,
     )
@@ -72,10 +73,9 @@ async def read_snapshot(
                 found = await consumer.offsets_for_times({tp: since_ms for tp in tps})
                 starts = {tp: o.offset for tp, o in found.items() if o is not None}
         for tp in tps:
-            if tp in starts:
-                consumer.seek(tp, starts[tp])
-            else:
-                await consumer.seek_to_beginning(tp)
+            # Offset 0, not seek_to_beginning(): the embedded broker answered that with
+            # the last batch's offset once the Fetch-based end offsets had been asked.
+            consumer.seek(tp, starts.get(tp, 0))
         pending = {tp for tp in tps if ends.get(tp, 0) > 0}
         for tp in list(pending):
             if await consumer.position(tp) >= ends[tp]:
