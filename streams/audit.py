@@ -393,10 +393,9 @@ def run_audit(
             return 2
         source = "stdin" if events == "-" else events
     else:
-        from streams.settings import Settings
-        from streams.topic_reader import TopicMissing
+        from streams.topic_reader import TopicMissing, reader_settings
 
-        settings = Settings(**({"bootstrap_servers": bootstrap} if bootstrap else {}))
+        settings = reader_settings(bootstrap)
         topic = topic or settings.topic_loop_events
         try:
             summary = asyncio.run(

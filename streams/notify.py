@@ -63,7 +63,7 @@ class NotifyMetrics:
 
     def value(self, name: str, **labels: str) -> float:
         found = self.registry.get_sample_value(name, labels)
-        return 0.0 if found is None else found
+        return 0.0 if found is None else float(found)
 
 
 def slack_text(event: dict[str, Any]) -> str:
@@ -108,7 +108,7 @@ class Delivery:
     timeout: float = 10.0
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        wait = self.backoff * (2**attempt)
+        wait: float = self.backoff * 2.0**attempt
         if retry_after is not None:
             wait = max(wait, retry_after)
         return min(wait, MAX_BACKOFF_SECONDS)
@@ -226,8 +226,7 @@ class Notifier:
 
 
 def run_notify(args: argparse.Namespace) -> int:
-    from streams.settings import Settings
-    from streams.topic_reader import TopicMissing, follow
+    from streams.topic_reader import TopicMissing, follow, reader_settings
 
     if not args.webhook.startswith(("http://", "https://")):
         print("loopfuse notify: --webhook must be an http:// or https:// URL", file=sys.stderr)
@@ -235,7 +234,7 @@ def run_notify(args: argparse.Namespace) -> int:
     if args.retries < 0 or args.backoff < 0 or args.timeout <= 0:
         print("loopfuse notify: --retries/--backoff must be >= 0, --timeout > 0", file=sys.stderr)
         return 2
-    settings = Settings(**({"bootstrap_servers": args.bootstrap} if args.bootstrap else {}))
+    settings = reader_settings(args.bootstrap)
     topic = args.topic or settings.topic_loop_events
     notifier = Notifier(args.webhook, Delivery(args.retries, args.backoff, args.timeout))
     if args.metrics_port:

@@ -123,10 +123,9 @@ async def tail(
 
 
 def run_tail(args: argparse.Namespace) -> int:
-    from streams.settings import Settings
-    from streams.topic_reader import TopicMissing
+    from streams.topic_reader import TopicMissing, reader_settings
 
-    settings = Settings(**({"bootstrap_servers": args.bootstrap} if args.bootstrap else {}))
+    settings = reader_settings(args.bootstrap)
     kind = "verdict" if args.verdicts else "loop_event"
     topic = args.topic or (settings.topic_verdicts if args.verdicts else settings.topic_loop_events)
     filters = Filters(args.agent, args.session, args.detector)

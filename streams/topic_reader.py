@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from streams.kafka_compat import fetch_end_offsets
+
+if TYPE_CHECKING:
+    from streams.settings import Settings
+
+
+def reader_settings(bootstrap: str | None) -> Settings:
+    """The worker's settings (LOOPFUSE_* variables: topics, security), ``--bootstrap`` first."""
+    from streams.settings import Settings
+
+    return Settings(bootstrap_servers=bootstrap) if bootstrap else Settings()
 
 
 class TopicMissing(RuntimeError):
@@ -54,7 +64,7 @@ async def read_snapshot(
     since_ms: int | None = None,
     kafka_options: dict[str, Any] | None = None,
     wait_for_topic: float = 5.0,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Every record value of ``topic`` up to the end offsets as of the start, then stop.
 
     ``since_ms`` skips, where the broker can say so (ListOffsets by time), the part of
@@ -99,7 +109,7 @@ async def follow(
     kafka_options: dict[str, Any] | None = None,
     on_ready: Callable[[int], None] | None = None,
     wait_for_topic: float = 30.0,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Record values of ``topic`` published from now on, as they arrive (never ends).
 
     ``on_ready(partitions)`` is called once every partition's end is resolved: from
