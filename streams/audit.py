@@ -336,6 +336,9 @@ def render_terminal(data: dict[str, Any], console: Console, source: str) -> None
         funnel.add_row(stage["action"], str(stage["events"]), str(stage["sessions"]))
     console.print(funnel)
     shadow = data["shadow_actions"]
+    if not totals["shadow"]:
+        console.print("shadow mode (enforced: false): no loop events")
+        return
     console.print(
         f"shadow mode (enforced: false, all allowed): {totals['shadow']} loop events; "
         "would have been " + ", ".join(f"{a} {shadow[a]}" for a in ACTIONS)
@@ -415,7 +418,8 @@ def run_audit(
             return 1
         source = f"{topic} at {settings.bootstrap_servers}"
     data = summary.to_dict(top=top)
-    console = Console(file=out or sys.stdout, width=120, highlight=False, soft_wrap=False)
+    # soft_wrap: a long summary line stays one line (greppable); tables still fit 120
+    console = Console(file=out or sys.stdout, width=120, highlight=False, soft_wrap=True)
     render_terminal(data, console, source)
     if html is not None:
         from streams.audit_report import render_html

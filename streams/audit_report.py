@@ -35,6 +35,7 @@ table { border-collapse:collapse; width:100%; font-variant-numeric:tabular-nums;
 th, td { padding:4px 8px; border-bottom:1px solid var(--line); text-align:right; white-space:nowrap; }
 th:first-child, td:first-child, th.text, td.text { text-align:left; }
 td.text { white-space:normal; overflow-wrap:anywhere; min-width:90px; }
+td.key { white-space:nowrap; text-align:left; }
 svg.wide { width:100%; height:auto; }
 th.sortable { cursor:pointer; user-select:none; }
 th.sortable:hover { background:#eef1f6; }
@@ -268,7 +269,7 @@ _JS = r"""
           } else if (col[1] === "time") {
             tr.appendChild(el("td", {}, time(row[key])));
           } else if (col[1] === "text") {
-            tr.appendChild(el("td", { "class": "text" }, row[key]));
+            tr.appendChild(el("td", { "class": "key" }, row[key]));
           } else {
             tr.appendChild(num(row[key], "session." + row.session + "." + key));
           }
