@@ -1,4 +1,4 @@
-"""The ``loopfuse`` command line: replay, worker, broker, demo."""
+"""The ``loopfuse`` command line: replay, worker, broker, demo, audit, tail, notify, config."""
 
 from __future__ import annotations
 
@@ -56,6 +56,43 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from streams.audit import run_audit
+
+    if args.events is None and args.bootstrap is None:
+        args.events = "-" if not sys.stdin.isatty() else None
+    if args.events is None and args.bootstrap is None:
+        print("loopfuse audit: give a JSONL file (or -) or --bootstrap", file=sys.stderr)
+        return 2
+    return run_audit(
+        events=args.events,
+        bootstrap=args.bootstrap,
+        topic=args.topic,
+        since=args.since,
+        until=args.until,
+        html=args.html,
+        top=args.top,
+    )
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    from streams.tail import run_tail
+
+    return run_tail(args)
+
+
+def _cmd_notify(args: argparse.Namespace) -> int:
+    from streams.notify import run_notify
+
+    return run_notify(args)
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    from streams.config_check import run_config_check
+
+    return run_config_check(args.file, args.agent)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loopfuse", description="Fleet-wide tool-call loop detection for AI agents."
@@ -97,6 +134,57 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--no-tui", action="store_true", help="plain progress lines")
     demo.set_defaults(handler=_cmd_demo)
+
+    audit = sub.add_parser(
+        "audit", help="summarise loop events (JSONL or the topic); --html writes a report"
+    )
+    audit.add_argument(
+        "events", nargs="?", help="JSONL with loop_event lines (loopfuse replay output), or -"
+    )
+    audit.add_argument("--bootstrap", help="read the loop-events topic of this Kafka instead")
+    audit.add_argument("--topic", help="loop-events topic (default LOOPFUSE_TOPIC_LOOP_EVENTS)")
+    audit.add_argument(
+        "--since", help="from this event time: 2026-11-30T10:00:00Z, epoch ms, or 2h / 30m / 7d ago"
+    )
+    audit.add_argument("--until", help="before this event time (same forms as --since)")
+    audit.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    audit.add_argument("--top", type=int, default=10, help="rows of the top-N tables (10)")
+    audit.set_defaults(handler=_cmd_audit)
+
+    tail = sub.add_parser("tail", help="follow loop events (or verdicts) from now on")
+    tail.add_argument("--bootstrap", help="Kafka bootstrap servers (LOOPFUSE_BOOTSTRAP_SERVERS)")
+    tail.add_argument("--verdicts", action="store_true", help="follow verdicts, not loop events")
+    tail.add_argument("--topic", help="topic to follow (default: the loop-events/verdicts topic)")
+    tail.add_argument("--agent", action="append", help="only this agent id (repeatable)")
+    tail.add_argument("--session", action="append", help="only this session key (repeatable)")
+    tail.add_argument("--detector", action="append", help="only this detector (repeatable)")
+    tail.add_argument("--count", type=int, help="stop after this many lines")
+    tail.set_defaults(handler=_cmd_tail)
+
+    notify = sub.add_parser(
+        "notify", help="POST critical loop events to a webhook (Slack-compatible JSON)"
+    )
+    notify.add_argument("--bootstrap", help="Kafka bootstrap servers (LOOPFUSE_BOOTSTRAP_SERVERS)")
+    notify.add_argument("--webhook", required=True, help="URL to POST to")
+    notify.add_argument("--topic", help="loop-events topic (default LOOPFUSE_TOPIC_LOOP_EVENTS)")
+    notify.add_argument(
+        "--metrics-port", type=int, default=6068, help="/metrics on 127.0.0.1:PORT (0: none)"
+    )
+    notify.add_argument("--retries", type=int, default=5, help="attempts after the first (5)")
+    notify.add_argument(
+        "--backoff", type=float, default=0.5, help="first retry delay in s, doubling (0.5)"
+    )
+    notify.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout per attempt (s)")
+    notify.set_defaults(handler=_cmd_notify)
+
+    config = sub.add_parser("config", help="inspect a loopDetection config file")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser(
+        "check", help="validate FILE and print the resolved config per agent"
+    )
+    check.add_argument("file", metavar="FILE", help="OpenClaw-shaped JSON/JSON5 config file")
+    check.add_argument("--agent", help="only this agent id")
+    check.set_defaults(handler=_cmd_config_check)
     return parser
 
 

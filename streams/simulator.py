@@ -175,6 +175,19 @@ class FleetStats:
     latencies_ms: deque[float] = field(default_factory=lambda: deque(maxlen=5000))
     by_kind: dict[str, Counter[str]] = field(default_factory=dict)
 
+    def count(self, kind: str, verdict: Verdict) -> None:
+        """Count one verdict in the total and in its session kind's row alike.
+
+        Aborts arrive for a tool_result through the gateway's abort callback, not as
+        the answer to a check: counting them in one place keeps the live view's rows
+        adding up to its ``all`` row.
+        """
+        self.actions[verdict.action] += 1
+        self.by_kind.setdefault(kind, Counter())[verdict.action] += 1
+        if verdict.detector:
+            self.detectors[verdict.detector] += 1
+            self.latest.append(verdict)
+
     def summary_line(self) -> str:
         a = self.actions
         return (
@@ -218,9 +231,7 @@ class SimulatedSession:
         return f"run-{self.run_no}"
 
     async def _aborted(self, verdict: Verdict) -> None:
-        self.stats.actions["abort"] += 1
-        self.stats.detectors[verdict.detector or "none"] += 1
-        self.stats.latest.append(verdict)
+        self.stats.count(self.kind, verdict)
         self.aborted_runs.add(verdict.run_id or "")
         self.abort_seen.set()
 
@@ -264,7 +275,7 @@ class SimulatedSession:
     async def run(self, stop: asyncio.Event) -> None:
         stats = self.stats
         stats.sessions += 1
-        kind_counts = stats.by_kind.setdefault(self.kind, Counter())
+        stats.by_kind.setdefault(self.kind, Counter())
         self.session.observer = self._observe
         while not stop.is_set():
             step = self.behaviour.next_step()
@@ -278,11 +289,7 @@ class SimulatedSession:
             if len(self.expected) > published_before:
                 stats.latencies_ms.append((time.perf_counter() - asked) * 1000)
             stats.tool_calls += 1
-            stats.actions[verdict.action] += 1
-            kind_counts[verdict.action] += 1
-            if verdict.detector:
-                stats.detectors[verdict.detector] += 1
-                stats.latest.append(verdict)
+            stats.count(self.kind, verdict)
             if len(self.expected) > published_before:  # else: from the sticky-block cache
                 self._check(call_id, verdict)
             if verdict.action == "block":

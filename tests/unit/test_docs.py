@@ -16,3 +16,14 @@ def test_quickstart_gives_the_two_commands_that_ci_uses() -> None:
     assert "./dev demo" in README and "./dev test" in README
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     assert "./dev test" in ci
+
+
+def test_every_command_is_in_the_commands_table() -> None:
+    from streams.cli import build_parser
+
+    commands = next(
+        action for action in build_parser()._actions if action.dest == "command"
+    ).choices
+    assert commands
+    missing = [name for name in commands if f"| `loopfuse {name}" not in README]
+    assert missing == []

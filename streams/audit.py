@@ -1,0 +1,430 @@
+"""``loopfuse audit``: what the fleet's loop events say, in the terminal and as an HTML report.
+
+Loop events come from a JSONL file (``loopfuse replay`` output: verdicts and dead
+letters in it are skipped) or from the loop-events topic, read up to its end offsets
+as they were at the start. One :class:`AuditSummary` is computed from them; the
+terminal tables and the HTML report (``streams.audit_report``) are both drawn from
+its :meth:`AuditSummary.to_dict`, so they cannot disagree.
+
+Shadow-mode events (``enforced: false``: the gateway was told ``allow``) are counted
+apart from the enforced ones; the funnel counts enforced events only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import IO, Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+FUNNEL = ("warn", "block", "abort")
+ACTIONS = ("allow", "warn", "block", "abort")
+#: Time-chart bucket widths (seconds) to choose from: ~60 buckets or fewer.
+BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+MAX_BUCKETS = 60
+
+
+# -- input ----------------------------------------------------------------------------
+
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(text: str, now: datetime | None = None) -> int:
+    """Epoch ms from RFC 3339 / ISO 8601 (``2026-11-30T10:00:00Z``; no zone = UTC), a
+    date (``2026-11-30``), epoch milliseconds, or a duration ago (``90m``, ``2h``, ``7d``)."""
+    text = text.strip()
+    now = now or datetime.now(UTC)
+    relative = _RELATIVE.match(text)
+    if relative:
+        ago = timedelta(seconds=float(relative.group(1)) * _UNIT[relative.group(2)])
+        return int((now - ago).timestamp() * 1000)
+    if text.isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"not a time: {text!r} (use 2026-11-30T10:00:00Z, epoch ms, or 2h / 30m / 7d ago)"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+def loop_events_from_lines(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The ``loop_event`` objects among JSONL lines; anything else is skipped."""
+    for line in lines:
+        if b'"loop_event"' not in line:  # cheap pre-filter: most replay lines are verdicts
+            continue
+        try:
+            document = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(document, dict) and document.get("type") == "loop_event":
+            yield document
+
+
+async def loop_events_from_topic(
+    bootstrap: str, topic: str, since_ms: int | None, kafka_options: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
+    from streams.topic_reader import read_snapshot
+
+    # Records are looked up by their broker time; a loop event is written after its
+    # event time, so start a little earlier and filter on event_ts (skewed clocks).
+    seek = None if since_ms is None else since_ms - 10 * 60 * 1000
+    async for value in read_snapshot(bootstrap, topic, since_ms=seek, kafka_options=kafka_options):
+        for event in loop_events_from_lines([value]):
+            yield event
+
+
+def in_range(event: dict[str, Any], since_ms: int | None, until_ms: int | None) -> bool:
+    ts = event.get("event_ts")
+    if not isinstance(ts, int):
+        return since_ms is None and until_ms is None
+    return (since_ms is None or ts >= since_ms) and (until_ms is None or ts < until_ms)
+
+
+# -- the summary ----------------------------------------------------------------------
+
+
+def _text(value: Any, missing: str = "-") -> str:
+    return missing if value is None or value == "" else str(value)
+
+
+@dataclass
+class _Tally:
+    """Counts of one row (a detector, an agent, a tool, a session or a run)."""
+
+    actions: Counter[str] = field(default_factory=Counter)
+    shadow: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.actions.values())
+
+    def row(self) -> dict[str, int]:
+        return {
+            "total": self.total,
+            **{action: self.actions[action] for action in ACTIONS},
+            "shadow": self.shadow,
+        }
+
+
+@dataclass
+class _Session:
+    tally: _Tally = field(default_factory=_Tally)
+    agent: str = "-"
+    runs: set[str] = field(default_factory=set)
+    detectors: Counter[str] = field(default_factory=Counter)
+    max_count: int = 0
+    first_ts: int | None = None
+    last_ts: int | None = None
+
+
+@dataclass
+class AuditSummary:
+    """Loop-event counts: the single source of the terminal tables and the HTML report."""
+
+    enforced: int = 0
+    shadow: int = 0
+    skipped: int = 0  # loop events without the fields a count needs
+    by_detector: dict[str, _Tally] = field(default_factory=dict)
+    by_agent: dict[str, _Tally] = field(default_factory=dict)
+    by_tool: dict[str, _Tally] = field(default_factory=dict)
+    sessions: dict[str, _Session] = field(default_factory=dict)
+    runs: dict[tuple[str, str], _Tally] = field(default_factory=dict)
+    funnel_sessions: dict[str, set[str]] = field(default_factory=dict)
+    shadow_actions: Counter[str] = field(default_factory=Counter)
+    times: list[tuple[int, str]] = field(default_factory=list)  # (event_ts, detector)
+
+    @classmethod
+    def of(cls, events: Iterable[dict[str, Any]]) -> AuditSummary:
+        summary = cls()
+        for event in events:
+            summary.add(event)
+        return summary
+
+    def add(self, event: dict[str, Any]) -> None:
+        detector, action, session = (
+            event.get("detector"),
+            event.get("action"),
+            event.get("session_key"),
+        )
+        if not isinstance(detector, str) or action not in ACTIONS or not isinstance(session, str):
+            self.skipped += 1
+            return
+        shadow = event.get("enforced") is False
+        agent = _text(event.get("agent_id"))
+        tool = _text(event.get("tool_name"))
+        run = _text(event.get("run_id"))
+        tallies = [
+            self.by_detector.setdefault(detector, _Tally()),
+            self.by_agent.setdefault(agent, _Tally()),
+            self.by_tool.setdefault(tool, _Tally()),
+            self.runs.setdefault((session, run), _Tally()),
+        ]
+        state = self.sessions.setdefault(session, _Session(agent=agent))
+        tallies.append(state.tally)
+        for tally in tallies:
+            if shadow:
+                tally.shadow += 1
+            else:
+                tally.actions[action] += 1
+        state.runs.add(run)
+        state.detectors[detector] += 1
+        count = event.get("count")
+        if isinstance(count, int):
+            state.max_count = max(state.max_count, count)
+        ts = event.get("event_ts")
+        if isinstance(ts, int):
+            state.first_ts = ts if state.first_ts is None else min(state.first_ts, ts)
+            state.last_ts = ts if state.last_ts is None else max(state.last_ts, ts)
+            self.times.append((ts, detector))
+        if shadow:
+            self.shadow += 1
+            self.shadow_actions[action] += 1
+        else:
+            self.enforced += 1
+            if action in FUNNEL:
+                self.funnel_sessions.setdefault(action, set()).add(session)
+
+    # -- views ------------------------------------------------------------------------
+
+    @property
+    def total(self) -> int:
+        return self.enforced + self.shadow
+
+    def funnel(self) -> list[dict[str, Any]]:
+        """warn -> block -> abort: enforced loop events and distinct sessions per stage."""
+        detector_rows = self.by_detector.values()
+        return [
+            {
+                "action": action,
+                "events": sum(t.actions[action] for t in detector_rows),
+                "sessions": len(self.funnel_sessions.get(action, ())),
+            }
+            for action in FUNNEL
+        ]
+
+    def timeline(self) -> dict[str, Any]:
+        """Loop events per time bucket and detector (enforced and shadow alike)."""
+        if not self.times:
+            return {"start_ms": None, "bucket_s": 0, "buckets": 0, "series": {}}
+        start = min(ts for ts, _ in self.times)
+        end = max(ts for ts, _ in self.times)
+        span_s = (end - start) / 1000
+        bucket_s = next((b for b in BUCKETS if span_s / b < MAX_BUCKETS), BUCKETS[-1])
+        start = start - start % (bucket_s * 1000)
+        buckets = int((end - start) // (bucket_s * 1000)) + 1
+        series: dict[str, list[int]] = {}
+        for ts, detector in self.times:
+            row = series.setdefault(detector, [0] * buckets)
+            row[int((ts - start) // (bucket_s * 1000))] += 1
+        return {
+            "start_ms": start,
+            "bucket_s": bucket_s,
+            "buckets": buckets,
+            "series": dict(sorted(series.items())),
+        }
+
+    def to_dict(self, top: int = 10, session_rows: int = 2000) -> dict[str, Any]:
+        def table(rows: dict[str, _Tally], limit: int | None = None) -> list[dict[str, Any]]:
+            ordered = sorted(rows.items(), key=lambda kv: (-(kv[1].total + kv[1].shadow), kv[0]))
+            return [{"name": name, **tally.row()} for name, tally in ordered[:limit]]
+
+        sessions = sorted(
+            self.sessions.items(), key=lambda kv: (-(kv[1].tally.total + kv[1].tally.shadow), kv[0])
+        )
+        runs = sorted(self.runs.items(), key=lambda kv: (-(kv[1].total + kv[1].shadow), kv[0]))
+        return {
+            "totals": {
+                "loop_events": self.total,
+                "enforced": self.enforced,
+                "shadow": self.shadow,
+                "sessions": len(self.sessions),
+                "runs": len(self.runs),
+                "agents": len(self.by_agent),
+                "tools": len(self.by_tool),
+                "skipped": self.skipped,
+            },
+            "by_detector": table(self.by_detector),
+            "by_agent": table(self.by_agent, top),
+            "by_tool": table(self.by_tool, top),
+            "top_sessions": [
+                {"name": key, "agent": s.agent, **s.tally.row()} for key, s in sessions[:top]
+            ],
+            "top_runs": [
+                {"session": key, "run": run, **tally.row()} for (key, run), tally in runs[:top]
+            ],
+            "funnel": self.funnel(),
+            "shadow_actions": {a: self.shadow_actions[a] for a in ACTIONS},
+            "timeline": self.timeline(),
+            "sessions": [
+                {
+                    "session": key,
+                    "agent": s.agent,
+                    "runs": len(s.runs),
+                    **s.tally.row(),
+                    "max_count": s.max_count,
+                    "detectors": dict(s.detectors.most_common()),
+                    "first_ts": s.first_ts,
+                    "last_ts": s.last_ts,
+                }
+                for key, s in sessions[:session_rows]
+            ],
+            "sessions_shown": min(len(sessions), session_rows),
+        }
+
+
+# -- terminal -------------------------------------------------------------------------
+
+COUNT_COLUMNS = ("total", "warn", "block", "abort", "allow", "shadow")
+
+
+def _count_table(title: str, first: str, rows: list[dict[str, Any]], extra: str = "") -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column(first)
+    if extra:
+        table.add_column(extra)
+    for column in COUNT_COLUMNS:
+        table.add_column(column, justify="right")
+    for row in rows:
+        cells = [str(row["name"])]
+        if extra:
+            cells.append(str(row[extra]))
+        table.add_row(*cells, *(str(row[c]) for c in COUNT_COLUMNS))
+    return table
+
+
+def _top(what: str, total: int, rows: list[dict[str, Any]]) -> str:
+    return f"by {what[:-1]}" if len(rows) >= total else f"top {len(rows)} of {total} {what}"
+
+
+def render_terminal(data: dict[str, Any], console: Console, source: str) -> None:
+    totals = data["totals"]
+    console.print(
+        f"loop events: {totals['loop_events']} from {source} "
+        f"(enforced {totals['enforced']}, shadow {totals['shadow']}) in "
+        f"{totals['sessions']} sessions, {totals['runs']} runs, {totals['agents']} agents"
+    )
+    if totals["skipped"]:
+        console.print(f"skipped {totals['skipped']} loop events without detector/action/session")
+    if not totals["loop_events"]:
+        return
+    console.print("columns: total = enforced loop events (warn+block+abort+allow); shadow = enforced: false")
+    console.print(_count_table("by detector", "detector", data["by_detector"]))
+    console.print(_count_table(_top("agents", totals["agents"], data["by_agent"]), "agent", data["by_agent"]))
+    console.print(_count_table(_top("tools", totals["tools"], data["by_tool"]), "tool", data["by_tool"]))
+    console.print(_count_table("top sessions", "session", data["top_sessions"], extra="agent"))
+    runs = [{**row, "name": f"{row['session']} / {row['run']}"} for row in data["top_runs"]]
+    console.print(_count_table("top runs", "session / run", runs))
+    funnel = Table(title="funnel (enforced)", title_justify="left")
+    funnel.add_column("stage")
+    funnel.add_column("loop events", justify="right")
+    funnel.add_column("sessions", justify="right")
+    for stage in data["funnel"]:
+        funnel.add_row(stage["action"], str(stage["events"]), str(stage["sessions"]))
+    console.print(funnel)
+    shadow = data["shadow_actions"]
+    if not totals["shadow"]:
+        console.print("shadow mode (enforced: false): no loop events")
+        return
+    console.print(
+        f"shadow mode (enforced: false, all allowed): {totals['shadow']} loop events; "
+        "would have been " + ", ".join(f"{a} {shadow[a]}" for a in ACTIONS)
+    )
+
+
+# -- the command ----------------------------------------------------------------------
+
+
+def _collect_file(path: str) -> Iterator[dict[str, Any]]:
+    if path == "-":
+        yield from loop_events_from_lines(sys.stdin.buffer)
+        return
+    with open(path, "rb") as stream:
+        yield from loop_events_from_lines(stream)
+
+
+async def _collect_topic(
+    bootstrap: str, topic: str, since: int | None, until: int | None, options: dict[str, Any]
+) -> AuditSummary:
+    summary = AuditSummary()
+    async for event in loop_events_from_topic(bootstrap, topic, since, options):
+        if in_range(event, since, until):
+            summary.add(event)
+    return summary
+
+
+def run_audit(
+    *,
+    events: str | None,
+    bootstrap: str | None,
+    topic: str | None,
+    since: str | None,
+    until: str | None,
+    html: str | None,
+    top: int,
+    out: IO[str] | None = None,
+) -> int:
+    try:
+        since_ms = None if since is None else parse_time(since)
+        until_ms = None if until is None else parse_time(until)
+    except ValueError as exc:
+        print(f"loopfuse audit: {exc}", file=sys.stderr)
+        return 2
+    if events is not None and bootstrap is not None:
+        print("loopfuse audit: give a JSONL file or --bootstrap, not both", file=sys.stderr)
+        return 2
+    if events is not None:
+        try:
+            summary = AuditSummary.of(
+                e for e in _collect_file(events) if in_range(e, since_ms, until_ms)
+            )
+        except OSError as exc:
+            print(f"loopfuse audit: cannot read {events}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        source = "stdin" if events == "-" else events
+    else:
+        from streams.topic_reader import TopicMissing, reader_settings
+
+        settings = reader_settings(bootstrap)
+        topic = topic or settings.topic_loop_events
+        try:
+            summary = asyncio.run(
+                _collect_topic(
+                    settings.bootstrap_servers,
+                    topic,
+                    since_ms,
+                    until_ms,
+                    settings.kafka_client_kwargs(),
+                )
+            )
+        except TopicMissing as exc:
+            print(f"loopfuse audit: {exc}", file=sys.stderr)
+            return 2
+        except Exception as exc:  # e.g. KafkaConnectionError: one line, not a trace
+            print(f"loopfuse audit: cannot read {topic}: {exc}", file=sys.stderr)
+            return 1
+        source = f"{topic} at {settings.bootstrap_servers}"
+    data = summary.to_dict(top=top)
+    # soft_wrap: a long summary line stays one line (greppable); tables still fit 120
+    console = Console(file=out or sys.stdout, width=120, highlight=False, soft_wrap=True)
+    render_terminal(data, console, source)
+    if html is not None:
+        from streams.audit_report import render_html
+
+        with open(html, "w", encoding="utf-8") as stream:
+            stream.write(render_html(data, source=source))
+        console.print(f"report: {html}")
+    return 0

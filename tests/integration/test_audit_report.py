@@ -1,0 +1,142 @@
+"""``loopfuse audit --html``: the report in a real headless Chromium.
+
+The command runs as a user runs it; the page is opened in Debian's chromium over the
+DevTools protocol: no console error, no uncaught exception, no network request,
+every chart drawn with a real size, sessions sortable by a click, a screenshot kept
+in the test's tmp dir, and every number on the page equal to the terminal summary's
+(read back from the DOM). No chromium: the test fails (``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.audit import AuditSummary, loop_events_from_lines
+from tests.support.chromium import chromium_page, find_chromium
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "audit_replay.jsonl"
+
+READ_PAGE = """(() => {
+  const metrics = {};
+  document.querySelectorAll("[data-metric]").forEach(n => { metrics[n.dataset.metric] = n.textContent; });
+  const charts = {};
+  for (const id of ["chart-timeline", "chart-agents", "chart-tools", "chart-funnel"]) {
+    const chart = document.querySelector("#" + id + " svg");
+    const box = chart ? chart.getBoundingClientRect() : {width: 0, height: 0};
+    const bars = chart ? [...chart.querySelectorAll("rect")].filter(r => {
+      const b = r.getBoundingClientRect(); return b.width > 0 && b.height > 0; }).length : 0;
+    charts[id] = {width: box.width, height: box.height, bars: bars};
+  }
+  return {rendered: document.body.dataset.rendered || "", errors: document.getElementById("report-errors").textContent,
+          title: document.title, metrics: metrics, charts: charts,
+          timelineBars: [...document.querySelectorAll("#chart-timeline rect")].map(r => r.dataset.detector)};
+})()"""
+
+SESSIONS_ORDER = """[...document.querySelectorAll("#sessions-table tbody tr")].map(tr => tr.dataset.session)"""
+
+
+def _click(key: str) -> str:
+    return f'document.querySelector(\'#sessions-table th[data-key="{key}"]\').click()'
+
+
+def _terminal_rows(text: str, title: str) -> dict[str, list[int]]:
+    """name -> numbers of the rich table printed under the line ``title``."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == title)
+    rows: dict[str, list[int]] = {}
+    for line in lines[at + 1 :]:
+        if line.startswith("└"):
+            break
+        if line.startswith("│"):
+            cells = [c.strip() for c in line.split("│") if c.strip()]
+            rows[cells[0]] = [int(c) for c in cells[1:] if c.isdigit()]
+    return rows
+
+
+def _expected_metrics(data: dict[str, Any]) -> dict[str, str]:
+    counts = ("total", "warn", "block", "abort", "allow", "shadow")
+    expected = {f"totals.{k}": str(data["totals"][k]) for k in
+                ("loop_events", "enforced", "shadow", "sessions", "runs", "agents")}
+    for prefix, rows in (("detector", "by_detector"), ("agent", "by_agent"), ("tool", "by_tool")):
+        for row in data[rows]:
+            expected.update({f"{prefix}.{row['name']}.{c}": str(row[c]) for c in counts})
+    for stage in data["funnel"]:
+        expected[f"funnel.{stage['action']}.events"] = str(stage["events"])
+        expected[f"funnel.{stage['action']}.sessions"] = str(stage["sessions"])
+    expected.update({f"shadow.{a}": str(n) for a, n in data["shadow_actions"].items()})
+    for row in data["sessions"]:
+        for key in ("runs", "total", "warn", "block", "abort", "shadow", "max_count"):
+            expected[f"session.{row['session']}.{key}"] = str(row[key])
+    for detector, series in data["timeline"]["series"].items():
+        expected[f"timeline.{detector}"] = str(sum(series))
+    return expected
+
+
+async def test_report_renders_in_chromium_and_agrees_with_the_terminal(tmp_path: Path) -> None:
+    if find_chromium() is None:
+        pytest.fail("chromium not found: apt-get install chromium (.ci/run installs it)")
+    report = tmp_path / "audit.html"
+    run = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "audit", str(FIXTURE), "--html", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr
+    terminal = run.stdout
+    data = AuditSummary.of(loop_events_from_lines(FIXTURE.open("rb"))).to_dict()
+    assert data["totals"]["enforced"] > 0 and data["totals"]["shadow"] > 0  # the fixture has both
+
+    async with chromium_page() as page:
+        await page.open(report.as_uri())
+        seen = await page.evaluate(READ_PAGE)
+        by_session = await page.evaluate(_click("session") + ";" + SESSIONS_ORDER)
+        by_session_desc = await page.evaluate(_click("session") + ";" + SESSIONS_ORDER)
+        by_abort = await page.evaluate(_click("abort") + ";" + SESSIONS_ORDER)
+        shot = await page.screenshot(tmp_path / "audit.png")
+        console_errors, exceptions, requests = page.console_errors, page.exceptions, page.requests
+
+    # loaded cleanly, offline
+    assert seen["rendered"] == "true" and seen["errors"] == "", seen["errors"]
+    assert not console_errors and not exceptions, (console_errors, exceptions)
+    assert [url for url in requests if not url.startswith("file://")] == []
+    # charts drawn, with real sizes
+    for chart, box in seen["charts"].items():
+        assert box["width"] > 100 and box["height"] > 20 and box["bars"] > 0, (chart, box)
+    assert set(seen["timelineBars"]) == set(data["timeline"]["series"])
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    # sortable sessions table
+    names = [row["session"] for row in data["sessions"]]
+    assert by_session == sorted(names) and by_session_desc == sorted(names, reverse=True)
+    aborts = {row["session"]: row["abort"] for row in data["sessions"]}
+    assert [aborts[s] for s in by_abort] == sorted(aborts.values(), reverse=True)
+
+    # the page's numbers are the summary's ...
+    expected = _expected_metrics(data)
+    assert {k: seen["metrics"].get(k) for k in expected} == expected
+    # ... and the terminal's
+    totals = re.search(r"loop events: (\d+) .*\(enforced (\d+), shadow (\d+)\)", terminal)
+    assert totals is not None
+    assert list(totals.groups()) == [
+        seen["metrics"][f"totals.{k}"] for k in ("loop_events", "enforced", "shadow")
+    ]
+    counts = ("total", "warn", "block", "abort", "allow", "shadow")
+    for title, prefix in (("by detector", "detector"), ("by agent", "agent"), ("by tool", "tool")):
+        rows = _terminal_rows(terminal, title)
+        assert rows, title
+        for name, numbers in rows.items():
+            assert numbers == [int(seen["metrics"][f"{prefix}.{name}.{c}"]) for c in counts]
+    funnel = _terminal_rows(terminal, "funnel (enforced)")
+    for action in ("warn", "block", "abort"):
+        assert funnel[action] == [
+            int(seen["metrics"][f"funnel.{action}.events"]),
+            int(seen["metrics"][f"funnel.{action}.sessions"]),
+        ]

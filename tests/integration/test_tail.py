@@ -1,0 +1,77 @@
+"""``loopfuse tail`` against the session broker: from the end, filtered, one line each."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from tests.support.kafka import fixture_records, new_topic, produce
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _start_tail(*args: str) -> asyncio.subprocess.Process:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "streams.cli", "tail", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+    )
+    assert process.stderr is not None
+    line = await asyncio.wait_for(process.stderr.readline(), 60)
+    assert b"from the end" in line, line
+    return process
+
+
+async def _finish(process: asyncio.subprocess.Process) -> tuple[list[str], str]:
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+    assert process.returncode == 0, err
+    return out.decode().splitlines(), err.decode()
+
+
+async def test_tail_follows_loop_events_from_the_end(kafka_bootstrap: str) -> None:
+    topic = await new_topic(kafka_bootstrap)
+    events = fixture_records("loop_event")
+    old, fresh = events[0], [e for e in events if e["action"] == "block"][:6]
+    await produce(kafka_bootstrap, topic, [{**old, "agent_id": "ops-bot"}])  # before tail: not shown
+    wanted = {**fresh[0], "agent_id": "ops-bot", "message": "line one\nline two " + "x" * 300}
+    other = {**fresh[1], "agent_id": "someone-else"}
+    shadow = {**fresh[2], "agent_id": "ops-bot", "enforced": False}
+
+    process = await _start_tail("--bootstrap", kafka_bootstrap, "--topic", topic,
+                                "--agent", "ops-bot", "--count", "2")
+    await produce(kafka_bootstrap, topic, [other, b"not json", wanted, shadow])
+    lines, err = await _finish(process)
+
+    assert len(lines) == 2
+    first = lines[0].split()
+    assert first[2:7] == [
+        wanted["session_key"], wanted["run_id"], "ops-bot", wanted["tool_name"], "BLOCK",
+    ]
+    assert first[7] == wanted["detector"] and first[8] == f"count={wanted['count']}"
+    assert "line one line two xxx" in lines[0] and lines[0].endswith("…")
+    assert len(lines[0]) < 300  # message trimmed, one line
+    assert "BLOCK (shadow)" in lines[1]
+    assert "skipped a record" in err
+
+
+async def test_tail_verdicts_by_session_and_detector(kafka_bootstrap: str) -> None:
+    topic = await new_topic(kafka_bootstrap, partitions=1)
+    verdicts = fixture_records("verdict")
+    warned = [v for v in verdicts if v["action"] == "warn"]
+    target = warned[0]["session_key"]
+    same_session = [v for v in verdicts if v["session_key"] == target]
+
+    process = await _start_tail("--bootstrap", kafka_bootstrap, "--topic", topic, "--verdicts",
+                                "--session", target, "--detector", warned[0]["detector"],
+                                "--count", "1")
+    await produce(kafka_bootstrap, topic, [*same_session[:5], warned[1], warned[0]])
+    lines, _ = await _finish(process)
+
+    expected = next(v for v in [*same_session[:5], warned[0]] if v["detector"] == warned[0]["detector"])
+    assert len(lines) == 1
+    assert f" {target} " in lines[0] and f" {expected['action'].upper()} " in lines[0]
+    assert f"count={expected['count']}" in lines[0]
