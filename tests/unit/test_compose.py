@@ -446,10 +446,6 @@ def test_dockerignore_keeps_what_the_build_copies() -> None:
 GRAFANA = ROOT / "infra" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "loopfuse.json"
 
-#: Worker metrics issue 15 adds in the worker rewrite (streams/app.py, another branch).
-#: Until streams/ defines them they are checked against this declaration; once it
-#: does, the definition found in the code wins (names and labels).
-PROMISED_WORKER_METRICS = {"loopfuse_consumer_lag": frozenset({"topic", "partition"})}
 
 _SUFFIXES = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_sum", "_count"),
              "Summary": ("_sum", "_count")}
@@ -479,8 +475,6 @@ def exported_metrics() -> dict[str, frozenset[str]]:
             base = name.value.removesuffix("_total")
             for suffix in _SUFFIXES[kind]:
                 found[base + suffix] = labels
-    for name, labels in PROMISED_WORKER_METRICS.items():
-        found.setdefault(name, labels)
     return found
 
 
