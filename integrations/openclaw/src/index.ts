@@ -101,7 +101,7 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
       hooks.onGuard?.(guard);
 
       // Lowest priority: calls another policy blocks never reach loopfuse (they did not run).
-      api.on("before_tool_call", ((event: BeforeToolCallEvent, ctx: ToolHookContext) => guard.beforeToolCall(event, ctx)) as never, { priority: -100 });
+      api.on("before_tool_call", ((event: BeforeToolCallEvent, ctx: ToolHookContext) => guard.beforeToolCall(event, ctx)), { priority: -100 });
       let middleware = false;
       if (typeof api.registerAgentToolResultMiddleware === "function") {
         try {
@@ -119,9 +119,9 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
             "contracts.agentToolResultMiddleware): tool results are not published and warnings not shown",
         );
       }
-      api.on("after_compaction", ((event: AfterCompactionEvent, ctx: AgentHookContext) => guard.onCompaction(event, ctx)) as never);
-      api.on("agent_end", ((event: AgentEndEvent, ctx: AgentHookContext) => guard.onAgentEnd(event, ctx)) as never);
-      api.on("gateway_stop", (() => guard.stop()) as never);
+      api.on("after_compaction", ((event: AfterCompactionEvent, ctx: AgentHookContext) => guard.onCompaction(event, ctx)));
+      api.on("agent_end", ((event: AgentEndEvent, ctx: AgentHookContext) => guard.onAgentEnd(event, ctx)));
+      api.on("gateway_stop", () => guard.stop());
       void guard.start();
     },
   });

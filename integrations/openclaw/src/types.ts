@@ -88,7 +88,8 @@ export interface PluginLogger {
   error: (message: string) => void;
 }
 
-type Handler = (event: never, ctx: never) => unknown;
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- hook handlers are typed per hook name by the host
+type Handler = (event: any, ctx: any) => unknown;
 
 /** The registration surface OpenClaw hands to `register(api)`. */
 export interface PluginApi {
