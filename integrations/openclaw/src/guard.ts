@@ -233,6 +233,8 @@ export class LoopfuseGuard {
   private readonly abortedRuns = new Map<string, string>();
   private readonly abortIds = new Set<string>();
   private started: Promise<void> | null = null;
+  /** Set by stop(); a stopped guard publishes nothing more. */
+  stopped = false;
 
   constructor(options: GuardOptions) {
     this.config = options.config;
@@ -259,6 +261,8 @@ export class LoopfuseGuard {
   }
 
   async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
     for (const [key, waiter] of this.pending) {
       clearTimeout(waiter.timer);
       waiter.resolve(null);
@@ -595,6 +599,10 @@ export class LoopfuseGuard {
   }
 
   private publish(topic: string, event: WireEvent, onError?: () => void): void {
+    if (this.stopped) {
+      onError?.();
+      return;
+    }
     this.onEvent?.(topic, event);
     let value: string;
     try {

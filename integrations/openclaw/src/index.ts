@@ -76,6 +76,18 @@ const consoleLogger: PluginLogger = {
   error: (m) => console.error(m),
 };
 
+const SHARED_GUARDS = Symbol.for("loopfuse.openclaw.guards");
+
+function sharedGuard(key: string, make: () => LoopfuseGuard): LoopfuseGuard {
+  const registry = globalThis as typeof globalThis & { [SHARED_GUARDS]?: Map<string, LoopfuseGuard> };
+  const guards = (registry[SHARED_GUARDS] ??= new Map());
+  const existing = guards.get(key);
+  if (existing && !existing.stopped) return existing;
+  const guard = make();
+  guards.set(key, guard);
+  return guard;
+}
+
 /** The plugin; `hooks` lets tests substitute the transport and observe events. */
 export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEntry {
   return definePluginEntry({
@@ -84,20 +96,28 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
     description: "Fleet-wide tool-call loop detection: loopfuse judges every tool call before it runs.",
     configSchema: CONFIG_SCHEMA as unknown as Record<string, unknown>,
     register(api: PluginApi) {
+      // Discovery, setup and CLI-metadata loads build registry snapshots: no Kafka there.
+      if (api.registrationMode && api.registrationMode !== "full") return;
       const logger = api.logger ?? consoleLogger;
       const problems: string[] = [];
       const config = resolveConfig(api.pluginConfig, problems);
       for (const problem of problems) logger.warn(`loopfuse config: ${problem} (default used)`);
-      const incarnation = hooks.incarnation ?? randomUUID();
-      const transport = (hooks.transport ?? ((c, i, l) => new KafkaTransport(c, i, l)))(config, incarnation, logger);
-      const guard = new LoopfuseGuard({
-        config,
-        transport,
-        logger,
-        incarnation,
-        onEvent: hooks.onEvent,
-        onVerdict: hooks.onVerdict,
-      });
+      const make = () => {
+        const incarnation = hooks.incarnation ?? randomUUID();
+        const transport = (hooks.transport ?? ((c, i, l) => new KafkaTransport(c, i, l)))(config, incarnation, logger);
+        return new LoopfuseGuard({
+          config,
+          transport,
+          logger,
+          incarnation,
+          onEvent: hooks.onEvent,
+          onVerdict: hooks.onVerdict,
+        });
+      };
+      // OpenClaw may register a plugin more than once in a process (a runtime registry
+      // loaded for the result middleware, a reload): one guard per config per process,
+      // so calls and their results meet in one place and one incarnation counts seq.
+      const guard = hooks.transport ? make() : sharedGuard(JSON.stringify(config), make);
       hooks.onGuard?.(guard);
 
       // Lowest priority: calls another policy blocks never reach loopfuse (they did not run).

@@ -30,6 +30,7 @@ export class KafkaTransport implements Transport {
   private consumer: Consumer | null = null;
   private admin: Admin | null = null;
   private producerReady: Promise<void> | null = null;
+  private markConnected: () => void = () => {};
   private stopped = false;
 
   constructor(
@@ -53,13 +54,36 @@ export class KafkaTransport implements Transport {
     });
   }
 
+  /**
+   * Connect, retrying with back-off until connected or stopped (a gateway may start
+   * before Kafka or the loopfuse worker). Events sent meanwhile wait for the producer;
+   * their calls are decided by the fail policy when their verdict does not come in time.
+   */
   async start(onVerdict: (raw: string) => void): Promise<void> {
+    this.producerReady = new Promise<void>((resolve) => (this.markConnected = resolve));
+    for (let attempt = 0; !this.stopped; attempt++) {
+      try {
+        await this.connect(onVerdict);
+        this.markConnected();
+        return;
+      } catch (err) {
+        if (attempt % 10 === 0) {
+          this.logger.warn(`loopfuse: Kafka not ready (${String(err)}); retrying`);
+        }
+        await this.disconnectAll();
+        await sleep(Math.min(5000, 250 * 2 ** Math.min(attempt, 5)));
+      }
+    }
+    throw new Error("loopfuse transport stopped before it connected");
+  }
+
+  private async connect(onVerdict: (raw: string) => void): Promise<void> {
     const topic = this.config.topics.verdicts;
     this.producer = this.kafka.producer({
       createPartitioner: Partitioners.DefaultPartitioner, // murmur2, as Java clients and aiokafka
       allowAutoTopicCreation: false, // the loopfuse worker creates topics with the right partition count
     });
-    this.producerReady = this.producer.connect();
+    await this.producer.connect();
     this.admin = this.kafka.admin();
     await this.admin.connect();
     let ends: { partition: number; offset: string }[] = [];
@@ -68,7 +92,7 @@ export class KafkaTransport implements Transport {
         ends = await this.admin.fetchTopicOffsets(topic);
         if (ends.length) break;
       } catch (err) {
-        if (attempt % 20 === 0) {
+        if (attempt % 40 === 0) {
           this.logger.warn(`loopfuse: verdict topic ${topic} not readable yet (${String(err)}); is the worker running?`);
         }
       }
@@ -77,7 +101,7 @@ export class KafkaTransport implements Transport {
     await this.admin.disconnect();
     this.admin = null;
     const session = this.config.groupSessionTimeoutMs;
-    this.consumer = this.kafka.consumer({
+    const consumer = this.kafka.consumer({
       groupId: `${this.config.clientId}-verdicts-${this.incarnation}`,
       sessionTimeout: session,
       rebalanceTimeout: session,
@@ -85,33 +109,42 @@ export class KafkaTransport implements Transport {
       maxWaitTimeInMs: 20,
       allowAutoTopicCreation: false,
     });
+    this.consumer = consumer;
     const joined = new Promise<void>((resolve) => {
-      this.consumer?.on(this.consumer.events.GROUP_JOIN, () => resolve());
+      consumer.on(consumer.events.GROUP_JOIN, () => resolve());
     });
-    await this.consumer.connect();
-    await this.consumer.subscribe({ topic, fromBeginning: false });
-    await this.consumer.run({
+    await consumer.connect();
+    await consumer.subscribe({ topic, fromBeginning: false });
+    await consumer.run({
       autoCommit: false,
       eachMessage: async ({ message }) => {
         if (message.value) onVerdict(message.value.toString("utf8"));
       },
     });
     for (const { partition, offset } of ends) {
-      this.consumer.seek({ topic, partition, offset });
+      consumer.seek({ topic, partition, offset });
     }
-    await this.producerReady;
     await joined;
   }
 
   async send(topic: string, key: string, value: string): Promise<void> {
-    if (!this.producer || !this.producerReady) throw new Error("loopfuse transport not started");
+    if (!this.producerReady) throw new Error("loopfuse transport not started");
     await this.producerReady;
+    if (!this.producer || this.stopped) throw new Error("loopfuse transport stopped");
     await this.producer.send({ topic, acks: -1, messages: [{ key, value }] });
   }
 
   async stop(): Promise<void> {
     this.stopped = true;
+    this.markConnected(); // sends still waiting for a connection fail now
+    await this.disconnectAll();
+  }
+
+  private async disconnectAll(): Promise<void> {
     const closing = [this.consumer?.disconnect(), this.producer?.disconnect(), this.admin?.disconnect()];
+    this.consumer = null;
+    this.producer = null;
+    this.admin = null;
     await Promise.allSettled(closing);
   }
 }

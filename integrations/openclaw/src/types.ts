@@ -94,6 +94,8 @@ type Handler = (event: any, ctx: any) => unknown;
 /** The registration surface OpenClaw hands to `register(api)`. */
 export interface PluginApi {
   id?: string;
+  /** "full" for the live gateway; discovery/setup/CLI-metadata loads use other modes. */
+  registrationMode?: string;
   pluginConfig?: Record<string, unknown>;
   logger?: PluginLogger;
   on: (hookName: string, handler: Handler, opts?: { priority?: number; timeoutMs?: number }) => unknown;

@@ -72,6 +72,32 @@ describe("registration", () => {
     for (const entry of pkg.openclaw.extensions) assert.ok(existsSync(resolve(PACKAGE_ROOT, entry)), entry);
   });
 
+  it("registers nothing in discovery / setup / CLI-metadata loads (no Kafka there)", () => {
+    for (const mode of ["discovery", "setup-only", "cli-metadata"]) {
+      const api = Object.assign(new FakeApi(), { registrationMode: mode });
+      let made = false;
+      createLoopfusePlugin({ transport: () => ((made = true), new FakeTransport()) }).register(api);
+      assert.equal(api.hooks.length + api.middlewares.length, 0, mode);
+      assert.equal(made, false, mode);
+    }
+  });
+
+  it("registered twice in one process (same config): one guard, so calls and results meet", async () => {
+    const guards: LoopfuseGuard[] = [];
+    const config = { bootstrap: "127.0.0.1:1", clientId: `twice-${process.pid}`, timeoutMs: 50 };
+    const first = new FakeApi(config);
+    const second = new FakeApi(config);
+    createLoopfusePlugin({ onGuard: (g) => guards.push(g) }).register(first);
+    createLoopfusePlugin({ onGuard: (g) => guards.push(g) }).register(second);
+    assert.equal(guards[0], guards[1]);
+    await guards[0]!.stop();
+    const third = new FakeApi(config);
+    createLoopfusePlugin({ onGuard: (g) => guards.push(g) }).register(third);
+    assert.notEqual(guards[2], guards[0]); // a stopped guard is replaced
+    assert.notEqual(guards[2]!.incarnation, guards[0]!.incarnation);
+    await guards[2]!.stop();
+  });
+
   it("config: defaults, values, and wrong values reported", () => {
     assert.equal(resolveConfig(undefined).failPolicy, "open");
     assert.equal(resolveConfig(undefined).timeoutMs, 5000);
@@ -366,6 +392,17 @@ describe("verdicts", () => {
     assert.ok(JSON.stringify(r).length < 10_000);
     assert.equal(validate(c), null);
     assert.equal(validate(r), null);
+  });
+
+  it("after gateway_stop nothing is published; calls fall to the fail policy at once", async () => {
+    const { api, transport, guard } = setup({ timeoutMs: 10_000 });
+    await api.emit("gateway_stop", {}, {});
+    const started = Date.now();
+    const decision = await api.emit("before_tool_call", { toolName: "exec", params: {}, toolCallId: "c" }, toolCtx("s", "r", "c"));
+    assert.equal(decision, undefined);
+    assert.ok(Date.now() - started < 1000);
+    assert.equal(transport.sent.length, 0);
+    assert.equal(guard.stopped, true);
   });
 
   it("gateway_stop stops the transport and releases waiting calls", async () => {
