@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -235,7 +235,10 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     const afterCompaction = [];
     for (let i = 0; i < 4; i++) {
       afterCompaction.push(await loop.call("exec", { command: "cat build.log" }, "error: missing dep"));
-      await new Promise((r) => setTimeout(r, i === 2 ? 1500 : 0)); // let the abort (verdict on the 3rd result) arrive
+      if (i === 2) {
+        // loopfuse judges the 3rd identical result and sends abort: wait for it before the next call.
+        await waitFor("the abort verdict", 20_000, () => (gw.guard.stats.aborts > 0 ? true : undefined));
+      }
     }
     await loop.end();
     await healthy.end();
@@ -294,6 +297,5 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     assert.equal(gw.guard.stats.timeoutsBlocked, 1);
     console.log(`#   ${agent.transcript.join("\n#   ")}`);
     await gw.guard.stop();
-    void readFileSync;
   });
 });
