@@ -230,6 +230,8 @@ export class LoopfuseGuard {
   private readonly expired = new Set<string>();
   private readonly records: CallRecord[] = [];
   private readonly knownRuns = new Set<string>();
+  /** The run of each session's latest tool call (for hooks whose context has no run). */
+  private readonly lastRun = new Map<string, string>();
   private readonly abortedRuns = new Map<string, string>();
   private readonly abortIds = new Set<string>();
   private started: Promise<void> | null = null;
@@ -307,6 +309,8 @@ export class LoopfuseGuard {
     try {
       const scope = this.scopeOf(ctx, undefined);
       if (!scope) return;
+      // The guard is per run: without a run in the context, the session's current run.
+      scope.runId ??= this.lastRun.get(scope.sessionKey) ?? null;
       this.publish(this.config.topics.compactions, this.envelope("compaction", scope));
     } catch (err) {
       this.stats.internalErrors++;
@@ -319,7 +323,9 @@ export class LoopfuseGuard {
     try {
       const scope = this.scopeOf(ctx, event.runId);
       if (!scope) return;
+      scope.runId ??= this.lastRun.get(scope.sessionKey) ?? null;
       const rk = this.runKey(scope);
+      if (this.lastRun.get(scope.sessionKey) === scope.runId) this.lastRun.delete(scope.sessionKey);
       // Only sessions this process published for: chat-only runs cost loopfuse nothing.
       if (this.seqs.has(scope.sessionKey)) {
         this.publish(this.config.topics.compactions, this.envelope("run_ended", scope));
@@ -366,6 +372,7 @@ export class LoopfuseGuard {
     Object.assign(call, { call_id: callId, tool_name: toolName });
     this.putArgs(call, record);
     this.knownRuns.add(rk);
+    if (scope.runId) this.lastRun.set(scope.sessionKey, scope.runId);
 
     const key = this.waitKey(scope.sessionKey, callId, call.seq);
     const verdictArrives = new Promise<Verdict | null>((resolve) => {

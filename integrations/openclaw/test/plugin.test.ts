@@ -217,6 +217,15 @@ describe("wire events", () => {
     assert.deepEqual(transport.sent.map((s) => [s.key, s.event.seq]), [["k", 0], ["k", 1]]);
   });
 
+  it("a compaction or run end whose context has no run belongs to the session's current run", async () => {
+    const { api, transport, call } = setup();
+    await call("k", "run-7", "c1", "exec", { command: "ls" });
+    await api.emit("after_compaction", { messageCount: 1, compactedCount: 5 }, { sessionKey: "k" });
+    await api.emit("agent_end", { messages: [], success: true }, { sessionKey: "k" });
+    await tick();
+    assert.deepEqual(transport.sent.slice(2).map((s) => [s.event.type, s.event.run_id]), [["compaction", "run-7"], ["run_ended", "run-7"]]);
+  });
+
   it("agent_end of a session this process never published for sends nothing", async () => {
     const { api, transport } = setup();
     await api.emit("agent_end", { runId: "r", messages: [], success: true }, { sessionKey: "chat-only", runId: "r" });
