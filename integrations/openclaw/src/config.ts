@@ -1,0 +1,185 @@
+/** Plugin config: the manifest's configSchema, defaults, and a tolerant normaliser. */
+
+export type FailPolicy = "open" | "closed";
+
+export interface Topics {
+  toolCalls: string;
+  toolResults: string;
+  compactions: string;
+  verdicts: string;
+}
+
+export interface SaslConfig {
+  mechanism: "plain" | "scram-sha-256" | "scram-sha-512";
+  username: string;
+  password: string;
+}
+
+export interface LoopfuseConfig {
+  /** Kafka bootstrap servers, `host:port[,host:port]`. */
+  bootstrap: string[];
+  /** How long a tool call waits for its verdict (ms). Keep it below OpenClaw's 15 s hook budget. */
+  timeoutMs: number;
+  /** No verdict in time: `open` runs the tool, `closed` blocks it. */
+  failPolicy: FailPolicy;
+  topics: Topics;
+  /** Report only: events are published and verdicts counted, but nothing is blocked or appended. */
+  shadow: boolean;
+  /** Kafka client id; the verdict consumer's group id is `<clientId>-verdicts-<incarnation>`. */
+  clientId: string;
+  ssl: boolean;
+  sasl: SaslConfig | null;
+  /** Consumer-group session timeout of the verdict reader (ms); ~6000 for the embedded broker. */
+  groupSessionTimeoutMs: number;
+}
+
+export const DEFAULT_TOPICS: Topics = {
+  toolCalls: "agent.tool-calls",
+  toolResults: "agent.tool-results",
+  compactions: "agent.compactions",
+  verdicts: "loopfuse.verdicts",
+};
+
+/** OpenClaw's default before_tool_call budget; a longer wait would fail closed in the host. */
+export const HOST_HOOK_TIMEOUT_MS = 15_000;
+
+export const DEFAULTS: LoopfuseConfig = {
+  bootstrap: ["127.0.0.1:9092"],
+  timeoutMs: 5_000,
+  failPolicy: "open",
+  topics: DEFAULT_TOPICS,
+  shadow: false,
+  clientId: "openclaw-loopfuse",
+  ssl: false,
+  sasl: null,
+  groupSessionTimeoutMs: 30_000,
+};
+
+/** The inline JSON Schema of `openclaw.plugin.json` (kept identical; a test checks). */
+export const CONFIG_SCHEMA = {
+  type: "object",
+  additionalProperties: false,
+  properties: {
+    bootstrap: {
+      description: "Kafka bootstrap servers: \"host:port[,host:port]\" or a list",
+      anyOf: [
+        { type: "string", minLength: 1 },
+        { type: "array", items: { type: "string", minLength: 1 }, minItems: 1 },
+      ],
+    },
+    timeoutMs: {
+      description: "How long a tool call waits for loopfuse's verdict (ms); below OpenClaw's 15000 ms hook budget",
+      type: "integer",
+      minimum: 1,
+      maximum: 14000,
+      default: 5000,
+    },
+    failPolicy: {
+      description: "No verdict in time: open = run the tool, closed = block it",
+      enum: ["open", "closed"],
+      default: "open",
+    },
+    topics: {
+      type: "object",
+      additionalProperties: false,
+      properties: {
+        toolCalls: { type: "string", minLength: 1, default: "agent.tool-calls" },
+        toolResults: { type: "string", minLength: 1, default: "agent.tool-results" },
+        compactions: { type: "string", minLength: 1, default: "agent.compactions" },
+        verdicts: { type: "string", minLength: 1, default: "loopfuse.verdicts" },
+      },
+    },
+    shadow: {
+      description: "Report only: publish events and count verdicts, never block or append",
+      type: "boolean",
+      default: false,
+    },
+    clientId: { type: "string", minLength: 1, default: "openclaw-loopfuse" },
+    ssl: { type: "boolean", default: false },
+    sasl: {
+      type: "object",
+      additionalProperties: false,
+      required: ["mechanism", "username", "password"],
+      properties: {
+        mechanism: { enum: ["plain", "scram-sha-256", "scram-sha-512"] },
+        username: { type: "string" },
+        password: { type: "string" },
+      },
+    },
+    groupSessionTimeoutMs: {
+      description: "Session timeout of the verdict reader's consumer group (ms); 6000 for loopfuse's embedded broker",
+      type: "integer",
+      minimum: 3000,
+      default: 30000,
+    },
+  },
+} as const;
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/**
+ * Defaults filled in; values of the wrong type are reported through `problems` and
+ * replaced by their default (OpenClaw validates against the manifest schema before
+ * the plugin loads, so this only matters for hosts that do not).
+ */
+export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseConfig {
+  const cfg: LoopfuseConfig = { ...DEFAULTS, topics: { ...DEFAULT_TOPICS } };
+  if (raw === undefined || raw === null) {
+    return cfg;
+  }
+  if (!isRecord(raw)) {
+    problems.push("config: not an object");
+    return cfg;
+  }
+  const bad = (key: string, why: string) => problems.push(`${key}: ${why}`);
+  for (const key of Object.keys(raw)) {
+    if (!(key in CONFIG_SCHEMA.properties)) bad(key, "unknown key");
+  }
+  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, groupSessionTimeoutMs } = raw;
+  if (typeof bootstrap === "string" && bootstrap.trim()) {
+    cfg.bootstrap = bootstrap.split(",").map((s) => s.trim()).filter(Boolean);
+  } else if (Array.isArray(bootstrap) && bootstrap.length && bootstrap.every((s) => typeof s === "string" && s)) {
+    cfg.bootstrap = bootstrap as string[];
+  } else if (bootstrap !== undefined) bad("bootstrap", "expected host:port[,host:port]");
+  if (timeoutMs !== undefined) {
+    if (Number.isInteger(timeoutMs) && (timeoutMs as number) >= 1) {
+      cfg.timeoutMs = timeoutMs as number;
+      if (cfg.timeoutMs >= HOST_HOOK_TIMEOUT_MS) {
+        bad("timeoutMs", `${cfg.timeoutMs} ms reaches OpenClaw's ${HOST_HOOK_TIMEOUT_MS} ms hook budget (the host would block first)`);
+      }
+    } else bad("timeoutMs", "expected a positive integer");
+  }
+  if (failPolicy === "open" || failPolicy === "closed") cfg.failPolicy = failPolicy;
+  else if (failPolicy !== undefined) bad("failPolicy", "expected open or closed");
+  if (isRecord(topics)) {
+    for (const name of Object.keys(DEFAULT_TOPICS) as (keyof Topics)[]) {
+      const value = topics[name];
+      if (typeof value === "string" && value) cfg.topics[name] = value;
+      else if (value !== undefined) bad(`topics.${name}`, "expected a topic name");
+    }
+  } else if (topics !== undefined) bad("topics", "expected an object");
+  if (typeof shadow === "boolean") cfg.shadow = shadow;
+  else if (shadow !== undefined) bad("shadow", "expected a boolean");
+  if (typeof clientId === "string" && clientId) cfg.clientId = clientId;
+  else if (clientId !== undefined) bad("clientId", "expected a string");
+  if (typeof ssl === "boolean") cfg.ssl = ssl;
+  else if (ssl !== undefined) bad("ssl", "expected a boolean");
+  if (isRecord(sasl)) {
+    const { mechanism, username, password } = sasl;
+    if (
+      (mechanism === "plain" || mechanism === "scram-sha-256" || mechanism === "scram-sha-512") &&
+      typeof username === "string" &&
+      typeof password === "string"
+    ) {
+      cfg.sasl = { mechanism, username, password };
+    } else bad("sasl", "expected {mechanism, username, password}");
+  } else if (sasl !== undefined) bad("sasl", "expected an object");
+  if (groupSessionTimeoutMs !== undefined) {
+    if (Number.isInteger(groupSessionTimeoutMs) && (groupSessionTimeoutMs as number) >= 3000) {
+      cfg.groupSessionTimeoutMs = groupSessionTimeoutMs as number;
+    } else bad("groupSessionTimeoutMs", "expected an integer >= 3000");
+  }
+  return cfg;
+}

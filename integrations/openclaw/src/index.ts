@@ -1,0 +1,150 @@
+/**
+ * loopfuse for OpenClaw: every tool call is published to loopfuse and waits (bounded)
+ * for its verdict; results, compactions and run ends are published so loopfuse sees
+ * whole sessions.
+ *
+ * Hooks: `before_tool_call` (publish the call, wait, veto), the agent tool-result
+ * middleware (publish the structured result, append warnings), `after_compaction`,
+ * `agent_end`, `gateway_stop`.
+ */
+import { randomUUID } from "node:crypto";
+import { CONFIG_SCHEMA, resolveConfig, type LoopfuseConfig } from "./config.js";
+import { LoopfuseGuard, type GuardOptions } from "./guard.js";
+import { KafkaTransport, type Transport } from "./transport.js";
+import type {
+  AfterCompactionEvent,
+  AgentEndEvent,
+  AgentHookContext,
+  BeforeToolCallEvent,
+  PluginApi,
+  PluginEntry,
+  PluginLogger,
+  ToolHookContext,
+} from "./types.js";
+
+export { CONFIG_SCHEMA, resolveConfig } from "./config.js";
+export type { LoopfuseConfig } from "./config.js";
+export { LoopfuseGuard, blockedToolResult, appendWarning, TIMEOUT_MESSAGE } from "./guard.js";
+export type { GuardStats, Verdict, WireEvent } from "./guard.js";
+export { KafkaTransport } from "./transport.js";
+export type { Transport } from "./transport.js";
+export { boundedId, MAX_ID_BYTES } from "./ids.js";
+export type * from "./types.js";
+
+export const PLUGIN_ID = "loopfuse";
+
+/** The runtimes whose tool results the middleware sees (as the manifest's contract). */
+export const RESULT_MIDDLEWARE_RUNTIMES = ["openclaw", "codex"];
+
+interface EntryOptions {
+  id: string;
+  name: string;
+  description: string;
+  configSchema: Record<string, unknown>;
+  register: (api: PluginApi) => void;
+}
+
+/**
+ * The entry shape OpenClaw loads (what the SDK's `definePluginEntry` from
+ * `openclaw/plugin-sdk/plugin-entry` produces): id, name, description, a config
+ * schema and `register(api)`. Defined here so the plugin has no runtime dependency
+ * on the `openclaw` package.
+ */
+export function definePluginEntry(options: EntryOptions): PluginEntry {
+  const { configSchema, ...rest } = options;
+  return {
+    ...rest,
+    get configSchema() {
+      return configSchema;
+    },
+  };
+}
+
+export interface PluginHooksForTests {
+  /** Build the transport (default: kafkajs). */
+  transport?: (config: LoopfuseConfig, incarnation: string, logger: PluginLogger) => Transport;
+  incarnation?: string;
+  onEvent?: GuardOptions["onEvent"];
+  onVerdict?: GuardOptions["onVerdict"];
+  /** Receives the guard once registered. */
+  onGuard?: (guard: LoopfuseGuard) => void;
+}
+
+const consoleLogger: PluginLogger = {
+  info: (m) => console.info(m),
+  warn: (m) => console.warn(m),
+  error: (m) => console.error(m),
+};
+
+const SHARED_GUARDS = Symbol.for("loopfuse.openclaw.guards");
+
+function sharedGuard(key: string, make: () => LoopfuseGuard): LoopfuseGuard {
+  const registry = globalThis as typeof globalThis & { [SHARED_GUARDS]?: Map<string, LoopfuseGuard> };
+  const guards = (registry[SHARED_GUARDS] ??= new Map());
+  const existing = guards.get(key);
+  if (existing && !existing.stopped) return existing;
+  const guard = make();
+  guards.set(key, guard);
+  return guard;
+}
+
+/** The plugin; `hooks` lets tests substitute the transport and observe events. */
+export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEntry {
+  return definePluginEntry({
+    id: PLUGIN_ID,
+    name: "loopfuse",
+    description: "Fleet-wide tool-call loop detection: loopfuse judges every tool call before it runs.",
+    configSchema: CONFIG_SCHEMA as unknown as Record<string, unknown>,
+    register(api: PluginApi) {
+      // Discovery, setup and CLI-metadata loads build registry snapshots: no Kafka there.
+      if (api.registrationMode && api.registrationMode !== "full") return;
+      const logger = api.logger ?? consoleLogger;
+      const problems: string[] = [];
+      const config = resolveConfig(api.pluginConfig, problems);
+      for (const problem of problems) logger.warn(`loopfuse config: ${problem} (default used)`);
+      const make = () => {
+        const incarnation = hooks.incarnation ?? randomUUID();
+        const transport = (hooks.transport ?? ((c, i, l) => new KafkaTransport(c, i, l)))(config, incarnation, logger);
+        return new LoopfuseGuard({
+          config,
+          transport,
+          logger,
+          incarnation,
+          onEvent: hooks.onEvent,
+          onVerdict: hooks.onVerdict,
+        });
+      };
+      // OpenClaw may register a plugin more than once in a process (a runtime registry
+      // loaded for the result middleware, a reload): one guard per config per process,
+      // so calls and their results meet in one place and one incarnation counts seq.
+      const guard = hooks.transport ? make() : sharedGuard(JSON.stringify(config), make);
+      hooks.onGuard?.(guard);
+
+      // Lowest priority: calls another policy blocks never reach loopfuse (they did not run).
+      api.on("before_tool_call", ((event: BeforeToolCallEvent, ctx: ToolHookContext) => guard.beforeToolCall(event, ctx)), { priority: -100 });
+      let middleware = false;
+      if (typeof api.registerAgentToolResultMiddleware === "function") {
+        try {
+          api.registerAgentToolResultMiddleware((event, ctx) => guard.onToolResult(event, ctx), {
+            runtimes: RESULT_MIDDLEWARE_RUNTIMES,
+          });
+          middleware = true;
+        } catch (err) {
+          logger.error(`loopfuse: registerAgentToolResultMiddleware refused: ${String(err)}`);
+        }
+      }
+      if (!middleware) {
+        logger.error(
+          "loopfuse: no tool-result middleware (enable the plugin explicitly; the manifest declares " +
+            "contracts.agentToolResultMiddleware): tool results are not published and warnings not shown",
+        );
+      }
+      api.on("after_compaction", ((event: AfterCompactionEvent, ctx: AgentHookContext) => guard.onCompaction(event, ctx)));
+      api.on("agent_end", ((event: AgentEndEvent, ctx: AgentHookContext) => guard.onAgentEnd(event, ctx)));
+      api.on("gateway_stop", () => guard.stop());
+      void guard.start();
+    },
+  });
+}
+
+export default createLoopfusePlugin();
