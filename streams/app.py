@@ -18,7 +18,7 @@ from schemas.config import DetectionConfigFile, load_config
 from streams import faust_compat as compat
 from streams.engine import Engine
 from streams.faust_compat.consumer import FaustInputOffsets, tune_fetch_wait
-from streams.faust_compat.delivery import install_fast_delivery
+from streams.faust_compat.delivery import FetchBatches, install_fast_delivery
 from streams.faust_compat.end_offsets import install_end_offset_workaround
 from streams.faust_compat.producer import (
     drain_table_writes,
@@ -105,24 +105,29 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     async def publish(messages: list[Message]) -> None:
         await send_retrying(app, messages)
 
+    fetches = FetchBatches(app, frozenset(settings.input_topics), settings.batch_max)
+
     @app.agent(inputs, name="judge")
     async def judge_events(stream: faust.Stream) -> None:
-        async for batch in stream.take_events(settings.batch_max, within=settings.batch_within):
+        # Whole fetches, not the stream's events one by one (faust_compat.delivery).
+        while True:
+            batch = await fetches.take()
             records = [InputRecord(m.topic, m.partition, m.offset, m.key, m.value)
-                       for m in (event.message for event in batch)]
+                       for m in batch]
             try:
                 messages = processor.process(records)
             except Exception:
-                # Input cannot get here (each event is isolated); a bug can. Faust would
-                # restart the agent and acknowledge the batch unjudged: stop instead, so
-                # nothing of it is committed and a restarted worker judges it again.
+                # Input cannot get here (each event is isolated); a bug can. Stop rather
+                # than go on past the batch: nothing of it is acknowledged, so nothing
+                # is committed and a restarted worker judges it again.
                 log.critical("a batch failed outside event isolation: exit 70", exc_info=True)
                 os._exit(70)
             await publish(messages)
-            # At-least-once: take_events acks the batch when this body returns, and
-            # Faust commits acked offsets only after producer.flush(). Table writes
-            # detour through Faust's ProducerBuffer: drain it into aiokafka first.
+            # At-least-once: Faust commits acked offsets only after producer.flush().
+            # Table writes detour through Faust's ProducerBuffer: drain it into
+            # aiokafka, then acknowledge the batch.
             await drain_table_writes(app)
+            fetches.ack(batch)
 
     @app.timer(0.25, name="release_waiting_sessions")
     async def release_waiting_sessions() -> None:
@@ -140,6 +145,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
         tune_fetch_wait(app, settings.fetch_max_wait_ms)
         install_fast_delivery(app)
+        fetches.install()  # before ignore_phantom_gaps, which must see every delivery
         # Before the fetcher starts (recovery starts it after this signal): without
         # these a restart with a backlog skipped input and committed it unjudged.
         keep_queues_on_redundant_resume(app)

@@ -98,9 +98,8 @@ class Settings(BaseSettings):
     broker_session_timeout: float = Field(default=30.0, gt=0)
     broker_heartbeat_interval: float = Field(default=3.0, gt=0)
     commit_interval: float = Field(default=1.0, gt=0)
-    batch_max: int = Field(default=1_000, ge=1, description="events per stream.take batch")
-    batch_within: float = Field(
-        default=0.01, gt=0, description="seconds a partial batch waits before it is processed"
+    batch_max: int = Field(
+        default=1_000, ge=1, description="events per batch (a batch is what fetches brought)"
     )
     fetch_max_wait_ms: int = Field(default=5, ge=0, description="consumer fetch long-poll bound")
     producer_linger_ms: float = Field(default=1.0, ge=0)
