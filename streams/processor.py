@@ -1,4 +1,12 @@
-"""Poison isolation: one session's events folded so that no single event can do harm.
+"""The session processor: input records in, session states and messages out, no Kafka.
+
+:class:`SessionProcessor` is the worker's batch logic (decode, key check, grouping,
+seq sort, watermarks, state cache, routing, dead letters, expiry on both clocks)
+over a :class:`SessionStore` (the Faust table in the worker, a dict in tests), an
+:class:`InputOffsets` view of the consumer and an injected clock. Its lifecycle is
+in its docstring. It rests on *poison isolation*, below.
+
+Poison isolation: one session's events folded so that no single event can do harm.
 
 Whatever fails for one event - the engine, encoding one of its outputs, an output
 over the size Kafka accepts, the session's state over its byte cap - dead-letters
@@ -16,13 +24,17 @@ fold, so re-applying those events gives exactly the state they gave the first ti
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
+from schemas.decode import EventRejected, decode_event
 from schemas.events import DeadLetter
 from streams.engine import Engine, LoopEvent, Notice, Output, Rejection, SessionState, Verdict
 from streams.engine.state import InputEventT, StateTooLarge
+from streams.metrics import Metrics
+from streams.progress import InputProgress
 
 log = logging.getLogger("loopfuse.processor")
 
@@ -178,6 +190,8 @@ class SessionFold:
     shed: int = 0  # times the state was cut to fit its cap
     # Dead letters of the last checkpoint's isolation (events that broke the state).
     isolated: list[Outgoing] = field(default_factory=list)
+    # Dead letters of events that failed in ``apply``, sent with the next checkpoint.
+    letters: list[Outgoing] = field(default_factory=list)
 
     def apply(
         self, event: InputEventT, source: Source, now_ms: int, watermark_ms: int | None
@@ -236,7 +250,9 @@ class SessionFold:
 
     def _flush(self) -> list[Outgoing]:
         messages = [item for step in self.steps for item in step.messages]
+        messages += self.letters
         self.steps.clear()
+        self.letters = []
         return messages
 
     def _step(self, state: SessionState | None, step: _Applied) -> SessionState:
@@ -268,6 +284,8 @@ class SessionFold:
             messages.extend(step.messages)
         self.state = state
         self.base = data
+        messages += self.letters
+        self.letters = []
         return data, messages
 
     def _reject(self, source: Source, code: str, reason: str) -> list[Outgoing]:
@@ -276,8 +294,419 @@ class SessionFold:
         for step in self.steps:
             state = self._step(state, step)
         self.state = state
-        return [dead_letter(source, code, reason, self.limits)]
+        letter = dead_letter(source, code, reason, self.limits)
+        self.letters.append(letter)
+        return [letter]
 
 
 def _decode(data: bytes | None) -> SessionState | None:
     return None if data is None else SessionState.from_bytes(data)
+
+
+# -- the session processor -------------------------------------------------------------
+
+
+class SessionStore(Protocol):
+    """Where session states live: the Faust table in the worker, a dict in tests.
+
+    ``put`` and ``delete`` name the partition of the key: a write must go to the
+    changelog partition of the session's input (co-partitioning).
+    """
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None: ...
+
+    def delete(self, key: bytes, partition: int) -> None: ...
+
+    def keys_of(self, partition: int) -> Iterable[bytes]: ...
+
+
+class DictStore:
+    """A SessionStore in a dict (tests; anything that needs no changelog)."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.partition_of: dict[bytes, int] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        self.data[key] = value
+        self.partition_of[key] = partition
+
+    def delete(self, key: bytes, partition: int) -> None:
+        self.data.pop(key, None)
+        self.partition_of.pop(key, None)
+
+    def keys_of(self, partition: int) -> Iterable[bytes]:
+        return [key for key, p in self.partition_of.items() if p == partition]
+
+
+class InputOffsets(Protocol):
+    """What the consumer knows of an input topic-partition (None: not known)."""
+
+    def highwater(self, topic: str, partition: int) -> int | None:
+        """End offset as of the consumer's last fetch answer."""
+
+    def committed(self, topic: str, partition: int) -> int | None:
+        """Where judging started: the group's committed offset at assignment."""
+
+    def answered_at(self, topic: str, partition: int) -> int | None:
+        """Wall time (ms) of the consumer's last fetch answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """One input message as the processor sees it (no Kafka or Faust type)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTopics:
+    verdicts: str
+    loop_events: str
+    dead_letters: str
+
+
+#: (topic, key, value) of a message to publish.
+Message = tuple[str, bytes | None, bytes]
+
+#: Decoded states kept between batches (see SessionProcessor._load); ~2-5 KB each.
+STATE_CACHE_SIZE = 20_000
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SessionProcessor:
+    """Input records in; table writes (through a SessionStore) and messages out.
+
+    Lifecycle, as the worker drives it:
+
+    1. ``assigned(partitions)`` after every rebalance: judging restarts from the
+       committed offsets, so what was known of those partitions' progress goes;
+    2. ``recovered(partitions)`` once the table is recovered: index the keys the
+       store holds (idle expiry must know each key's partition);
+    3. ``process(records)`` for each batch, in offset order per topic-partition;
+    4. ``release_waiting()`` on a short timer (a restarted gateway's first call),
+       ``expire_idle(partitions)`` on a long one, ``measure_lag`` per scrape.
+
+    Every method is synchronous: nothing can interleave between reading a session's
+    state and writing it back. Nothing raises because of input (streams.processor's
+    poison isolation), so a batch is never acknowledged unjudged.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        inputs: Sequence[str],
+        outputs: OutputTopics,
+        store: SessionStore,
+        offsets: InputOffsets,
+        *,
+        limits: Limits | None = None,
+        max_event_bytes: int = 1_048_576,
+        session_ttl_ms: int = 86_400_000,
+        clock: Callable[[], int] = wall_clock_ms,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.engine = engine
+        self.inputs = tuple(inputs)
+        self.store = store
+        self.offsets = offsets
+        self.limits = limits or Limits()
+        self.max_event_bytes = max_event_bytes
+        self.session_ttl_ms = session_ttl_ms
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self.progress = InputProgress(self.inputs)
+        self.topic_of = {
+            "verdict": outputs.verdicts,
+            "loop_event": outputs.loop_events,
+            "dead_letter": outputs.dead_letters,
+        }
+        # session key -> partition, for idle expiry (the memory store does not know
+        # which partition a key belongs to; expiry must only delete keys of
+        # partitions this worker actively owns).
+        self.key_partition: dict[bytes, int] = {}
+        # session key -> (the bytes we last wrote, the state they encode)
+        self.decoded: dict[bytes, tuple[bytes, SessionState]] = {}
+        # Sessions whose restarted gateway's first events wait for the input to move
+        # on (Engine.release): key -> partition. Re-checked every batch and by a timer,
+        # since the gateway sends nothing more until it has its verdict.
+        self.waiting: dict[bytes, int] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def assigned(self, partitions: Iterable[int]) -> None:
+        """A new assignment: judging restarts from the committed offsets."""
+        # What we knew of any partition's progress may be stale (another worker may
+        # have moved it on).
+        self.progress.forget(partitions)
+        self.metrics.input_behind.clear()  # the next idle scan sets the owned ones
+
+    def recovered(self, partitions: Iterable[int]) -> None:
+        """The store is recovered: index the keys it holds (e.g. RocksDB from disk)."""
+        for partition in partitions:
+            for key in self.store.keys_of(partition):
+                self.key_partition.setdefault(key, partition)
+
+    def on_changelog(self, key: bytes | None, value: bytes | None, partition: int) -> None:
+        """A changelog record read during recovery (or by a standby)."""
+        if key is None:
+            return
+        if value is None:
+            self.key_partition.pop(key, None)
+            self.waiting.pop(key, None)
+        else:
+            self.key_partition[key] = partition
+
+    # -- batches -------------------------------------------------------------------------
+
+    def process(self, records: Sequence[InputRecord]) -> list[Message]:
+        """One batch in, the messages to publish out; the store written.
+
+        Poison isolation: whatever fails for one event - its bytes, its key, the
+        engine, an output or the state over its size - becomes that event's dead
+        letter and changes nothing else.
+        """
+        limits, metrics, progress = self.limits, self.metrics, self.progress
+        now_ms = self.clock()
+        out: list[Message] = []
+        sessions: dict[bytes, list[tuple[InputEventT, Source]]] = {}
+        for record in records:
+            source = Source(
+                record.topic, record.partition, record.offset, key=record.key,
+                value=record.value,
+            )
+            try:
+                decoded = decode_event(
+                    record.value,
+                    max_bytes=self.max_event_bytes,
+                    max_identifier_bytes=limits.max_identifier_bytes,
+                )
+            except EventRejected as exc:
+                progress.judged(record.topic, record.partition, record.offset, None)
+                self._emit(dead_letter(source, exc.code, exc.reason, limits), out)
+                continue
+            except Exception as exc:  # a decoder bug must not take the partition down
+                log.exception("decoding failed")
+                progress.judged(record.topic, record.partition, record.offset, None)
+                reason = f"undecodable: {exc!r}"
+                self._emit(dead_letter(source, "invalid_event", reason, limits), out)
+                continue
+            # A gateway clock running ahead counts as now: one far-future ts must not
+            # move the partition's watermark and event clock for every session on it.
+            progress.judged(record.topic, record.partition, record.offset, min(decoded.ts, now_ms))
+            key = decoded.key.encode("utf-8", "surrogatepass")
+            if record.key != key:
+                # A message on the wrong partition would split the session's state
+                # across partitions (and workers): refuse it rather than guess.
+                reason = (
+                    f"message key {_show_key(record.key)} is not the event's session key "
+                    f"{decoded.key[:80]!r}: events must be keyed by session_key (else run_id)"
+                )
+                self._emit(dead_letter(source, "invalid_event", reason, limits), out)
+                continue
+            metrics.events.labels(decoded.type).inc()
+            sessions.setdefault(key, []).append((decoded, source))
+
+        watermarks: dict[int, int | None] = {}
+        for key, items in sessions.items():
+            partition = items[-1][1].partition or 0
+            watermark = self._watermark(partition, watermarks)
+            if len(items) > 1 and all(decoded.seq is not None for decoded, _ in items):
+                # The engine would park and drain them into seq order anyway; in
+                # order they cost no parking.
+                items.sort(key=lambda item: item[0].seq or 0)
+            fold = self._fold(key)
+            for decoded, source in items:
+                fold.apply(decoded, source, now_ms, watermark)
+            self._settle(key, fold, partition, out)
+        self._release_waiting(now_ms, watermarks, out, skip=sessions)
+        metrics.batches.inc()
+        return out
+
+    def release_waiting(self) -> list[Message]:
+        """Apply what waits in sessions whose input has moved on (the timer's work)."""
+        out: list[Message] = []
+        if self.waiting:
+            self._release_waiting(self.clock(), {}, out, skip={})
+        return out
+
+    def _release_waiting(
+        self,
+        now_ms: int,
+        watermarks: dict[int, int | None],
+        out: list[Message],
+        skip: Mapping[bytes, object],
+    ) -> None:
+        for key, partition in list(self.waiting.items()):
+            if key in skip:
+                continue
+            source = Source(self.inputs[0], partition, key=key)
+            fold = self._fold(key)
+            fold.release(now_ms, self._watermark(partition, watermarks), source)
+            self._settle(key, fold, partition, out)  # writes only if the state changed
+
+    def _watermark(self, partition: int, known: dict[int, int | None]) -> int | None:
+        if partition not in known:
+            # After the whole batch is counted: a missing event later in this batch
+            # is not late (and the seq sort applies it first anyway).
+            offsets = self.offsets
+            known[partition] = self.progress.watermark(
+                partition, offsets.highwater, offsets.committed, offsets.answered_at
+            )
+        return known[partition]
+
+    def _fold(self, key: bytes) -> SessionFold:
+        raw = self.store.get(key)
+        state = self._load(key, raw)
+        # An unreadable state was logged and starts afresh: nothing to go back to.
+        return SessionFold(self.engine, key, self.limits, raw if state else None, state)
+
+    def _settle(self, key: bytes, fold: SessionFold, partition: int, out: list[Message]) -> None:
+        """Write the session's state back and queue the messages of what it includes."""
+        before = fold.base
+        data, messages = fold.checkpoint()
+        if fold.shed:
+            self.metrics.shed.inc(fold.shed)
+        for message in messages:
+            self._emit(message, out)
+        for notice in fold.notices:
+            _log_notice(notice)
+        state = fold.state
+        if data is None or state is None:
+            return
+        if data != before:
+            self.store.put(key, data, partition)
+            self.key_partition[key] = partition
+        self._remember(key, data, state)
+        if state.pending:
+            self.waiting[key] = partition
+        else:
+            self.waiting.pop(key, None)
+
+    def _load(self, key: bytes, raw: bytes | None) -> SessionState | None:
+        """The session's state: reuse the decoded one when the store still holds our bytes.
+
+        With ~100-event batches over many sessions most sessions appear once per
+        batch, so decoding every time cost as much as the engine itself. The check
+        against the stored bytes keeps this safe across recovery, deletes and
+        rebalances: any other writer changes the bytes and we decode again.
+        """
+        cached = self.decoded.pop(key, None)
+        if not raw:
+            return None
+        if cached is not None and (cached[0] is raw or cached[0] == raw):
+            return cached[1]
+        try:
+            return SessionState.from_bytes(raw)
+        except Exception:
+            log.exception("unreadable state of session %r: starting it afresh", key[:80])
+            return None
+
+    def _remember(self, key: bytes, raw: bytes, state: SessionState) -> None:
+        decoded = self.decoded
+        decoded[key] = (raw, state)  # popped in _load: re-inserting keeps LRU order
+        if len(decoded) > STATE_CACHE_SIZE:
+            del decoded[next(iter(decoded))]
+
+    def _emit(self, message: Outgoing, out: list[Message]) -> None:
+        metrics = self.metrics
+        if message.kind == "verdict":
+            metrics.verdicts.labels(message.detail, message.detector or "none").inc()
+        elif message.kind == "loop_event":
+            metrics.loop_events.labels(message.detail).inc()
+        else:
+            metrics.dead_letters.labels(message.detail).inc()
+            log.warning(
+                "dead letter %s: %s", message.detail,
+                message.value[:300].decode("utf-8", "replace"),
+            )
+        out.append((self.topic_of[message.kind], message.key, message.value))
+
+    # -- timers ----------------------------------------------------------------------------
+
+    def measure_lag(self, owned: Iterable[tuple[str, int]]) -> None:
+        """Set ``loopfuse_consumer_lag`` for the input partitions this worker owns."""
+        gauge = self.metrics.consumer_lag
+        gauge.clear()
+        offsets = self.offsets
+        for topic, partition in owned:
+            lag = self.progress.lag(topic, partition, offsets.highwater, offsets.committed)
+            if lag is not None:
+                gauge.labels(topic, str(partition)).set(lag)
+
+    def expire_idle(self, owned_partitions: Iterable[int]) -> int:
+        """Delete the sessions of ``owned_partitions`` idle for longer than the TTL.
+
+        A session looks idle by the wall clock whenever the worker is behind (a
+        stall, a backlog after a restart, one input topic read late): its next events
+        may be on the broker, unread. Deleting it would make them wait for seq 0
+        forever. So a session must also be idle in event time: its newest event older
+        than the TTL by the partition's event clock, the time every input topic of
+        the partition is judged up to (see InputProgress.event_clock). Keys of
+        partitions this worker does not actively own (standbys, or ones being
+        revoked) are left to their owner.
+        """
+        now_ms = self.clock()
+        ttl_ms = self.session_ttl_ms
+        wall_cutoff = now_ms - ttl_ms
+        event_cutoffs: dict[int, int] = {}
+        offsets = self.offsets
+        for partition in owned_partitions:
+            clock = self.progress.event_clock(
+                partition, offsets.highwater, offsets.committed, offsets.answered_at
+            )
+            behind = self.metrics.input_behind.labels(str(partition))
+            if clock is None:
+                behind.set(-1)
+                continue
+            behind.set(max(0, now_ms - clock) / 1000)
+            event_cutoffs[partition] = clock - ttl_ms
+        expired = 0
+        for key, partition in list(self.key_partition.items()):
+            event_cutoff = event_cutoffs.get(partition)
+            if event_cutoff is None:
+                continue  # not ours, or how far its input is judged is not known yet
+            raw = self.store.get(key)
+            if raw is None:
+                self.key_partition.pop(key, None)
+                continue
+            touched_ms, last_event_ms = SessionState.idle_stamps(raw)
+            if touched_ms >= wall_cutoff or last_event_ms >= event_cutoff:
+                continue
+            self.store.delete(key, partition)
+            del self.key_partition[key]
+            self.decoded.pop(key, None)
+            self.waiting.pop(key, None)
+            expired += 1
+        if expired:
+            self.metrics.expired.inc(expired)
+            log.info("expired %d idle sessions", expired)
+        return expired
+
+
+def _show_key(key: bytes | None) -> str:
+    if key is None:
+        return "null"
+    return repr(key[:80].decode("utf-8", "replace"))
+
+
+def _log_notice(notice: Notice) -> None:
+    log.log(
+        logging.getLevelName(notice.level.upper()),
+        "%s (session %r, run %r)",
+        notice.message,
+        notice.session_key[:80],
+        (notice.run_id or "")[:80],
+    )

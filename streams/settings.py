@@ -7,7 +7,7 @@ This is the only place that reads the environment; everything else is handed a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -98,9 +98,8 @@ class Settings(BaseSettings):
     broker_session_timeout: float = Field(default=30.0, gt=0)
     broker_heartbeat_interval: float = Field(default=3.0, gt=0)
     commit_interval: float = Field(default=1.0, gt=0)
-    batch_max: int = Field(default=1_000, ge=1, description="events per stream.take batch")
-    batch_within: float = Field(
-        default=0.01, gt=0, description="seconds a partial batch waits before it is processed"
+    batch_max: int = Field(
+        default=1_000, ge=1, description="events per batch (a batch is what fetches brought)"
     )
     fetch_max_wait_ms: int = Field(default=5, ge=0, description="consumer fetch long-poll bound")
     producer_linger_ms: float = Field(default=1.0, ge=0)
@@ -144,6 +143,23 @@ class Settings(BaseSettings):
     @property
     def output_topics(self) -> tuple[str, str, str]:
         return (self.topic_verdicts, self.topic_loop_events, self.topic_dead_letters)
+
+    def faust_credentials(self) -> Any:
+        """The same security options as Faust's broker credentials (None: plaintext)."""
+        import faust
+
+        kwargs = self.kafka_client_kwargs()
+        if self.sasl_mechanism is not None:
+            secret = self.sasl_password.get_secret_value() if self.sasl_password else ""
+            return faust.SASLCredentials(
+                username=self.sasl_username or "",
+                password=secret,
+                mechanism=self.sasl_mechanism,
+                ssl_context=kwargs.get("ssl_context"),  # type: ignore[arg-type]
+            )
+        if self.security_protocol == "SSL":
+            return faust.SSLCredentials(kwargs["ssl_context"])  # type: ignore[arg-type]
+        return None
 
     def kafka_client_kwargs(self) -> dict[str, object]:
         """Security options for an aiokafka client (admin, producer, consumer)."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.kafka_compat import fetch_end_offsets
+from streams.faust_compat.end_offsets import fetch_end_offsets
 
 if TYPE_CHECKING:
     from streams.settings import Settings
@@ -69,7 +69,7 @@ async def read_snapshot(
 
     ``since_ms`` skips, where the broker can say so (ListOffsets by time), the part of
     each partition written before that time; callers still filter by the records'
-    own times. The end offsets come from Fetch responses (``kafka_compat``): the
+    own times. The end offsets come from Fetch responses (``streams.faust_compat.end_offsets``): the
     embedded broker's ListOffsets is wrong after multi-record batches.
     """
     consumer = _consumer(bootstrap, kafka_options or {})

@@ -10,8 +10,10 @@ import faust
 from pydantic import ValidationError
 
 from schemas.config import ConfigError, load_config
-from streams.app import TopicMismatchError, create_app, ensure_topics
+from streams.app import create_app
+from streams.faust_compat import UnsupportedVersion, check_versions
 from streams.settings import Settings, describe_settings_error
+from streams.topics import TopicMismatchError, ensure_topics
 
 log = logging.getLogger("loopfuse.worker")
 
@@ -24,8 +26,9 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
     input topic comes back with the wrong size while running).
     """
     try:
+        check_versions()
         config = load_config(settings.config_file) if settings.config_file else None
-    except ConfigError as exc:
+    except (ConfigError, UnsupportedVersion) as exc:
         print(f"loopfuse worker: {exc}", file=sys.stderr, flush=True)
         return 2
     # One loop for the pre-flight and the worker: Faust binds to the current loop.

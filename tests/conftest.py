@@ -38,7 +38,7 @@ class KafkaBroker:
 
     ``kind`` is ``"tansu"``, ``"kafka"`` or ``"external"``. Tansu has known gaps
     (see docs: end offsets, no idempotence/transactions, slow group joins), so
-    tests and workers may need ``streams.kafka_compat`` when it is ``tansu``.
+    tests and workers may need ``streams.faust_compat.end_offsets`` when it is ``tansu``.
     """
 
     bootstrap: str

@@ -43,6 +43,24 @@ class StateTooLarge(ValueError):
     """A session's state does not fit its byte cap even with everything sheddable gone."""
 
 
+#: Identifier fields of a waiting event, which dominate what it takes in the state.
+_REST_FIELDS = (
+    "event_id", "session_key", "run_id", "agent_id", "incarnation", "call_id",
+    "tool_name", "args_hash", "args_action", "result_hash", "unknown_tool",
+)
+
+
+def rest_size(event: ToolCall | ToolResult | Compaction | RunEnded) -> int:
+    """About what a waiting event (kept as fingerprints) takes in the state's bytes."""
+    size = 96
+    fields = event.__dict__
+    for name in _REST_FIELDS:
+        value = fields.get(name)
+        if value is not None:
+            size += len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+    return size
+
+
 def run_key(run: str | None) -> int:
     """A run id (already scoped) as a non-zero 64-bit int; 0 for no run id."""
     if run is None:
@@ -165,6 +183,21 @@ class SessionState:
     _runs: set[str | None] | None = field(default=None, repr=False, compare=False)
     # Derived, never serialised: how many records of the history carry each signature.
     _sig_counts: dict[int, int] | None = field(default=None, repr=False, compare=False)
+    # Derived, never serialised: about what the parked and pending events take.
+    _waiting: int | None = field(default=None, repr=False, compare=False)
+
+    def waiting_bytes(self) -> int:
+        """About what the events waiting on a gap or a restart take (see rest_size)."""
+        if self._waiting is None:
+            self._waiting = sum(map(rest_size, self.parked.values())) + sum(
+                map(rest_size, self.pending)
+            )
+        return self._waiting
+
+    def note_waiting(self, delta: int) -> None:
+        """An event joined (+) or left (-) the waiting ones."""
+        if self._waiting is not None:
+            self._waiting += delta
 
     def recent_count(self, sig: int, history: list[Record]) -> int:
         """Records with this signature in ``history`` (a run's view of the history)."""

@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 
 from schemas.config import DetectionConfigFile
-from schemas.decode import utf8_size
 from schemas.events import (
     Action,
     Compaction,
@@ -52,6 +51,7 @@ from streams.engine.state import (
     Record,
     SessionState,
     incarnation_key,
+    rest_size,
     run_key,
 )
 
@@ -190,7 +190,8 @@ class Engine:
             pass  # the same early event again: already waiting
         elif seq > expected:
             state.next_seq = expected
-            state.parked[seq] = self._at_rest(event)
+            resting = state.parked[seq] = self._at_rest(event)
+            state.note_waiting(rest_size(resting))
             _touch(state, event, now_ms)  # a session waiting on a gap is not idle
             self._release_gaps(state, now_ms, watermark_ms, outputs)
         else:
@@ -252,7 +253,9 @@ class Engine:
         for waiting in state.pending:
             if waiting.seq == seq and incarnation_key(waiting.incarnation) == incarnation:
                 return  # the same early event again
-        state.pending.append(self._at_rest(event))
+        resting = self._at_rest(event)
+        state.pending.append(resting)
+        state.note_waiting(rest_size(resting))
         _touch(state, event, now_ms)
         self._open_pending(state, now_ms, watermark_ms, outputs)
 
@@ -273,7 +276,7 @@ class Engine:
             started = min(min(e.ts for e in opening), now_ms)
             crowded = (
                 len(state.parked) + len(state.pending) >= self.max_parked
-                or _waiting_bytes(state) > self.max_parked_bytes
+                or state.waiting_bytes() > self.max_parked_bytes
             )
             if watermark_ms is not None and min(watermark_ms, now_ms) < started and not crowded:
                 return
@@ -298,40 +301,41 @@ class Engine:
     def _at_rest(self, event: InputEventT) -> InputEventT:
         """The event as the engine keeps it while it waits: raw args and results replaced
         by their tokens (nothing raw at rest), with everything applying it needs."""
+        # model_construct: every value comes from a validated event, so no validation
+        # is repeated, and the fields set are exactly those serialised.
         if isinstance(event, ToolCall):
             if event.args_hash is not None:
                 return event
-            data = event.model_dump(exclude_unset=True, exclude={"args"})
+            data = _set_fields(event, drop=("args", "args_action"))
             data["args_hash"] = args_hash(event.args)
             action = action_of(event.args, event.args_action)
             if action is not None:
                 data["args_action"] = action
-            else:
-                data.pop("args_action", None)
-            return ToolCall.model_validate(data)
+            return ToolCall.model_construct(set(data), **data)
         if isinstance(event, ToolResult):
-            data = event.model_dump(
-                exclude_unset=True, exclude={"args", "result", "error", "unknown_tool"}
+            data = _set_fields(
+                event, drop=("args", "args_action", "result", "result_hash", "error",
+                             "unknown_tool"),
             )
-            data.pop("args_action", None)  # decides nothing once the token is computed
             if event.has_args:
                 data["args_hash"] = self._args_token(event)
             token, unknown = self._result_token(event)
             if token is None:
                 data["result"] = None
-                data.pop("result_hash", None)
             else:
                 data["result_hash"] = token
             if unknown is not None:
                 data["unknown_tool"] = unknown
-            return ToolResult.model_validate(data)
+            return ToolResult.model_construct(set(data), **data)
         if isinstance(event, Compaction) and event.reason is not None:
-            return event.model_copy(update={"reason": None})
+            data = _set_fields(event, drop=("reason",))
+            return Compaction.model_construct(set(data), **data)
         return event
 
     def _drain(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
         while state.next_seq is not None and state.next_seq in state.parked:
             event = state.parked.pop(state.next_seq)
+            state.note_waiting(-rest_size(event))
             self._apply(state, event, now_ms, outputs)
             state.next_seq += 1
 
@@ -354,7 +358,7 @@ class Engine:
         """
         while state.parked and (
             len(state.parked) >= self.max_parked
-            or _waiting_bytes(state) > self.max_parked_bytes
+            or state.waiting_bytes() > self.max_parked_bytes
             or _waited_event_time(state.parked.values(), watermark_ms, now_ms)
             >= self.gap_timeout_ms
         ):
@@ -805,20 +809,10 @@ def _waited_event_time(
     return reached - min(times)
 
 
-def _rest_size(event: InputEventT) -> int:
-    """About what a waiting event takes in the state's bytes (its identifiers dominate)."""
-    size = 96
-    for name in ("event_id", "session_key", "run_id", "agent_id", "incarnation", "call_id",
-                 "tool_name", "args_hash", "args_action", "result_hash", "unknown_tool"):
-        value = getattr(event, name, None)
-        if value is not None:
-            size += utf8_size(value)
-    return size
-
-
-def _waiting_bytes(state: SessionState) -> int:
-    """About what the events waiting in ``state`` take (parked and pending)."""
-    return sum(map(_rest_size, state.parked.values())) + sum(map(_rest_size, state.pending))
+def _set_fields(event: InputEventT, drop: tuple[str, ...]) -> dict[str, Any]:
+    """The fields the gateway set on ``event`` (what its JSON carried), less ``drop``."""
+    values = event.__dict__
+    return {name: values[name] for name in event.model_fields_set if name not in drop}
 
 
 def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:

@@ -3,7 +3,7 @@
 Tansu 0.6 answers ListOffsets(latest) with "last batch's base offset + 1", so after
 one producer batch of 100 records aiokafka's ``end_offsets()`` says 1. Faust uses
 end offsets to decide when table recovery is complete, so the workaround in
-streams.kafka_compat takes them from a Fetch response's high watermark instead.
+streams.faust_compat.end_offsets takes them from a Fetch response's high watermark instead.
 These tests pass on Apache Kafka too (where both ways agree).
 """
 
@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.types import TP
 
-from streams.kafka_compat import (
+from streams.faust_compat.end_offsets import (
     end_offset_workaround_installed,
     fetch_end_offsets,
     install_end_offset_workaround,
@@ -225,7 +225,7 @@ def test_fetch_response_reading_covers_lso_and_out_of_range() -> None:
     aborted, preferred_replica, records)."""
     from types import SimpleNamespace
 
-    from streams.kafka_compat import _read_fetch_response
+    from streams.faust_compat.end_offsets import _read_fetch_response
 
     a, b, c = (TopicPartition("t", i) for i in range(3))
     response = SimpleNamespace(

@@ -429,7 +429,7 @@ async def input_lag(
     bootstrap: str, settings: dict[str, str], *, idle: float = 1.0
 ) -> dict[TopicPartition, int]:
     """Per input topic-partition of a worker: records on the broker minus the group's
-    committed offset (Tansu's ListOffsets(latest) is unreliable, see kafka_compat, so
+    committed offset (Tansu's ListOffsets(latest) is unreliable, see streams.faust_compat.end_offsets, so
     the ends come from reading the records; offsets start at 0)."""
     parts = int(settings.get("partitions", "4"))
     ends: dict[TopicPartition, int] = {}

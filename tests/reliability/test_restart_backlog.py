@@ -1,6 +1,6 @@
 """A worker restarting onto a backlog judges every waiting event, once, in seq order.
 
-Regression test for the hole the long chaos run found (streams/faust_fixes.py):
+Regression test for the hole the long chaos run found (streams/faust_compat/recovery.py):
 when table recovery ended, Faust resumed fetching the input topics, then sought
 each partition to its committed offset, then resumed flow control, which cleared
 its queues - dropping input fetched in between - and counted the dropped offsets

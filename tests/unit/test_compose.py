@@ -255,7 +255,7 @@ def test_simulator_matches_the_topic_layout(
 def test_create_topics_matches_worker_settings(
     services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from streams.app import changelog_topic
+    from streams.topics import changelog_topic
 
     settings = settings_from(worker_env(services, "worker-1"), monkeypatch)
     env = env_of(services["create-topics"])

@@ -13,7 +13,7 @@ from typing import Any
 
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-from streams.faust_fixes import ignore_phantom_gaps, keep_queues_on_redundant_resume
+from streams.faust_compat.recovery import ignore_phantom_gaps, keep_queues_on_redundant_resume
 
 
 def test_a_resume_while_flowing_keeps_the_queued_messages() -> None:

@@ -132,3 +132,16 @@ def test_a_seq_space_waiting_to_open_keeps_no_raw_payloads() -> None:
     assert [v.args_hash for v in verdicts(eng.release(restored, NOW, None))] == [
         verdicts(judged(engine(), [first])[1])[0].args_hash
     ]
+
+
+def test_the_waiting_bytes_kept_up_to_date_equal_a_recount() -> None:
+    eng = engine()
+    events = looping(6, incarnation="gw-a", start_ts=1_000)
+    restarted = looping(3, incarnation="gw-b", start_ts=2_000)
+    state: SessionState | None = None
+    # every other event first (parking), a restart in the middle, then the rest
+    for event in [*events[1::2], *restarted[::-1], *events[0::2]]:
+        state, _ = eng.step(state, event, NOW, 1_500)
+        assert state is not None
+        recount = SessionState.from_bytes(state.to_bytes())
+        assert state.waiting_bytes() == recount.waiting_bytes()

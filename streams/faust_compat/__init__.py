@@ -1,0 +1,55 @@
+"""Every Faust, aiokafka and rocksdict internal the worker touches, in one place.
+
+loopfuse keeps Faust as its stream framework (consumer group, assignment, the
+session table and its changelog, recovery, standbys, commits). Where Faust is slow
+or wrong, the workaround lives here, one module per hole, each verified against the
+versions below and pinned by a test that fails if an upgrade moves what it relies on.
+The worker checks the installed versions at start-up (:func:`check_versions`) and
+refuses to run on others.
+
+| where | what it patches or reads | upstream cause | pinned by |
+|---|---|---|---|
+| ``recovery.keep_queues_on_redundant_resume`` | ``app.flow_control.resume`` | a restart onto a backlog resumed flow twice and the second resume cleared queued input (``Recovery.on_recovery_completed``) | tests/unit/test_faust_fixes.py, tests/reliability/test_restart_backlog.py |
+| ``recovery.ignore_phantom_gaps`` | ``Consumer.callback``, ``Consumer._add_gap`` | ``perform_seek`` reset read offsets below delivered messages, whose offsets then counted as a gap and were committed unjudged | the same |
+| ``delivery.install_fast_delivery`` | ``Consumer.wait_first`` | mode's ``wait_first`` made four tasks per message delivered | tests/unit/test_faust_compat.py |
+| ``producer.track_buffer_hand_off``, ``drain_table_writes`` | ``ProducerBuffer._send_pending``, ``.size``, ``.flush`` | the buffer's size hides the message in hand-off to aiokafka, so a batch was acked before its last changelog record | tests/unit/test_faust_compat.py, chaos |
+| ``producer.size_buffer_for_batches`` | ``ProducerBuffer.max_messages`` | Faust's threshold (100) stops the consumer to flush every batch | tests/unit/test_faust_compat.py |
+| ``producer.broker_metadata`` | ``app.producer._producer.client`` (aiokafka) | no public metadata probe (broker reachable, topics lost) | tests/reliability/test_broker_trouble.py |
+| ``consumer.FaustInputOffsets`` | ``Consumer.highwater``, ``Consumer._committed_offset``, aiokafka ``last_poll_timestamp`` via ``Consumer._thread._consumer`` | Faust exposes no read position, committed offset or fetch time per partition (watermarks, event clock, lag) | tests/unit/test_faust_compat.py, tests/integration/test_worker.py |
+| ``consumer.tune_fetch_wait`` | aiokafka ``Fetcher._fetch_max_wait_ms`` | Faust hard-codes a 1500 ms fetch long-poll, which Tansu always waits out | tests/unit/test_faust_compat.py |
+| ``tables.FaustSessionStore`` | ``faust.streams._current_event``; rocksdict ``Store._dbs`` | a table write outside stream iteration needs a current event for its partition; keys on disk per partition | tests/integration, tests/unit/test_faust_compat.py |
+| ``web.operators_only_web`` | ``faust.web.drivers.DRIVERS``, ``Web.*_blueprints`` | Faust serves ``/table`` (session state), ``/router`` and an index, the index with no setting | tests/integration/test_worker.py |
+| ``end_offsets`` | aiokafka ``FetchRequest``, ``AIOKafkaConsumerThread._highwaters`` | Tansu answers ``ListOffsets(latest)`` wrongly after multi-record batches, so recovery stopped early | tests/integration/test_end_offsets.py |
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+#: The versions every workaround here was verified with (pyproject pins them).
+SUPPORTED = {
+    "faust-streaming": ("0.15.3",),
+    "aiokafka": ("0.14.0",),
+}
+
+
+class UnsupportedVersion(RuntimeError):
+    """An installed Faust or aiokafka that loopfuse's workarounds were not verified with."""
+
+
+def check_versions() -> None:
+    """Refuse to run on versions the workarounds here were not verified with."""
+    wrong = []
+    for package, supported in SUPPORTED.items():
+        try:
+            installed = version(package)
+        except PackageNotFoundError:
+            installed = "none"
+        if installed not in supported:
+            wrong.append(f"{package} {installed} (verified: {', '.join(supported)})")
+    if wrong:
+        raise UnsupportedVersion(
+            "the worker's Faust/aiokafka workarounds (streams/faust_compat) were not "
+            f"verified with {'; '.join(wrong)}: install the verified versions "
+            "(pip install -e .) or verify the workarounds and add the versions"
+        )

@@ -1,0 +1,72 @@
+"""The session table as a :class:`streams.processor.SessionStore`."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from faust.streams import _current_event
+
+
+@dataclass(frozen=True, slots=True)
+class _Message:
+    topic: str
+    partition: int
+
+
+class _PartitionOnly:
+    """Stands in for a Faust event where only the partition matters (table writes)."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.message = _Message(topic, partition)
+
+
+class FaustSessionStore:
+    """Session states in a Faust table, written to the right changelog partition.
+
+    A plain Table picks the store and the changelog partition of a write from the
+    *current event*, a context variable Faust sets while iterating a stream
+    (``faust.streams._current_event``). The processor writes outside of Faust's
+    stream iteration, so each write runs with a stand-in event of the key's own
+    partition (all of a session's messages share one partition number), which is
+    exactly what Faust would have used.
+    """
+
+    def __init__(self, table: faust.Table[bytes, bytes], source_topic: str) -> None:
+        self.table = table
+        self.source_topic = source_topic
+        self._stand_ins: dict[int, _PartitionOnly] = {}
+
+    def _as_partition(self, partition: int) -> None:
+        stand_in = self._stand_ins.get(partition)
+        if stand_in is None:
+            stand_in = self._stand_ins[partition] = _PartitionOnly(self.source_topic, partition)
+        _current_event.set(weakref.ref(stand_in))  # type: ignore[arg-type]
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.table.get(key)
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        self._as_partition(partition)
+        self.table[key] = value  # Faust persists (changelog) only on assignment
+        _current_event.set(None)
+
+    def delete(self, key: bytes, partition: int) -> None:
+        self._as_partition(partition)
+        del self.table[key]  # a tombstone in the changelog
+        _current_event.set(None)
+
+    def keys_of(self, partition: int) -> Iterable[bytes]:
+        """Keys kept for ``partition`` by a RocksDB store (``Store._dbs``, one db per
+        partition); the memory store is rebuilt from the changelog, whose records the
+        processor sees (``on_changelog``), so it has nothing to add."""
+        dbs: Any = getattr(self.table.data, "_dbs", None)
+        db = dbs.get(partition) if dbs else None
+        if db is None:
+            return []
+        return [bytes(key) for key in db.keys()]  # noqa: SIM118 - rocksdict Rdict

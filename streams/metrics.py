@@ -1,0 +1,49 @@
+"""The worker's Prometheus metrics; labels never carry session or run ids."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+
+class Metrics:
+    """Prometheus counters of one worker; labels never carry session or run ids."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.events = Counter("loopfuse_events", "Input events judged", ["type"], registry=r)
+        self.verdicts = Counter(
+            "loopfuse_verdicts", "Verdicts published", ["action", "detector"], registry=r
+        )
+        self.loop_events = Counter(
+            "loopfuse_loop_events", "Loop events published", ["detector"], registry=r
+        )
+        self.dead_letters = Counter(
+            "loopfuse_dead_letters", "Inputs dead-lettered", ["reason"], registry=r
+        )
+        self.expired = Counter(
+            "loopfuse_sessions_expired", "Idle sessions deleted from the table", registry=r
+        )
+        self.batches = Counter("loopfuse_batches", "Batches processed", registry=r)
+        self.consumer_lag = Gauge(
+            "loopfuse_consumer_lag",
+            "Records of an input partition not judged yet (end offset as of the last fetch "
+            "minus the next offset to judge)",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.shed = Counter(
+            "loopfuse_state_shed",
+            "Times a session's state was over its byte cap and its oldest evidence shed",
+            registry=r,
+        )
+        self.input_behind = Gauge(
+            "loopfuse_input_behind_seconds",
+            "Wall clock minus the event time every input topic of the partition is judged "
+            "up to, as of the last idle scan (-1: not known yet)",
+            ["partition"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,173 @@
+"""loopfuse's topics (created with the right partition counts, re-created if lost) and
+the worker's readiness, which depends on them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import faust
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from streams.faust_compat.producer import broker_metadata
+from streams.settings import Settings
+
+log = logging.getLogger("loopfuse.worker")
+
+SESSION_TABLE = "sessions"
+
+
+class TopicMismatchError(RuntimeError):
+    """An existing topic's partition count breaks co-partitioning."""
+
+
+
+
+def changelog_topic(settings: Settings) -> str:
+    """Faust's name for the session table's changelog topic."""
+    return f"{settings.app_id}-{SESSION_TABLE}-changelog"
+
+
+async def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> None:
+    """Create missing topics with ``settings.partitions``; fail on a mismatching one.
+
+    Idempotent. Faust itself only declares internal topics and silently accepts
+    an existing topic of any size, but a session's events, its table updates and
+    its verdicts must all land on the same partition number, so every input topic
+    and the changelog must have exactly ``settings.partitions``. Output topics are
+    created with the same count for symmetry but any count works for them.
+    """
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap_servers,
+        client_id=f"{settings.app_id}-topic-check",
+        request_timeout_ms=int(timeout * 1000),
+        **settings.kafka_client_kwargs(),
+    )
+    await asyncio.wait_for(admin.start(), timeout)
+    try:
+        strict = [*settings.input_topics, changelog_topic(settings)]
+        wanted = [*strict, *settings.output_topics]
+        existing = set(await admin.list_topics())
+        missing = [name for name in wanted if name not in existing]
+        if missing:
+            new = [
+                NewTopic(
+                    name,
+                    settings.partitions,
+                    settings.replication_factor,
+                    topic_configs=(
+                        {"cleanup.policy": "compact"} if name == changelog_topic(settings) else {}
+                    ),
+                )
+                for name in missing
+            ]
+            # another worker may win the race: the size check below still applies
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(new)
+        counts = await _partition_counts(admin, strict)
+        wrong = {name: n for name, n in counts.items() if n != settings.partitions}
+        if wrong:
+            detail = "; ".join(
+                f"topic {name!r} has {n} partitions, expected {settings.partitions}"
+                for name, n in wrong.items()
+            )
+            raise TopicMismatchError(
+                f"{detail} (LOOPFUSE_PARTITIONS={settings.partitions}). Input topics and the "
+                "changelog must have equal partition counts so a session's events and state "
+                "stay on one partition: recreate the topic or change LOOPFUSE_PARTITIONS."
+            )
+    finally:
+        await admin.close()
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> dict[str, int]:
+    # describe_topics can race topic creation on some brokers: retry briefly until
+    # every topic reports partitions.
+    for _ in range(50):
+        described = await admin.describe_topics(list(topics))
+        counts = {d["topic"]: len(d.get("partitions") or ()) for d in described}
+        if all(counts.get(name) for name in topics):
+            return counts
+        await asyncio.sleep(0.1)
+    raise TopicMismatchError(f"topics {list(topics)} did not become visible: {counts}")
+
+
+async def restore_lost_topics(
+    settings: Settings, cluster: Any, on_fatal: Callable[[int, str], None]
+) -> list[str]:
+    """Re-create loopfuse's topics if the broker no longer has them; the ones still missing.
+
+    A broker that comes back without them has lost everything (the in-memory test
+    broker after a restart, or a wiped cluster): the session table's changelog and
+    the group's offsets with them. Judging goes on with what the worker holds in
+    memory, but nothing of it is persisted until the changelog exists again, and a
+    gateway's next event would let the broker auto-create an input topic with its
+    default partition count, splitting sessions across partitions. So they are
+    re-created at once with the configured size. An input topic that came back with
+    another size cannot be repaired here: the worker stops (exit code 2), as at
+    start-up.
+    """
+    wanted = [*settings.input_topics, changelog_topic(settings), *settings.output_topics]
+    present = cluster.topics()
+    missing = [name for name in wanted if name not in present]
+    if not missing:
+        return []
+    log.error(
+        "the broker has lost topics %s (a restarted in-memory broker, or a wiped cluster): "
+        "re-creating them; what the changelog held is gone",
+        ", ".join(missing),
+    )
+    try:
+        await ensure_topics(settings, timeout=10.0)
+    except TopicMismatchError as exc:
+        log.critical("%s Stopping (exit code 2).", exc)
+        on_fatal(2, str(exc))
+        return missing
+    except Exception as exc:  # the broker went away again: the next probe retries
+        log.warning("could not re-create topics: %r", exc)
+        return missing
+    return []
+
+
+class Readiness:
+    """What ``/ready`` answers: the broker probe (every 2 s), lost topics, Faust's state."""
+
+    def __init__(self, app: faust.App, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.broker_ok = False
+        self.checked = 0.0
+        self.topics_missing: list[str] = []
+
+    async def probe(self) -> None:
+        cluster = await broker_metadata(self.app)
+        self.broker_ok, self.checked = cluster is not None, time.monotonic()
+        if cluster is not None:
+            self.topics_missing = await restore_lost_topics(
+                self.settings, cluster, self._stop_for_good
+            )
+
+    def _stop_for_good(self, code: int, reason: str) -> None:
+        self.app.loopfuse_exit = (code, reason)  # type: ignore[attr-defined]
+        os.kill(os.getpid(), signal.SIGTERM)  # mode's worker stops the app in order
+
+    def reasons(self) -> list[str]:
+        """Why the worker is not ready; empty when it is."""
+        app = self.app
+        reasons = []
+        if not self.broker_ok or time.monotonic() - self.checked > 10:
+            reasons.append("broker unreachable")
+        if self.topics_missing:
+            reasons.append("topics missing: " + ", ".join(self.topics_missing))
+        if app.rebalancing:
+            reasons.append("rebalancing")
+        if app.in_recovery or not app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]
+            reasons.append("recovering tables")
+        return reasons

@@ -1,0 +1,72 @@
+"""The Faust / aiokafka internals streams/faust_compat relies on are still there.
+
+Each workaround names what it patches or reads (see the table in
+streams/faust_compat/__init__.py); an upgrade that moves one fails here, by name,
+rather than silently in production. The behaviour of each is pinned by the tests
+the table lists.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from streams import faust_compat
+from streams.faust_compat import UnsupportedVersion, check_versions
+
+
+def test_the_installed_versions_are_the_verified_ones() -> None:
+    check_versions()
+
+
+def test_other_versions_are_refused_with_a_clear_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(faust_compat.SUPPORTED, "faust-streaming", ("9.9.9",))
+    with pytest.raises(UnsupportedVersion, match=r"faust-streaming 0\.15\.3 \(verified: 9\.9\.9\)"):
+        check_versions()
+
+
+def test_the_internals_the_workarounds_touch_exist() -> None:
+    from aiokafka.consumer.consumer import AIOKafkaConsumer
+    from aiokafka.consumer.fetcher import Fetcher
+    from faust.streams import _current_event
+    from faust.transport.consumer import Consumer
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+    from faust.transport.producer import ProducerBuffer
+    from faust.web.base import Web
+    from faust.web.drivers import DRIVERS
+    from mode.utils.queues import FlowControlEvent
+
+    # producer: the hand-off task, its size, flush and threshold
+    assert inspect.iscoroutinefunction(ProducerBuffer._send_pending)
+    assert {"size", "flush"} <= set(dir(ProducerBuffer))
+    assert "max_messages" in inspect.getsource(ProducerBuffer)
+    # recovery: flow control resume, the gap bookkeeping and the delivery callback
+    assert callable(FlowControlEvent.resume) and callable(FlowControlEvent.is_active)
+    assert inspect.iscoroutinefunction(Consumer._add_gap)
+    assert "callback(message)" in inspect.getsource(Consumer._drain_messages)
+    assert "self.wait_first(" in inspect.getsource(Consumer._drain_messages)
+    # consumer: committed offsets kept per partition, the consumer thread's aiokafka
+    # consumer, its fetch wait and last fetch answer time
+    assert "_committed_offset" in inspect.getsource(Consumer.__init__)
+    assert "_consumer" in inspect.getsource(AIOKafkaConsumerThread)
+    assert "self._fetch_max_wait_ms" in inspect.getsource(Fetcher.__init__)
+    assert callable(AIOKafkaConsumer.last_poll_timestamp)
+    assert inspect.iscoroutinefunction(AIOKafkaConsumerThread._highwaters)
+    # tables: the current event a write takes its partition from
+    assert _current_event.get(None) is None
+    # web: the driver registry and the blueprint lists a driver may empty
+    assert isinstance(DRIVERS.data, dict)
+    assert {"default_blueprints", "production_blueprints", "debug_blueprints",
+            "optional_blueprints"} <= set(dir(Web))
+
+
+def test_the_operators_only_web_driver_mounts_no_faust_view() -> None:
+    from faust.web.drivers import by_url
+
+    from streams.faust_compat.web import operators_only_web
+
+    driver = by_url(operators_only_web())
+    assert driver.__name__ == "OperatorsOnlyWeb"
+    assert not (driver.default_blueprints or driver.production_blueprints
+                or driver.debug_blueprints or driver.optional_blueprints)
