@@ -116,16 +116,22 @@ async def test_a_block_is_sticky_without_a_round_trip(client: GatewayClient) -> 
     assert other.action == "allow" and len(published) == 1
 
 
-async def test_abort_callback_fires_on_a_compaction_loop(client: GatewayClient) -> None:
-    session = client.session(f"compact-{uuid.uuid4().hex}", run_id="run-1")
-    aborted: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-    client.on_abort(session.session_key, "run-1", aborted.set_result)
+async def _compaction_loop(session: Any) -> Verdict:
+    """A compaction, then the same failing command three times (the guard's window)."""
     await session.compaction("context_overflow")
     args = {"command": "cargo test"}
     failing = {"details": {"status": "failed", "exitCode": 101, "aggregated": "1 failed"}}
     for _ in range(3):
-        verdict = await session.check("exec", args)
+        verdict: Verdict = await session.check("exec", args)
         await session.result("exec", args, call_id=verdict.call_id, result=failing)
+    return verdict
+
+
+async def test_abort_callback_fires_on_a_compaction_loop(client: GatewayClient) -> None:
+    session = client.session(f"compact-{uuid.uuid4().hex}", run_id="run-1")
+    aborted: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+    client.on_abort(session.session_key, "run-1", aborted.set_result)
+    verdict = await _compaction_loop(session)
     abort = await asyncio.wait_for(aborted, 30)
     assert abort.action == "abort"
     assert abort.detector == "compaction_loop_persisted"
@@ -287,12 +293,7 @@ async def test_the_reader_survives_a_raising_abort_callback(client: GatewayClien
 
     client.on_abort(session.session_key, "run-1", broken)
     client.on_abort(session.session_key, "run-1", fired.set_result)
-    await session.compaction("context_overflow")
-    args = {"command": "cargo test"}
-    failing = {"details": {"status": "failed", "exitCode": 101, "aggregated": "1 failed"}}
-    for _ in range(3):
-        verdict = await session.check("exec", args)
-        await session.result("exec", args, call_id=verdict.call_id, result=failing)
+    await _compaction_loop(session)
     assert (await asyncio.wait_for(fired, 30)).action == "abort"
     assert client.stats.callback_errors == 1
     after = await session.check("read", {"path": "/still/alive"})  # the reader goes on
