@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -19,12 +18,10 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from schemas import input_event_adapter, load_config
-from streams.engine import Engine, Verdict
 from streams.worker_process import WorkerProcess, input_topic_for, topic_settings, unique_topics
+from tests.support.harness import Collector, expected_verdicts, produce, without_clock
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,69 +85,9 @@ def worker_factory(
 # -- clients --------------------------------------------------------------------------
 
 
-async def produce(bootstrap: str, messages: list[tuple[str, bytes | None, bytes | None]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    await producer.start()
-    try:
-        for topic, key, value in messages:
-            await producer.send(topic, value, key=key)
-        await producer.flush()
-    finally:
-        await producer.stop()
-
-
-class Collector:
-    """Reads output topics from the beginning, in the background, into ``records``."""
-
-    def __init__(self, bootstrap: str, topics: list[str]) -> None:
-        self.consumer = AIOKafkaConsumer(
-            *topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-            fetch_max_wait_ms=20,
-        )
-        self.records: list[tuple[str, bytes | None, dict[str, Any]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Collector:
-        await self.consumer.start()
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        await self.consumer.stop()
-
-    async def _run(self) -> None:
-        while True:
-            batches = await self.consumer.getmany(timeout_ms=100)
-            for tp, records in batches.items():
-                self.records.extend((tp.topic, r.key, orjson.loads(r.value)) for r in records)
-
-    def of(self, topic: str) -> list[dict[str, Any]]:
-        return [value for t, _, value in self.records if t == topic]
-
-    async def wait_for(self, what: str, done: Any, timeout: float = 45.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; got {self.records[-5:]}")
-            await asyncio.sleep(0.05)
-
-
 def lines(name: str) -> list[dict[str, Any]]:
     text = (FIXTURES / name).read_text()
     return [orjson.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def expected_verdicts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    parsed = [input_event_adapter.validate_python(e) for e in events]
-    outputs = Engine(load_config(CONFIG)).replay(parsed)
-    return [without_clock(orjson.loads(o.to_json())) for o in outputs if isinstance(o, Verdict)]
-
-
-def without_clock(verdict: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in verdict.items() if k != "decided_ts"}
 
 
 def healthy_session(key: str, n: int) -> list[dict[str, Any]]:

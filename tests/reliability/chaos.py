@@ -42,7 +42,7 @@ import orjson
 from streams.broker import EmbeddedBroker
 from streams.engine import SessionState
 from streams.worker_process import WorkerProcess
-from tests.reliability.harness import (
+from tests.support.harness import (
     Collector,
     Comparison,
     compare,

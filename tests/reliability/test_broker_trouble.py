@@ -44,7 +44,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from streams.broker import EmbeddedBroker, free_port
 from streams.worker_process import WorkerProcess
-from tests.reliability.harness import (
+from tests.support.harness import (
     Collector,
     Comparison,
     compare,

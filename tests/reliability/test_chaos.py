@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.chaos import ChaosOptions, run_chaos
-from tests.reliability.harness import LONG
+from tests.support.harness import LONG
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(1800 if LONG else 240)]
 

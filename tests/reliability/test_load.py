@@ -28,7 +28,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from streams.worker_process import WorkerProcess
-from tests.reliability.harness import (
+from tests.support.harness import (
     LONG,
     _session_events,
     http_get,

@@ -34,7 +34,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streams.worker_process import WorkerProcess
-from tests.reliability.harness import (
+from tests.support.harness import (
     CONFIG,
     LONG,
     ROOT,

@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
 from streams.worker_process import WorkerProcess
-from tests.reliability.harness import (
+from tests.support.harness import (
     Collector,
     compare,
     encode,

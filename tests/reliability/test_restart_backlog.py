@@ -21,7 +21,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streams.worker_process import WorkerProcess
-from tests.reliability.harness import (
+from tests.support.harness import (
     Collector,
     compare,
     encode,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from streams.worker_process import WorkerProcess
-from tests.reliability.harness import (
+from tests.support.harness import (
     Collector,
     compare,
     encode,

@@ -1,5 +1,5 @@
-"""Shared helpers of the reliability suite: topics, worker settings, event generation,
-producing, collecting outputs, and comparing verdicts with the offline engine.
+"""Shared helpers of the integration and reliability suites: topics, worker settings,
+event generation, producing, collecting outputs, and comparing verdicts with the offline engine.
 
 Expected verdicts always come from ``Engine(config).replay(events)`` with the same
 config file the worker reads: verdicts are a deterministic function of each
