@@ -135,12 +135,14 @@ _base = {"type": "tool_call", "event_id": "e", "session_key": "s1", "ts": 1_000,
 def _events(draw: Any) -> bytes:
     data = dict(_base) if draw(st.booleans()) else {}
     data.update(draw(st.dictionaries(st.sampled_from(_KEYS), _json, max_size=8)))
-    if draw(st.integers(0, 9)) == 0:
-        nested: Any = 1
-        for _ in range(draw(st.integers(50, 2_000))):
-            nested = [nested]
-        data["args"] = nested
-    return _dumps(data)
+    raw = _dumps(data)
+    if draw(st.integers(0, 9)) == 0 and raw.endswith(b"}"):
+        # deeper than any JSON encoder recurses: written out, not encoded
+        depth = draw(st.integers(50, 20_000))
+        raw = raw[:-1] + (b"," if len(raw) > 2 else b"") + (
+            b'"args":' + b"[" * depth + b"1" + b"]" * depth + b"}"
+        )
+    return raw
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
