@@ -53,6 +53,7 @@ from tests.support.harness import (
     new_topics,
     produce_paced,
     read_all,
+    settle,
     unique,
     verdict_key,
     worker_settings,
@@ -181,7 +182,7 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
                 await asyncio.sleep(0.5)
             waited = time.monotonic() - t0 - produce_seconds
             say(f"waited {waited:.1f} s after the last event (complete={complete()})")
-            await asyncio.sleep(2.0)  # anything extra (duplicates, wrong ones) shows up now
+            await settle(out, bootstrap, settings)  # anything extra (duplicates, wrong ones)
             delivered = out.of(topics["verdicts"])
             loop_events = out.of(topics["loop_events"])
             loops = Counter(e["detector"] for e in loop_events)

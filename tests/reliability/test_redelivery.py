@@ -30,6 +30,7 @@ from tests.support.harness import (
     generate,
     new_topics,
     produce,
+    settle,
     unique,
     worker_settings,
 )
@@ -201,7 +202,7 @@ async def test_duplicates_and_offset_rewind_change_no_verdict(
                 kafka_bootstrap, encode(topics, part_b) + calls_topic(encode(topics, noseq_b))
             )
             await out.wait_for("all verdicts", lambda: have(expected), 120)
-            await asyncio.sleep(2.0)  # late extras (wrong or duplicate) show up now
+            await settle(out, kafka_bootstrap, settings)  # late extras (wrong or duplicate)
             delivered = verdicts()
             dead = out.of(topics["dead_letters"])
     finally:

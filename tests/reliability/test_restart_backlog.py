@@ -30,6 +30,7 @@ from tests.support.harness import (
     input_lag,
     new_topics,
     produce,
+    settle,
     unique,
     worker_settings,
 )
@@ -87,7 +88,7 @@ async def test_a_restart_onto_a_backlog_judges_every_waiting_event(
                     # table from the changelog and resumes from the committed offsets.
                     await _wait_committed(kafka_bootstrap, settings)
                     assert worker.send(signal.SIGKILL) == -signal.SIGKILL
-            await asyncio.sleep(1.0)  # anything extra (a wrong verdict) shows up now
+            await settle(out, kafka_bootstrap, settings)  # anything extra (a wrong verdict)
             delivered = out.of(topics["verdicts"])
             gaps = [e for e in out.of(topics["loop_events"]) if e["detector"] == "sequence_gap"]
     finally:

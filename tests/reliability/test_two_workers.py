@@ -27,6 +27,7 @@ from tests.support.harness import (
     new_topics,
     produce,
     produce_paced,
+    settle,
     unique,
     worker_settings,
 )
@@ -135,7 +136,7 @@ async def test_two_workers_split_partitions_and_one_takes_over_after_sigkill(
                 lambda: want <= {(v["session_key"], v["seq"]) for v in out.of(topics["verdicts"])},
                 120,
             )
-            await asyncio.sleep(2.0)
+            await settle(out, kafka_bootstrap, settings)  # anything extra shows up now
             delivered = out.of(topics["verdicts"])
         assert b.running, b.tail()
     finally:

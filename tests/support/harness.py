@@ -392,6 +392,25 @@ class Collector:
     def of(self, topic: str) -> list[dict[str, Any]]:
         return [value for t, _, value in self.records if t == topic]
 
+    async def read_to_end(self, timeout: float = 30.0) -> None:
+        """Wait until every record now on the topics has been read into ``records``."""
+        from streams.faust_compat.end_offsets import fetch_end_offsets
+
+        assert self.consumer is not None
+        deadline = time.monotonic() + timeout
+        while not self.consumer.assignment():
+            if time.monotonic() > deadline:
+                raise AssertionError("the collector got no partitions")
+            await asyncio.sleep(0.05)
+        tps = list(self.consumer.assignment())
+        # end offsets from a Fetch answer: Tansu's ListOffsets is unreliable
+        ends = await fetch_end_offsets(self.consumer, tps)
+        for tp in tps:
+            while await self.consumer.position(tp) < ends[tp]:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{tp} not read to its end ({ends[tp]})")
+                await asyncio.sleep(0.05)
+
     async def wait_for(self, what: str, done: Callable[[], bool], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while not done():
@@ -456,3 +475,20 @@ def live_keys(records: Iterable[tuple[int, int, bytes | None, bytes | None]]) ->
         if key is not None:
             live[key] = value is not None
     return {k for k, alive in live.items() if alive}
+
+
+async def settle(
+    out: Collector, bootstrap: str, settings: dict[str, str], timeout: float = 120.0
+) -> None:
+    """Wait until nothing more can arrive: every input record judged and committed by
+    the worker's group (its outputs are flushed before a commit), then every output
+    record read. Instead of sleeping and assuming nothing more will come."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lag = await input_lag(bootstrap, settings, idle=0.3)
+        if not any(lag.values()):
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"input not committed to its end: {lag}")
+        await asyncio.sleep(0.2)
+    await out.read_to_end(max(5.0, deadline - time.monotonic()))
