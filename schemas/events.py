@@ -66,13 +66,19 @@ def _to_epoch_ms(value: Any) -> Any:
 
 
 def _identifier(description: str) -> Any:
-    # JSON Schema's maxLength counts characters; the worker counts UTF-8 bytes (the same
-    # for ASCII ids) against LOOPFUSE_MAX_IDENTIFIER_BYTES, whose default this documents.
     return Field(
         default=None,
         description=f"{description}; at most {DEFAULT_MAX_IDENTIFIER_BYTES} UTF-8 bytes",
-        json_schema_extra={"maxLength": DEFAULT_MAX_IDENTIFIER_BYTES},
     )
+
+
+# JSON Schema's maxLength counts characters; the worker counts UTF-8 bytes (the same
+# for ASCII ids) against LOOPFUSE_MAX_IDENTIFIER_BYTES, whose default this documents.
+# On the string type itself, so that the schema's string branch carries it (strict
+# validators such as ajv reject maxLength beside an anyOf).
+Identifier = Annotated[
+    StrictStr, Field(json_schema_extra={"maxLength": DEFAULT_MAX_IDENTIFIER_BYTES})
+]
 
 
 EpochMs = Annotated[
@@ -91,13 +97,13 @@ class _InputEvent(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     event_id: NonEmptyStr
-    session_key: StrictStr | None = _identifier("history scope and Kafka message key")
-    run_id: StrictStr | None = _identifier("detection scope inside the session")
-    agent_id: StrictStr | None = _identifier("selects per-agent config overrides")
+    session_key: Identifier | None = _identifier("history scope and Kafka message key")
+    run_id: Identifier | None = _identifier("detection scope inside the session")
+    agent_id: Identifier | None = _identifier("selects per-agent config overrides")
     # Restart-safe extension to v1: the gateway's seq space. A gateway that restarts
     # (or otherwise starts counting seq from 0 again) sends a new incarnation, which
     # opens a new seq space while the session keeps its history (README: Ordering).
-    incarnation: Annotated[StrictStr, Field(min_length=1)] | None = _identifier(
+    incarnation: Annotated[Identifier, Field(min_length=1)] | None = _identifier(
         "the gateway's seq space: a new value per gateway start (e.g. a random id)"
     )
     seq: WireInt | None = None
@@ -116,14 +122,14 @@ class _InputEvent(BaseModel):
 
 
 class _ArgsCarrier(_InputEvent):
-    call_id: Annotated[StrictStr, Field(json_schema_extra={"maxLength": DEFAULT_MAX_IDENTIFIER_BYTES})]
+    call_id: Identifier
     tool_name: NonEmptyStr
     args: Any = None
-    args_hash: StrictStr | None = _identifier("opaque token of the args (instead of args)")
+    args_hash: Identifier | None = _identifier("opaque token of the args (instead of args)")
     # Extension to v1 for gateways that hash args locally: the string value of
     # args.action, which the engine needs to tell process polls and message sends
     # apart without seeing the args themselves.
-    args_action: StrictStr | None = _identifier("the string value of args.action")
+    args_action: Identifier | None = _identifier("the string value of args.action")
 
     @property
     def has_args(self) -> bool:
@@ -154,9 +160,9 @@ class ToolResult(_ArgsCarrier):
 
     type: Literal["tool_result"]
     result: Any = None
-    result_hash: StrictStr | None = _identifier("opaque token of the result (instead of result)")
+    result_hash: Identifier | None = _identifier("opaque token of the result (instead of result)")
     error: StrictStr | ErrorDetail | None = None
-    unknown_tool: StrictStr | None = _identifier("the missing tool's name")
+    unknown_tool: Identifier | None = _identifier("the missing tool's name")
 
     @model_validator(mode="after")
     def _one_outcome(self) -> ToolResult:
