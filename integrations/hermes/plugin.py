@@ -100,7 +100,7 @@ class HermesPlugin:
         self._sessions: dict[str, GatewaySession] = {}
         self._open_runs: dict[str, set[str]] = {}  # session key -> runs not yet ended
         self._calls: dict[CallKey, _Call] = {}
-        self._warnings: dict[CallKey, str] = {}
+        self._warnings: dict[CallKey, tuple[str, str, str]] = {}  # -> (key, run, message)
         self._aborted: dict[tuple[str, str], str] = {}  # (session key, run) -> message
         self._roots: dict[str, str] = {}  # Hermes session id -> loopfuse session key
         self._task_sessions: dict[str, str] = {}  # task id -> last Hermes session id seen
@@ -172,10 +172,10 @@ class HermesPlugin:
     ) -> str | None:
         """Put a ``warn`` verdict's message into the result the model reads."""
         with self._lock:
-            message = self._warnings.pop(self._call_key(session_id, tool_call_id, tool_name), None)
-        if message is None or not isinstance(result, str):
+            warning = self._warnings.pop(self._call_key(session_id, tool_call_id, tool_name), None)
+        if warning is None or not isinstance(result, str):
             return None
-        return with_warning(result, message)
+        return with_warning(result, warning[2])
 
     def pre_api_request(
         self,
@@ -263,7 +263,7 @@ class HermesPlugin:
             )
             if verdict.action == "warn" and verdict.message and not self.settings.shadow:
                 self._warnings[self._call_key(session_id, tool_call_id, tool_name)] = (
-                    verdict.message
+                    key, run, verdict.message
                 )
         if verdict.action != "allow":
             log.info(
@@ -322,10 +322,13 @@ class HermesPlugin:
                 return
             runs.discard(run)
             self._aborted.pop((key, run), None)
-            for call_key in [k for k, c in self._calls.items() if c.session.session_key == key
-                             and c.run_id == run]:
-                self._calls.pop(call_key, None)
-                self._warnings.pop(call_key, None)
+            # Calls Hermes never reported back (interrupted, or a warning on a tool the
+            # agent loop runs itself, where transform_tool_result does not fire).
+            for call_key in [k for k, c in self._calls.items()
+                             if (c.session.session_key, c.run_id) == (key, run)]:
+                del self._calls[call_key]
+            for call_key in [k for k, w in self._warnings.items() if w[:2] == (key, run)]:
+                del self._warnings[call_key]
         session = self._sessions[key]
 
         async def end() -> None:
