@@ -353,11 +353,16 @@ class HermesPlugin:
                 self._history_sizes[key] = size
             shrunk = size is not None and last is not None and size < last
             session = self._sessions.get(key)
-        if not (rotated or shrunk) or session is None:
-            return  # nothing checked in this session yet: no guard to arm
-        run = task_id or session.run_id or "hermes"
+        client = self._client
+        if not (rotated or shrunk) or client is None:
+            return  # no compaction, or no call checked in this process yet
+        run = task_id or (session.run_id if session is not None else None) or session_id or "hermes"
         log.info("loopfuse: compaction in %s (%s)", key, "split" if rotated else "in place")
-        self._fire(self._in_run(session, run, session.compaction("context_overflow")))
+
+        async def compacted() -> None:
+            await self._session(client, key, run).compaction("context_overflow")
+
+        self._fire(compacted())
 
     def _ensure_client(self) -> GatewayClient | None:
         """The started client, starting it on first use; None if not up within the timeout."""

@@ -77,9 +77,9 @@ class Hermes:
         config = {"plugins": {"enabled": ["loopfuse"], "entries": {"loopfuse": entry}}}
         (home / "config.yaml").write_text(yaml.safe_dump(config))
         discover_plugins(force=True)
-        loaded = get_plugin_manager()._plugins["loopfuse"]
-        assert loaded.enabled, loaded.error
-        assert "pre_tool_call" in loaded.hooks_registered
+        (loaded,) = [p for p in get_plugin_manager().list_plugins() if p["key"] == "loopfuse"]
+        assert loaded["enabled"] and loaded["source"] == "entrypoint", loaded["error"]
+        assert loaded["hooks"] == len(integrations.hermes.HOOKS)
         plugin = integrations.hermes.active()
         assert plugin is not None
         self.plugin = plugin
@@ -232,6 +232,18 @@ def test_a_loop_after_compaction_aborts_the_run_until_it_ends(
     hermes.hook("on_session_end", session_id=child, task_id=task, completed=True)
     hermes.wait_events(lambda events: events[-1]["type"] == "run_ended")
     assert hermes.call("lf_read", {"path": "/y"}, session=child, task="task-2") != blocked
+
+
+def test_an_in_place_compaction_is_seen_at_the_next_model_request(hermes: Hermes) -> None:
+    session = f"sess-{uuid.uuid4().hex[:8]}"
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}, {"role": "tool"}] * 4
+    for messages in (history, [*history, {"role": "tool"}], history[:3]):  # grows, then shrinks
+        hermes.hook("pre_api_request", task_id="t", session_id=session,
+                    conversation_history=messages)
+        hermes.call("lf_read", {"path": f"/{len(messages)}"}, session=session, task="t")
+    hermes.wait_events(lambda events: len(events) == 7)
+    assert [e["type"] for e in hermes.events].count("compaction") == 1
+    assert hermes.events[4]["type"] == "compaction"  # after two calls and their results
 
 
 @pytest.mark.parametrize(("policy", "runs"), [("open", True), ("closed", False)])
