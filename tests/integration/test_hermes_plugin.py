@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,20 @@ def test_a_healthy_agent_is_untouched(hermes: Hermes, tools: Tools) -> None:
     assert seen == [json.dumps({"content": f"contents of /src/file{i}.py"}) for i in range(8)]
     hermes.wait_events(lambda events: len(events) == 16)
     assert {v.action for v in hermes.replayed_verdicts()} == {"allow"}
+
+
+def test_parallel_tool_calls_of_a_turn_are_each_judged(hermes: Hermes, tools: Tools) -> None:
+    # Hermes runs a turn's independent tool calls on worker threads.
+    session = f"sess-{uuid.uuid4().hex[:8]}"
+    paths = [f"/src/mod{i}.py" for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        seen = list(pool.map(
+            lambda path: hermes.call("lf_read", {"path": path}, session=session, task="t"), paths
+        ))
+    assert seen == [json.dumps({"content": f"contents of {path}"}) for path in paths]
+    hermes.wait_events(lambda events: len(events) == 12)
+    assert sorted(e["seq"] for e in hermes.events) == list(range(12))
+    assert [v.action for v in hermes.replayed_verdicts()] == ["allow"] * 6
 
 
 def test_a_loop_after_compaction_aborts_the_run_until_it_ends(
