@@ -158,14 +158,21 @@ def worker(
 
 @pytest.fixture
 def hermes(
-    hermes_home: Path, tools: Tools, kafka_bootstrap: str, worker: dict[str, str]
+    request: pytest.FixtureRequest,
+    hermes_home: Path,
+    tools: Tools,
+    kafka_bootstrap: str,
+    worker: dict[str, str],
 ) -> Iterator[Hermes]:
-    entry = {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 30, **worker}
+    """Hermes with the plugin in front of the module's worker (param: hash_locally)."""
+    entry = {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 30, **worker,
+             "hash_locally": getattr(request, "param", False)}
     agent = Hermes(hermes_home, entry)
     yield agent
     agent.plugin.close()
 
 
+@pytest.mark.parametrize("hermes", [False, True], ids=["raw", "hashed"], indirect=True)
 def test_a_looping_agent_is_warned_then_blocked_as_replay_judges_it(
     hermes: Hermes, tools: Tools
 ) -> None:
@@ -173,7 +180,10 @@ def test_a_looping_agent_is_warned_then_blocked_as_replay_judges_it(
     args = {"command": "make build"}
     before = tools.runs.get("lf_exec", 0)
     seen = [hermes.call("lf_exec", args, session=session, task=task) for _ in range(7)]
-    hermes.wait_events(lambda events: len(events) == 12)  # 6 calls + 6 results; the 7th is sticky
+    # 6 calls and 7 results: the 7th call is answered from the sticky-block cache (no
+    # round trip), its blocked result is still published, like every vetoed call's.
+    hermes.wait_events(lambda events: len(events) >= 13)
+    assert [e["type"] for e in hermes.events].count("tool_call") == 6
 
     verdicts = hermes.replayed_verdicts()
     assert [v.action for v in verdicts] == ["allow", "allow", "allow", "warn", "warn", "block"]
@@ -184,9 +194,14 @@ def test_a_looping_agent_is_warned_then_blocked_as_replay_judges_it(
     assert block is not None and block.startswith("CRITICAL: Called lf_exec with identical")
     assert [json.loads(s) for s in seen[5:]] == [{"error": block}] * 2  # blocked: not run
     assert tools.runs["lf_exec"] - before == 5
-    # The vetoed call's result is loopfuse's blocked shape, so the block stays in force.
-    assert hermes.events[-1]["type"] == "tool_result"
-    assert hermes.events[-1]["result"]["details"]["status"] == "blocked"
+    # The vetoed call's result is loopfuse's blocked shape, so the block stays in force
+    # (hashed: a result with nothing to record, what that shape hashes to).
+    last = hermes.events[-1]
+    assert last["type"] == "tool_result" and "error" not in last
+    if hermes.plugin.settings.hash_locally:
+        assert "args_hash" in last and last["result"] is None
+    else:
+        assert last["result"]["details"]["status"] == "blocked"
 
 
 def test_a_healthy_agent_is_untouched(hermes: Hermes, tools: Tools) -> None:
