@@ -1,0 +1,1 @@
+"""Plugins that connect agent gateways to loopfuse (one subpackage per gateway)."""

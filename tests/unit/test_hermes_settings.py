@@ -1,0 +1,54 @@
+"""The Hermes plugin's settings and result wording, without Hermes or a broker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from integrations.hermes.plugin import with_warning
+from integrations.hermes.settings import PluginSettings, load
+
+
+def test_defaults_are_the_gateway_clients() -> None:
+    config = load(None)
+    assert (config.plugin.gateway_timeout, config.plugin.fail_policy) == (5.0, "open")
+    assert not config.plugin.shadow and not config.plugin.hash_locally
+    assert config.kafka.bootstrap_servers == "127.0.0.1:9092"
+
+
+def test_the_hermes_entry_wins_over_loopfuse_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPFUSE_FAIL_POLICY", "closed")
+    monkeypatch.setenv("LOOPFUSE_BOOTSTRAP_SERVERS", "env-kafka:9092")
+    monkeypatch.setenv("LOOPFUSE_SHADOW", "true")
+    config = load({"bootstrap_servers": "kafka:9092", "topic_verdicts": "v", "enabled": True,
+                   "allow_tool_override": False})
+    assert config.plugin.fail_policy == "closed" and config.plugin.shadow
+    assert config.kafka.bootstrap_servers == "kafka:9092"
+    assert config.kafka.topic_verdicts == "v"
+
+
+@pytest.mark.parametrize(
+    ("entry", "named"),
+    [({"fail_policy": "sometimes"}, "fail_policy"), ({"bootstrap": "k:9092"}, "bootstrap"),
+     ({"gateway_timeout": 0}, "gateway_timeout")],
+)
+def test_a_bad_entry_is_refused_naming_the_key(entry: dict[str, object], named: str) -> None:
+    with pytest.raises(ValidationError, match=named):
+        load(entry)
+
+
+def test_a_warning_stays_inside_a_json_result() -> None:
+    shown = with_warning(json.dumps({"output": "ok"}), "WARNING: stop")
+    assert json.loads(shown) == {"output": "ok", "loopfuse_warning": "WARNING: stop"}
+    assert with_warning("plain text", "WARNING: stop") == "plain text\n\n[loopfuse] WARNING: stop"
+    assert with_warning("[1, 2]", "W").endswith("\n\n[loopfuse] W")
+
+
+def test_every_plugin_setting_is_documented() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    missing = [n for n in PluginSettings.model_fields if f"LOOPFUSE_{n.upper()}" not in readme
+               or f"{n}:" not in readme]
+    assert missing == []
