@@ -17,6 +17,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY streams ./streams
+# the Hermes plugin is a package of the distribution (the OpenClaw one is a Node package)
+COPY integrations/__init__.py ./integrations/__init__.py
+COPY integrations/hermes ./integrations/hermes
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[rocksdb]"
 
 FROM python:3.11-slim
