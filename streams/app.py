@@ -11,26 +11,20 @@ import os
 from typing import Any
 
 import faust
-import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from schemas.config import DetectionConfigFile, load_config
 from streams import faust_compat as compat
 from streams.engine import Engine
-from streams.faust_compat.consumer import FaustInputOffsets, tune_fetch_wait
-from streams.faust_compat.delivery import FetchBatches, install_fast_delivery
+from streams.faust_compat.assignment import prepare_consumer
+from streams.faust_compat.consumer import FaustInputOffsets, owned_inputs
+from streams.faust_compat.delivery import FetchBatches
 from streams.faust_compat.end_offsets import install_end_offset_workaround
-from streams.faust_compat.producer import (
-    drain_table_writes,
-    send_retrying,
-    size_buffer_for_batches,
-    track_buffer_hand_off,
-)
-from streams.faust_compat.recovery import ignore_phantom_gaps, keep_queues_on_redundant_resume
-from streams.faust_compat.tables import FaustSessionStore
+from streams.faust_compat.producer import drain_table_writes, send_retrying, track_buffer_hand_off
+from streams.faust_compat.tables import FaustSessionStore, session_table
 from streams.faust_compat.web import operators_only_web
 from streams.metrics import Metrics
-from streams.processor import InputRecord, Limits, Message, OutputTopics, SessionProcessor
+from streams.processor import InputRecord, Limits, OutputTopics, SessionProcessor
 from streams.settings import Settings
 from streams.topics import SESSION_TABLE, Readiness
 
@@ -69,14 +63,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     async def on_changelog(event: Any) -> None:  # recovery and standbys
         processor.on_changelog(event.message.key, event.message.value, event.message.partition)
 
-    table = app.conf.Table(
-        app, name=SESSION_TABLE, default=None, partitions=settings.partitions,
-        beacon=app.tables.beacon, on_changelog_event=on_changelog,
-    )
-    # Values are the engine's bytes: set raw serializers before the table is
-    # registered (Faust derives them from key/value types and falls back to JSON).
-    table.key_serializer = table.value_serializer = "raw"
-    app.tables.add(table)
+    table = session_table(app, SESSION_TABLE, settings.partitions, on_changelog)
     engine = Engine(
         config, max_parked=settings.max_parked_events, max_parked_bytes=settings.max_parked_bytes,
         gap_timeout_ms=int(settings.sequence_gap_timeout_seconds * 1000),
@@ -96,14 +83,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     readiness = Readiness(app, settings)
 
     def owned() -> list[tuple[str, int]]:
-        try:
-            return [(tp.topic, tp.partition) for tp in app.consumer.assignment()
-                    if tp.topic in settings.input_topics]
-        except Exception:  # no consumer yet
-            return []
-
-    async def publish(messages: list[Message]) -> None:
-        await send_retrying(app, messages)
+        return owned_inputs(app, settings.input_topics)
 
     fetches = FetchBatches(app, frozenset(settings.input_topics), settings.batch_max)
 
@@ -122,7 +102,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
                 # is committed and a restarted worker judges it again.
                 log.critical("a batch failed outside event isolation: exit 70", exc_info=True)
                 os._exit(70)
-            await publish(messages)
+            await send_retrying(app, messages)  # a broker problem is retried, never skipped
             # At-least-once: Faust commits acked offsets only after producer.flush().
             # Table writes detour through Faust's ProducerBuffer: drain it into
             # aiokafka, then acknowledge the batch.
@@ -134,7 +114,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         # A restarted gateway's first call waits for the input to move on, and the
         # gateway sends nothing else until it has the verdict: no batch would come.
         if processor.waiting and not (app.rebalancing or app.in_recovery):
-            await publish(processor.release_waiting())
+            await send_retrying(app, processor.release_waiting())
 
     @app.timer(settings.idle_scan_interval_seconds, name="expire_idle_sessions")
     async def expire_idle_sessions() -> None:
@@ -143,24 +123,14 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
 
     @app.on_partitions_assigned.connect
     async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
-        tune_fetch_wait(app, settings.fetch_max_wait_ms)
-        install_fast_delivery(app)
-        fetches.install()  # before ignore_phantom_gaps, which must see every delivery
-        # Before the fetcher starts (recovery starts it after this signal): without
-        # these a restart with a backlog skipped input and committed it unjudged.
-        keep_queues_on_redundant_resume(app)
-        ignore_phantom_gaps(app, frozenset(settings.input_topics))
+        prepare_consumer(app, fetches, frozenset(settings.input_topics),
+                         fetch_max_wait_ms=settings.fetch_max_wait_ms, batch_max=settings.batch_max)
         processor.assigned(range(settings.partitions))
-        size_buffer_for_batches(app, settings.batch_max)
 
     async def _recovered() -> None:
         processor.recovered({partition for _, partition in owned()})
 
     table.on_recover(_recovered)
-
-    @app.timer(2.0, name="probe_broker")
-    async def probe_broker() -> None:
-        await readiness.probe()
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
@@ -168,15 +138,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         body = processor.metrics.render()
         return web.bytes(body, content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
-    @app.page("/livez")
-    async def livez_page(web: Any, request: Any) -> Any:
-        return web.bytes(b'{"live":true}', content_type="application/json")  # loop answers
-
-    @app.page("/ready")
-    async def ready_page(web: Any, request: Any) -> Any:
-        reasons = readiness.reasons()
-        return web.bytes(orjson.dumps({"ready": not reasons, "reasons": reasons}),
-                         content_type="application/json", status=503 if reasons else 200)
+    readiness.add_pages()  # /ready and /livez
 
     app.loopfuse_processor = processor  # type: ignore[attr-defined]
     return app

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
+import orjson
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -157,6 +158,27 @@ class Readiness:
     def _stop_for_good(self, code: int, reason: str) -> None:
         self.app.loopfuse_exit = (code, reason)  # type: ignore[attr-defined]
         os.kill(os.getpid(), signal.SIGTERM)  # mode's worker stops the app in order
+
+    def add_pages(self) -> None:
+        """The broker probe (every 2 s), ``/ready`` (200 or 503 with the reasons) and
+        ``/livez`` (200 while the event loop answers)."""
+        app = self.app
+
+        @app.timer(2.0, name="probe_broker")  # type: ignore[untyped-decorator]
+        async def probe_broker() -> None:
+            await self.probe()
+
+        @app.page("/ready")
+        async def ready_page(web: Any, request: Any) -> Any:
+            reasons = self.reasons()
+            body = orjson.dumps({"ready": not reasons, "reasons": reasons})
+            return web.bytes(
+                body, content_type="application/json", status=503 if reasons else 200
+            )
+
+        @app.page("/livez")
+        async def livez_page(web: Any, request: Any) -> Any:
+            return web.bytes(b'{"live":true}', content_type="application/json")
 
     def reasons(self) -> list[str]:
         """Why the worker is not ready; empty when it is."""

@@ -63,3 +63,11 @@ def tune_fetch_wait(app: faust.App, max_wait_ms: int) -> None:
     fetcher = getattr(aiokafka_consumer(app), "_fetcher", None)
     if fetcher is not None:
         fetcher._fetch_max_wait_ms = max_wait_ms
+
+
+def owned_inputs(app: faust.App, topics: tuple[str, ...]) -> list[tuple[str, int]]:
+    """The (topic, partition) pairs of ``topics`` assigned to this worker now."""
+    try:
+        return [(tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic in topics]
+    except Exception:  # no consumer yet (starting up)
+        return []

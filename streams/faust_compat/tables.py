@@ -26,6 +26,26 @@ class _PartitionOnly:
         self.message = _Message(topic, partition)
 
 
+def session_table(
+    app: faust.App, name: str, partitions: int, on_changelog: Any
+) -> faust.Table[bytes, bytes]:
+    """The session table: raw bytes in, raw bytes out, registered with the app.
+
+    Faust derives a table's serializers from its key and value types and falls back
+    to JSON, so the raw serializers are set before the table is registered (which
+    creates its changelog topic). ``on_changelog`` is awaited for every changelog
+    record read during recovery and by standbys.
+    """
+    table_class: Any = app.conf.Table
+    table: faust.Table[bytes, bytes] = table_class(
+        app, name=name, default=None, partitions=partitions, beacon=app.tables.beacon,
+        on_changelog_event=on_changelog,
+    )
+    table.key_serializer = table.value_serializer = "raw"
+    app.tables.add(table)
+    return table
+
+
 class FaustSessionStore:
     """Session states in a Faust table, written to the right changelog partition.
 

@@ -1,0 +1,34 @@
+"""What the worker's consumer needs in place before its fetcher starts, on every assignment."""
+
+from __future__ import annotations
+
+import faust
+
+from streams.faust_compat.consumer import tune_fetch_wait
+from streams.faust_compat.delivery import FetchBatches, install_fast_delivery
+from streams.faust_compat.producer import size_buffer_for_batches
+from streams.faust_compat.recovery import ignore_phantom_gaps, keep_queues_on_redundant_resume
+
+
+def prepare_consumer(
+    app: faust.App,
+    fetches: FetchBatches,
+    inputs: frozenset[str],
+    *,
+    fetch_max_wait_ms: int,
+    batch_max: int,
+) -> None:
+    """Install every consumer-side workaround (each idempotent), in the order they need.
+
+    Called from ``on_partitions_assigned``, i.e. before the fetcher starts (recovery
+    starts it after this signal): the fetch loop binds its delivery callback once.
+    Without the recovery fixes a restart onto a backlog skipped input and committed
+    it unjudged; ``fetches`` goes before ``ignore_phantom_gaps``, which must see every
+    delivered message.
+    """
+    tune_fetch_wait(app, fetch_max_wait_ms)
+    install_fast_delivery(app)
+    fetches.install()
+    keep_queues_on_redundant_resume(app)
+    ignore_phantom_gaps(app, inputs)
+    size_buffer_for_batches(app, batch_max)
