@@ -190,25 +190,28 @@ async def worker_throughput(bootstrap: str, worker: BenchWorker,
     await cons.start()
     try:
         worker.start()
-        seen = 0
-        first_decided = last_decided = 0
-        deadline = time.monotonic() + 300
-        while seen < expected:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {seen}/{expected} verdicts; see {worker.log_path}")
-            batches = await cons.getmany(timeout_ms=200, max_records=5_000)
-            for records in batches.values():
-                for r in records:
-                    decided = orjson.loads(r.value)["decided_ts"]
-                    first_decided = decided if not first_decided else min(first_decided, decided)
-                    last_decided = max(last_decided, decided)
-                    seen += 1
+        # Time between the first and the last decision: excludes start-up, the group
+        # join and changelog recovery, which the raw pipe does not have either.
+        elapsed = await decision_span(cons, expected, f"see {worker.log_path}")
     finally:
         await cons.stop()
-    # Time between the first and the last decision: excludes start-up, the group
-    # join and changelog recovery, which the raw pipe does not have either.
-    elapsed = max((last_decided - first_decided) / 1000.0, 1e-3)
     return len(events) / elapsed
+
+
+async def decision_span(cons: AIOKafkaConsumer, expected: int, hint: str) -> float:
+    """Seconds from the first to the last of ``expected`` verdicts' decisions."""
+    seen = first = last = 0
+    deadline = time.monotonic() + 300
+    while seen < expected:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {seen}/{expected} verdicts; {hint}")
+        for records in (await cons.getmany(timeout_ms=200, max_records=5_000)).values():
+            for r in records:
+                decided = orjson.loads(r.value)["decided_ts"]
+                first = decided if not first else min(first, decided)
+                last = max(last, decided)
+                seen += 1
+    return max((last - first) / 1000.0, 1e-3)
 
 
 async def raw_pipe_throughput(bootstrap: str, events: list[dict[str, Any]],
@@ -360,20 +363,10 @@ async def group_throughput(bootstrap: str, workers: list[WorkerProcess], topics:
     try:
         await cons.seek_to_end()
         await produce_all(bootstrap, messages)
-        seen, first, last = 0, 0, 0
-        deadline = time.monotonic() + 300
-        while seen < expected:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {seen}/{expected} verdicts")
-            for records in (await cons.getmany(timeout_ms=200, max_records=5_000)).values():
-                for r in records:
-                    decided = orjson.loads(r.value)["decided_ts"]
-                    first = decided if not first else min(first, decided)
-                    last = max(last, decided)
-                    seen += 1
+        elapsed = await decision_span(cons, expected, f"{len(workers)} worker(s)")
     finally:
         await cons.stop()
-    return len(events) / max((last - first) / 1000.0, 1e-3)
+    return len(events) / elapsed
 
 
 async def scale_out(bootstrap: str, embedded: bool, partitions: int, tmp: Path,

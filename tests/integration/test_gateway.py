@@ -32,6 +32,20 @@ def _topics() -> Topics:
     )
 
 
+async def _unread_topics(bootstrap: str) -> Topics:
+    """Topics of their own that no worker reads: no verdict comes unless a test sends it."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topics = _topics()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t, 1, 1) for t in (topics.tool_calls, topics.verdicts)])
+    finally:
+        await admin.close()
+    return topics
+
+
 @pytest.fixture(scope="module")
 def worker(
     kafka_bootstrap: str, kafka_broker_kind: str, tmp_path_factory: pytest.TempPathFactory
@@ -164,16 +178,7 @@ async def test_local_hashing_gives_the_same_verdicts_as_raw_payloads(
 async def test_timeout_follows_the_fail_policy(
     kafka_bootstrap: str, policy: str, action: str
 ) -> None:
-    # Topics no worker reads: the verdict never comes.
-    topics = _topics()
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(t, 1, 1) for t in (topics.tool_calls, topics.verdicts)])
-    finally:
-        await admin.close()
+    topics = await _unread_topics(kafka_bootstrap)  # the verdict never comes
     async with GatewayClient(
         kafka_bootstrap, topics=topics, timeout=0.5, fail_policy=policy
     ) as gateway:  # type: ignore[arg-type]
@@ -337,15 +342,8 @@ async def test_a_verdict_that_does_not_match_the_pending_call_is_dropped(
     """Call ids are predictable: a forged verdict for the next one must not count."""
     import orjson
     from aiokafka import AIOKafkaProducer
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    topics = _topics()  # no worker reads these: only the forged verdict will come
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(t, 1, 1) for t in (topics.tool_calls, topics.verdicts)])
-    finally:
-        await admin.close()
+    topics = await _unread_topics(kafka_bootstrap)  # only the forged verdict will come
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     async with GatewayClient(
