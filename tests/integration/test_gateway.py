@@ -18,6 +18,7 @@ import pytest
 from schemas import Verdict
 from streams.gateway import GatewayClient, Topics, blocked_tool_result
 from streams.worker_process import REPO_ROOT, WorkerProcess
+from tests.support.harness import unique, worker_settings
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -53,24 +54,17 @@ def worker(
     """One worker for the module, on topics of its own."""
     topics = _topics()
     tmp = tmp_path_factory.mktemp("gateway")
-    process = WorkerProcess(
-        {
-            "bootstrap_servers": kafka_bootstrap,
-            "embedded_broker": str(kafka_broker_kind == "tansu").lower(),
-            "app_id": f"gw-test-{uuid.uuid4().hex[:8]}",
-            "config_file": str(CONFIG),
-            "data_dir": str(tmp / "data"),
-            "topic_tool_calls": topics.tool_calls,
-            "topic_tool_results": topics.tool_results,
-            "topic_compactions": topics.compactions,
-            "topic_verdicts": topics.verdicts,
-            "topic_loop_events": f"loops-{topics.verdicts}",
-            "topic_dead_letters": f"dead-{topics.verdicts}",
-            "broker_session_timeout": "6",
-            "broker_heartbeat_interval": "1",
-        },
-        log_path=tmp / "worker.log",
-    ).start()
+    roles = {
+        "tool_calls": topics.tool_calls,
+        "tool_results": topics.tool_results,
+        "compactions": topics.compactions,
+        "verdicts": topics.verdicts,
+        "loop_events": f"loops-{topics.verdicts}",
+        "dead_letters": f"dead-{topics.verdicts}",
+    }
+    settings = worker_settings(kafka_bootstrap, kafka_broker_kind, roles, unique("gw-test"),
+                               tmp / "data", config_file=CONFIG)
+    process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
     try:
         process.wait_ready(90)
         yield process, topics

@@ -25,6 +25,7 @@ from schemas import input_event_adapter, load_config
 from streams.engine import Engine, Verdict
 from streams.gateway import TIMEOUT_MESSAGE
 from streams.worker_process import REPO_ROOT, WorkerProcess, topic_settings, unique_topics
+from tests.support.harness import unique, worker_settings
 
 pytest.importorskip("model_tools", reason="hermes-agent is not installed (./dev test installs it)")
 
@@ -134,21 +135,12 @@ def worker(
     kafka_bootstrap: str, kafka_broker_kind: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, str]]:
     """One worker for the module, on topics of its own; yields the topic settings."""
-    topics = topic_settings(unique_topics("hermes"))
+    roles = unique_topics("hermes")
+    topics = topic_settings(roles)
     tmp = tmp_path_factory.mktemp("hermes-worker")
-    process = WorkerProcess(
-        {
-            "bootstrap_servers": kafka_bootstrap,
-            "embedded_broker": str(kafka_broker_kind == "tansu").lower(),
-            "app_id": f"hermes-test-{uuid.uuid4().hex[:8]}",
-            "config_file": str(CONFIG),
-            "data_dir": str(tmp / "data"),
-            "broker_session_timeout": "6",
-            "broker_heartbeat_interval": "1",
-            **topics,
-        },
-        log_path=tmp / "worker.log",
-    ).start()
+    settings = worker_settings(kafka_bootstrap, kafka_broker_kind, roles,
+                               unique("hermes-test"), tmp / "data", config_file=CONFIG)
+    process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
     try:
         process.wait_ready(90)
         yield topics
