@@ -46,6 +46,10 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
     assert inspect.iscoroutinefunction(Consumer._add_gap)
     assert "callback(message)" in inspect.getsource(Consumer._drain_messages)
     assert "self.wait_first(" in inspect.getsource(Consumer._drain_messages)
+    # recovery: the consumer thread's fetch (flow checked before the wait only) and
+    # aiokafka reading a falsy partition set as "all partitions"
+    assert inspect.iscoroutinefunction(AIOKafkaConsumerThread._fetch_records)
+    assert "if partitions and tp not in partitions" in inspect.getsource(Fetcher.fetched_records)
     # consumer: committed offsets kept per partition, the consumer thread's aiokafka
     # consumer, its fetch wait and last fetch answer time
     assert "_committed_offset" in inspect.getsource(Consumer.__init__)
