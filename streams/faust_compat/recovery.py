@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 import faust
@@ -176,3 +177,56 @@ def keep_undelivered_records(fetch: Any, flow_active: Any) -> Any:
         return records
 
     return _fetch_records
+
+
+class ChangelogRestore:
+    """Table recovery at fetch speed: changelog records applied as they are fetched.
+
+    Faust 0.15.3 restores a table one record at a time through its conductor, a
+    channel queue and ``Recovery._slurp_changelogs`` (a task per ``wait_for`` per
+    record): ~3k records/s on a 2-core machine, where a plain consumer reads the same
+    changelog at >150k/s (bench/recovery.py). During recovery, the delivery callback
+    (:class:`streams.faust_compat.delivery.FetchBatches`) hands each record of an
+    *active* changelog partition here instead, and it is applied at once with
+    Faust's own bookkeeping: ``active_offsets`` (which ``need_recovery`` and the
+    progress log read), the last-event time, skipping offsets already applied, and
+    ``Table.apply_changelog_batch`` (the store, and RocksDB's persisted offsets).
+
+    The partition's last record (its highwater) still goes Faust's way, so Faust
+    itself sees recovery complete and signals its end; standby partitions, and
+    everything outside recovery, go Faust's way too. Records are applied in offset
+    order and never buffered, so nothing applied here can land after a newer record
+    Faust applied.
+    """
+
+    def __init__(
+        self, app: faust.App, table: Any, on_changelog: Any
+    ) -> None:
+        self.app = app
+        self.table = table
+        self.on_changelog = on_changelog  # (key, value, partition): the processor's hook
+        self.applied = 0
+
+    def take(self, message: Any) -> bool:
+        """Apply ``message`` if it is a record recovery is waiting for; False: Faust's way."""
+        tables: Any = self.app.tables
+        recovery = tables.recovery
+        if not recovery.in_recovery:
+            return False
+        tp = message.tp
+        if tp not in recovery.active_tps:
+            return False
+        last = recovery.active_highwaters.get(tp)
+        if last is None or message.offset >= last:
+            return False  # Faust applies the last one and signals the end itself
+        seen = recovery.active_offsets.get(tp)
+        if seen is not None and message.offset <= seen:
+            return True  # applied already (a fetch again after a seek)
+        recovery.active_offsets[tp] = message.offset
+        recovery._active_events_received_at[tp] = time.monotonic()
+        self.table.apply_changelog_batch(
+            [faust.Event(self.app, message.key, message.value, message.headers, message)]
+        )
+        self.on_changelog(message.key, message.value, message.partition)
+        self.applied += 1
+        return True
