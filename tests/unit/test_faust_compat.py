@@ -59,7 +59,7 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
     for attribute in ("active_tps", "active_highwaters", "active_offsets",
                       "_active_events_received_at"):
         assert f"self.{attribute} =" in recovery_init, attribute
-    assert "offset > seen_offset" in inspect.getsource(Recovery._slurp_changelogs)
+    assert "offset > seen_offset" in inspect.getsource(Recovery)  # in _slurp_changelogs
     assert "value - 1" in inspect.getsource(Recovery._build_highwaters)  # the last offset
     # consumer: committed offsets kept per partition, the consumer thread's aiokafka
     # consumer, its fetch wait and last fetch answer time
