@@ -15,6 +15,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 from pydantic import ValidationError as _PydanticValidationError
 
+from schemas.rules import NUMBER_FIELDS, AgentLoopfuseSection, RulesConfig
+
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -75,6 +77,7 @@ class AgentEntry(BaseModel):
     model_config = _LENIENT
     id: StrictStr
     tools: ToolsSection | None = None
+    loopfuse: AgentLoopfuseSection | None = None
 
 
 class AgentsSection(BaseModel):
@@ -97,6 +100,9 @@ class LoopfuseSection(BaseModel):
     includePayloadsInLoopEvents: StrictBool = Field(
         default=False, description="copy raw tool args into loop events (off: hashes only)"
     )
+    rules: RulesConfig | None = Field(
+        default=None, description="opt-in rules beyond OpenClaw's detector (README: Rules)"
+    )
 
 
 class DetectionConfigFile(BaseModel):
@@ -113,6 +119,14 @@ class DetectionConfigFile(BaseModel):
         for agent in self.agents.entries:
             if agent.id == agent_id:
                 return agent.tools.loopDetection if agent.tools else None
+        return None
+
+    def agent_rules(self, agent_id: str | None) -> RulesConfig | None:
+        if agent_id is None or self.agents is None:
+            return None
+        for agent in self.agents.entries:
+            if agent.id == agent_id:
+                return agent.loopfuse.rules if agent.loopfuse else None
         return None
 
     @property
@@ -141,6 +155,8 @@ def _first_error(exc: _PydanticValidationError) -> str:
         # Cross-field errors carry OpenClaw's exact text; prefix it for agent blocks.
         prefix = path.removesuffix(".tools.loopDetection").removesuffix("tools.loopDetection")
         return f"{prefix}.{message}" if prefix else message
+    if loc and loc[-1] in NUMBER_FIELDS and err["type"] != "extra_forbidden":
+        return f"{path}: {NUMBER_FIELDS[str(loc[-1])]} (got {err.get('input')!r})"
     if err["type"] in {"greater_than", "int_type", "int_parsing", "int_from_float"}:
         return f"{path}: must be a positive integer (got {err.get('input')!r})"
     return f"{path}: {message}"
