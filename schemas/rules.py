@@ -38,7 +38,9 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 class _Rule(BaseModel):
     model_config = _STRICT
-    enabled: StrictBool | None = Field(default=None, description="default true once the block is present")
+    enabled: StrictBool | None = Field(
+        default=None, description="default true once the block is present"
+    )
     shadow: StrictBool | None = Field(
         default=None, description="true: only report (loop events with enforced=false)"
     )

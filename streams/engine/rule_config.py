@@ -250,7 +250,8 @@ class RulesResolver:
         if agent_id in self._cache:
             return self._cache[agent_id]
         agent = self.file.agent_rules(agent_id)
-        block = merge_rules(self._global, None if agent is None else agent.model_dump(exclude_none=True))
+        own = None if agent is None else agent.model_dump(exclude_none=True)
+        block = merge_rules(self._global, own)
         resolved = resolve_rules(block, self._enforce)
         if len(self._cache) < 10_000:  # agent ids come from the wire: bound the cache
             self._cache[agent_id] = resolved
