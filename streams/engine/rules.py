@@ -385,14 +385,17 @@ def _cap_detection(
         )
     else:
         count = math.floor(used * 100 / cap)  # percent of the budget used
-        unit = "tokens" if detector == "token_budget" else "in cost"
+        spent = (
+            f"{_amount(used)} tokens of its budget of {_amount(cap)}"
+            if detector == "token_budget"
+            else f"{_amount(used)} of its cost budget of {_amount(cap)}"
+        )
         message = (
-            f"CRITICAL: this {scope} has used {_amount(used)} {unit}, its budget is "
-            f"{_amount(cap)}. Ending this run to prevent runaway resource use."
+            f"CRITICAL: this {scope} has used {spent}. Ending this run to prevent runaway "
+            "resource use."
             if level == "critical"
-            else f"WARNING: this {scope} has used {_amount(used)} of its {_amount(cap)} {unit} "
-            f"budget ({count}%). Finish the task or report it as failed before the budget "
-            "ends the run."
+            else f"WARNING: this {scope} has used {spent} ({count}%). Finish the task or "
+            "report it as failed before the budget ends the run."
         )
     return _detection(level, detector, count, message, f"{run or ''}:{detector}:{scope}")
 

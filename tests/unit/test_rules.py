@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -341,10 +342,10 @@ def test_a_token_budget_per_run_warns_then_aborts() -> None:
         ("warn", "token_budget", 90), ("block", "token_budget", 120),
         ("abort", "token_budget", 120)]
     assert verdicts(outputs)[2].message == (
-        "WARNING: this run has used 600 of its 1000 tokens budget (60%). Finish the task or "
-        "report it as failed before the budget ends the run.")
+        "WARNING: this run has used 600 tokens of its budget of 1000 (60%). Finish the task "
+        "or report it as failed before the budget ends the run.")
     assert verdicts(outputs)[-1].message == (
-        "CRITICAL: this run has used 1200 tokens, its budget is 1000. Ending this run to "
+        "CRITICAL: this run has used 1200 tokens of its budget of 1000. Ending this run to "
         "prevent runaway resource use.")
 
 
@@ -354,7 +355,7 @@ def test_a_cost_budget_per_session_spans_runs() -> None:
     outputs = engine.replay([*events, call("llm", {}, run="r9")])
     assert decided(outputs)[-2:] == [("block", "cost_budget", 120), ("abort", "cost_budget", 120)]
     assert verdicts(outputs)[-1].message == (
-        "CRITICAL: this session has used 0.06 in cost, its budget is 0.05. Ending this run "
+        "CRITICAL: this session has used 0.06 of its cost budget of 0.05. Ending this run "
         "to prevent runaway resource use.")
 
 
@@ -460,3 +461,63 @@ def test_agent_rule_errors_name_their_key_path() -> None:
             "runCaps": {"maxToolCalls": -1}}}}]}})
     assert str(caught.value) == (
         "agents.list[0].loopfuse.rules.runCaps.maxToolCalls: must be a positive integer (got -1)")
+
+
+# -- the gateway client --------------------------------------------------------------
+
+
+async def test_the_gateway_answers_the_call_with_the_block_and_ends_the_run() -> None:
+    import asyncio
+
+    from streams.gateway import GatewayClient, _Pending
+
+    engine = rules_engine({"runEnding": {}}, warningThreshold=2, criticalThreshold=3)
+    events = [*repeat_pairs("read", {"p": 1}, 3), call("read", {"p": 1})]
+    last = call("read", {"p": 1}, seq=0)  # the call the gateway waits on
+    state, _ = fold(engine, events)
+    _, outputs = fold(engine, [last], state)
+    block, abort = verdicts(outputs)
+    assert (block.action, abort.action, abort.detector) == ("block", "abort", "tool_loop_run_ended")
+
+    client = GatewayClient("localhost:1")  # never started: verdicts are handed in directly
+    waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    client._pending[("s1", last.call_id)] = _Pending(waiting, 0, None, block.args_hash)
+    aborted: list[Any] = []
+    client.on_abort("s1", "r1", aborted.append)
+    for verdict in (block, abort, abort):  # the abort redelivered: it fires once
+        client._deliver(verdict.to_json())
+    assert waiting.result().action == "block"
+    assert [(v.detector, v.message) for v in aborted] == [("tool_loop_run_ended", abort.message)]
+
+
+# -- the documentation ---------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "rules"
+
+
+@pytest.mark.parametrize(("name", "detector", "enforced"), [
+    ("run-ending", "tool_loop_run_ended", True), ("cycle", "cycle", True),
+    ("repeated-failure", "repeated_failure", True), ("argument-churn", "argument_churn", True),
+    ("per-tool", "generic_repeat", True), ("run-caps", "token_budget", True),
+    ("shadow", "repeated_failure", False),
+])
+def test_each_example_shows_its_rule(name: str, detector: str, enforced: bool) -> None:
+    from schemas import input_event_adapter, load_config
+
+    engine = Engine(load_config(EXAMPLES / f"{name}.json5"))
+    lines = (EXAMPLES / f"{name}.jsonl").read_text().splitlines()
+    outputs = engine.replay([input_event_adapter.validate_json(line) for line in lines])
+    assert (detector, enforced) in [(e.detector, e.enforced) for e in loop_events(outputs)]
+
+
+def test_every_rules_example_in_the_readme_is_valid() -> None:
+    import re
+
+    import json5
+
+    readme = (EXAMPLES.parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Rules beyond"):readme.index("### Worker settings")]
+    blocks = re.findall(r"```json5\n(.*?)```", section, re.S)
+    assert len(blocks) == 6
+    for block in blocks:
+        assert parse_config(json5.loads(block)).loopfuse.rules is not None
