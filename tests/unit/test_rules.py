@@ -521,3 +521,21 @@ def test_every_rules_example_in_the_readme_is_valid() -> None:
     assert len(blocks) == 6
     for block in blocks:
         assert parse_config(json5.loads(block)).loopfuse.rules is not None
+
+
+def test_config_check_shows_the_rules_each_agent_gets() -> None:
+    import io
+
+    from streams.config_check import render_check
+
+    config = parse_config({
+        "loopfuse": {"rules": {"runEnding": {}, "tools": {"read": {"exempt": True}}}},
+        "agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {"shadow": True}}}}]},
+    })
+    out = io.StringIO()
+    render_check(config, "c.json5", "a", out)
+    assert [line.strip() for line in out.getvalue().splitlines() if "rule " in line] == [
+        "rule runEnding: enforced (criticalsPerRun=2, blockedStreak=3)",
+        "rule cycle: shadow (maxPeriod=5)",
+        "rule exempt tools: read",
+    ]
