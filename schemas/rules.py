@@ -36,6 +36,17 @@ NUMBER_FIELDS = {
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
+def threshold_order_error(
+    warning: int | None, critical: int | None, breaker: int | None = None
+) -> str | None:
+    """What is wrong with thresholds set in one block, in OpenClaw's words, or None."""
+    if warning is not None and critical is not None and warning >= critical:
+        return "warningThreshold must be lower than criticalThreshold"
+    if critical is not None and breaker is not None and critical >= breaker:
+        return "criticalThreshold must be lower than globalCircuitBreakerThreshold"
+    return None
+
+
 class _Rule(BaseModel):
     model_config = _STRICT
     enabled: StrictBool | None = Field(
@@ -73,9 +84,9 @@ class RepeatedFailureRule(_Rule):
 
     @model_validator(mode="after")
     def _ordered(self) -> RepeatedFailureRule:
-        warning, critical = self.warningThreshold, self.criticalThreshold
-        if warning is not None and critical is not None and warning >= critical:
-            raise ValueError("warningThreshold must be lower than criticalThreshold")
+        error = threshold_order_error(self.warningThreshold, self.criticalThreshold)
+        if error is not None:
+            raise ValueError(error)
         return self
 
 
@@ -105,12 +116,11 @@ class ToolRule(BaseModel):
 
     @model_validator(mode="after")
     def _ordered(self) -> ToolRule:
-        warning, critical = self.warningThreshold, self.criticalThreshold
-        breaker = self.globalCircuitBreakerThreshold
-        if warning is not None and critical is not None and warning >= critical:
-            raise ValueError("warningThreshold must be lower than criticalThreshold")
-        if critical is not None and breaker is not None and critical >= breaker:
-            raise ValueError("criticalThreshold must be lower than globalCircuitBreakerThreshold")
+        error = threshold_order_error(
+            self.warningThreshold, self.criticalThreshold, self.globalCircuitBreakerThreshold
+        )
+        if error is not None:
+            raise ValueError(error)
         return self
 
 
@@ -128,7 +138,7 @@ class RulesConfig(BaseModel):
     )
 
 
-class AgentLoopfuseSection(BaseModel):
+class AgentEntryLoopfuse(BaseModel):
     """``agents.list[].loopfuse``: an agent's overrides of loopfuse's own settings."""
 
     model_config = _STRICT

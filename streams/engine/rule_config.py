@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from schemas.config import DetectionConfigFile
-from streams.engine.config import ResolvedConfig, _positive_int
+from streams.engine.config import ResolvedConfig, _positive_int, clamp_thresholds
 
 DEFAULT_CRITICALS_PER_RUN = 2  # OpenClaw's "recover once": the second critical ends the run
 DEFAULT_BLOCKED_STREAK = 3  # OpenClaw's BLOCKED_STREAK_TERMINATE_THRESHOLD
@@ -96,12 +96,11 @@ class ResolvedRules:
         if own is None:
             return config
         warning = own.warning or config.warning_threshold
-        critical = own.critical or config.critical_threshold
-        breaker = own.breaker or config.global_circuit_breaker_threshold
-        if critical <= warning:
-            critical = warning + 1
-        if breaker <= critical:
-            breaker = critical + 1
+        critical, breaker = clamp_thresholds(
+            warning,
+            own.critical or config.critical_threshold,
+            own.breaker or config.global_circuit_breaker_threshold,
+        )
         resolved = replace(
             config,
             warning_threshold=warning,
@@ -117,23 +116,18 @@ def merge_rules(
     global_block: dict[str, Any] | None, agent_block: dict[str, Any] | None
 ) -> dict[str, Any]:
     """An agent's rules over the global ones: each rule one level deeper, tools per name."""
-    merged: dict[str, Any] = dict(global_block or {})
-    for key, value in (agent_block or {}).items():
-        base = merged.get(key)
-        if not (isinstance(value, dict) and isinstance(base, dict)):
-            merged[key] = value
-        elif key == "tools":
-            merged[key] = {
-                **base,
-                **{
-                    name: {**base[name], **own}
-                    if isinstance(base.get(name), dict) and isinstance(own, dict)
-                    else own
-                    for name, own in value.items()
-                },
-            }
-        else:
-            merged[key] = {**base, **value}
+    return _overlay(global_block or {}, agent_block or {}, depth=1)
+
+
+def _overlay(base: Any, value: Any, depth: int) -> Any:
+    """``value`` over ``base``, objects merged key by key ``depth`` levels down
+    (``tools`` one more: a tool's own block is merged too)."""
+    if depth < 0 or not (isinstance(base, dict) and isinstance(value, dict)):
+        return value
+    merged = dict(base)
+    for key, own in value.items():
+        deeper = depth + 1 if depth == 1 and key == "tools" else depth
+        merged[key] = _overlay(merged[key], own, deeper - 1) if key in merged else own
     return merged
 
 
