@@ -116,7 +116,8 @@ def merge_rules(
     global_block: dict[str, Any] | None, agent_block: dict[str, Any] | None
 ) -> dict[str, Any]:
     """An agent's rules over the global ones: each rule one level deeper, tools per name."""
-    return _overlay(global_block or {}, agent_block or {}, depth=1)
+    merged: dict[str, Any] = _overlay(global_block or {}, agent_block or {}, depth=1)
+    return merged
 
 
 def _overlay(base: Any, value: Any, depth: int) -> Any:
