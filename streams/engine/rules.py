@@ -366,7 +366,8 @@ def _run_cap(
         over = used > cap if detector == "run_call_cap" else used >= cap
         if over:
             return _cap_detection("critical", detector, scope, used, cap, run)
-        if warning is None and used >= math.ceil(caps.warn_at * cap * 1e6) / 1e6:
+        # rounded: 0.7 * 10 is 7.000000000000001 in binary, and the 7th call must warn
+        if warning is None and used >= round(caps.warn_at * cap, 9):
             warning = _cap_detection("warning", detector, scope, used, cap, run)
     return warning
 

@@ -326,6 +326,13 @@ def test_a_run_warns_near_its_call_cap_and_ends_past_it() -> None:
     assert events_of(outputs) == [("abort", "run_call_cap", 6, True)]
 
 
+def test_the_warning_fraction_is_exact() -> None:
+    engine = Engine(parse_config({"loopfuse": {"rules": {"runCaps": {
+        "maxToolCalls": 10, "warnAt": 0.7}}}}))
+    outputs = engine.replay([e for n in range(7) for e in pair("read", {"n": n})])
+    assert decided(outputs)[-2:] == [("allow", None, 0), ("warn", "run_call_cap", 7)]
+
+
 def spend(tokens: int, cost: float, n: int, **kwargs: Any) -> list[Any]:
     return [call("llm", {"n": n}, call_id=f"c{n}", **kwargs),
             result("llm", {"n": n}, call_id=f"c{n}", **kwargs,
