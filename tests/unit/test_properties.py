@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from schemas import input_event_adapter, parse_config
 from streams.engine import Engine, SessionState
+from streams.engine.rule_state import RuleState
 from tests.unit.conftest import comparable, verdicts
 
 TOOLS = [("read", {"p": 1}), ("read", {"p": 2}), ("list", {"d": 1}),
@@ -193,3 +194,22 @@ def test_shadow_rules_change_no_verdict(ops: Any, with_seq: bool) -> None:
                    and o not in plain and not o.enforced]
     others = [comparable(o) for o in shadow if o not in rule_events]
     assert others == [comparable(o) for o in plain]
+
+
+RULES_ENFORCED = {name: {key: value for key, value in rule.items() if key != "shadow"}
+                  for name, rule in RULES_SHADOW.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops_strategy, ops_strategy, st.booleans())
+def test_state_with_rules_round_trips_through_bytes(prefix: Any, rest: Any,
+                                                    with_seq: bool) -> None:
+    engine = rules_engine(RULES_ENFORCED)
+    events = build(prefix + rest, with_seq=with_seq)
+    state, _ = fold(engine, events[:len(prefix)])
+    state = state or SessionState()
+    restored = SessionState.from_bytes(state.to_bytes())
+    assert (restored.rules or RuleState()) == (state.rules or RuleState())  # empty: not written
+    _, original_out = fold(engine, events[len(prefix):], state)
+    _, restored_out = fold(engine, events[len(prefix):], restored)
+    assert [comparable(o) for o in restored_out] == [comparable(o) for o in original_out]

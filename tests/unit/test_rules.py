@@ -546,3 +546,16 @@ def test_config_check_shows_the_rules_each_agent_gets() -> None:
         "rule cycle: shadow (maxPeriod=5)",
         "rule exempt tools: read",
     ]
+
+
+def test_fit_sheds_the_oldest_run_tallies_before_remembered_verdicts() -> None:
+    from streams.engine.rule_state import MAX_RUN_TALLIES
+
+    engine = rules_engine({"runCaps": {"maxToolCalls": 100}})
+    events = [call("read", {"n": n}, run=f"run-{n}") for n in range(MAX_RUN_TALLIES + 5)]
+    state, _ = fold(engine, events)
+    assert state.rules is not None and len(state.rules.runs) == MAX_RUN_TALLIES
+    state.history.clear()
+    size = len(state.to_bytes())
+    state.fit(size - 1)
+    assert 0 < len(state.rules.runs) < MAX_RUN_TALLIES
