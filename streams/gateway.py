@@ -181,10 +181,17 @@ class GatewaySession:
         result: Any = None,
         error: str | None = None,
         unknown_tool: str | None = None,
+        usage: dict[str, Any] | None = None,
     ) -> None:
-        """Publish a tool's outcome: ``result`` (OpenClaw's shape) or ``error`` text."""
+        """Publish a tool's outcome: ``result`` (OpenClaw's shape) or ``error`` text.
+
+        ``usage``: what the session spent since its last report (``input_tokens``,
+        ``output_tokens``, ``total_tokens``, ``cost``), for the run caps (README: Rules).
+        """
         event = self._envelope("tool_result")
         event.update(call_id=call_id, tool_name=tool_name)
+        if usage is not None:
+            event["usage"] = usage
         self.client._put_args(event, tool_name, args)
         if error is not None:
             event["error"] = error
@@ -366,7 +373,8 @@ class GatewayClient:
         return GatewaySession(self, session_key, run_id, agent_id)
 
     def on_abort(self, session_key: str, run_id: str | None, callback: AbortCallback) -> None:
-        """Call ``callback(verdict)`` when loopfuse aborts this run (post-compaction guard)."""
+        """Call ``callback(verdict)`` when loopfuse aborts this run (post-compaction guard,
+        and the opt-in run endings and run caps: every ``abort`` verdict)."""
         self._abort_callbacks.setdefault((session_key, run_id), []).append(callback)
 
     async def check(

@@ -25,6 +25,7 @@ from schemas.events import (
     ToolResult,
     input_event_adapter,
 )
+from streams.engine.rule_state import RuleState, decode_rule_state, encode_rule_state
 
 FORMAT_VERSION = 3
 # Version 1 had no ``last_event_ms``: read as 0 (unknown), so idle expiry falls back
@@ -140,6 +141,14 @@ DETECTORS: tuple[Detector | None, ...] = (
     "generic_repeat",
     "compaction_loop_persisted",
     "sequence_gap",
+    # opt-in rules (issue 14): appended, so the codes of stored decisions keep their meaning
+    "tool_loop_run_ended",
+    "cycle",
+    "repeated_failure",
+    "argument_churn",
+    "run_call_cap",
+    "token_budget",
+    "cost_budget",
 )
 
 
@@ -179,6 +188,8 @@ class SessionState:
     # until the input can hold nothing more of the current one), in arrival order,
     # as fingerprints like ``parked``.
     pending: list[InputEventT] = field(default_factory=list)
+    # What the opt-in rules (issue 14) count; None while no rule touched the session.
+    rules: RuleState | None = None
     # Derived, never serialised: the run ids present in the history (None = recompute).
     _runs: set[str | None] | None = field(default=None, repr=False, compare=False)
     # Derived, never serialised: how many records of the history carry each signature.
@@ -270,6 +281,8 @@ class SessionState:
             elif self.guards:
                 for run in list(self.guards)[: max(1, len(self.guards) // 2)]:
                     del self.guards[run]
+            elif self.rules is not None and self.rules.sheddable():
+                self.rules.shed()
             elif self.decisions:
                 self.decisions.clear()
                 # no verdict is vouched for any more: none is re-sent for a redelivery
@@ -347,6 +360,8 @@ class SessionState:
             payload = event.model_dump_json(exclude_unset=True).encode()
             _uvarint(body, len(payload))
             body += payload
+        if self.rules is not None and not self.rules.empty():
+            encode_rule_state(body, self.rules, _uvarint)
 
         head = bytearray((FORMAT_VERSION,))
         head += _I64.pack(self.touched_ms)
@@ -459,6 +474,8 @@ class SessionState:
                     input_event_adapter.validate_json(bytes(view[pos : pos + length]))
                 )
                 pos += length
+            if pos < len(data):
+                state.rules, pos = decode_rule_state(data, pos, _read_uvarint)
         if pos != len(data):
             raise ValueError(f"session state has {len(data) - pos} trailing bytes")
         return state

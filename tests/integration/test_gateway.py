@@ -147,6 +147,27 @@ async def test_abort_callback_fires_on_a_compaction_loop(client: GatewayClient) 
     assert abort.message is not None and "after auto-compaction" in abort.message
 
 
+async def test_abort_callback_fires_when_a_run_ending_rule_ends_the_run(
+    kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics]
+) -> None:
+    # Without the local sticky-block cache the blocked call reaches loopfuse again: the
+    # second critical of the run ends it (the agent's loopfuse.rules.runEnding).
+    async with GatewayClient(
+        kafka_bootstrap, topics=worker[1], timeout=30, sticky_blocks=False
+    ) as gateway:
+        session = gateway.session(f"ender-{uuid.uuid4().hex}", run_id="run-1",
+                                  agent_id="run-ender")
+        aborted: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        gateway.on_abort(session.session_key, "run-1", aborted.set_result)
+        verdicts = await _loop(session, 7)
+        abort = await asyncio.wait_for(aborted, 30)
+    assert [v.action for v in verdicts][-2:] == ["block", "block"]  # the calls get blocks
+    assert (abort.action, abort.detector, abort.count) == ("abort", "tool_loop_run_ended", 2)
+    assert abort.call_id == verdicts[-1].call_id
+    assert abort.message == f"{verdicts[-1].message} Ending this run: the model kept " \
+        "repeating a blocked tool call and made no progress."
+
+
 async def test_local_hashing_gives_the_same_verdicts_as_raw_payloads(
     kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics]
 ) -> None:
