@@ -64,6 +64,7 @@ class ClientStats:
     verdicts: int = 0  # verdicts matched to a pending call
     timeouts: int = 0  # calls decided by the fail policy (no verdict in time)
     dropped_verdicts: int = 0  # verdicts for no pending call of ours, or not matching it
+    sticky_blocks: int = 0  # calls answered from the sticky-block cache (still reported)
     undecodable_records: int = 0  # records on the verdicts topic that are not verdicts
     callback_errors: int = 0  # on_abort callbacks that raised
     reader_errors: int = 0  # consumer errors survived by the verdict reader
@@ -262,6 +263,9 @@ class GatewayClient:
         self._abort_callbacks: dict[tuple[str, str | None], list[AbortCallback]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._aborted: OrderedDict[str, None] = OrderedDict()  # a redelivered abort fires once
+        # Calls answered from the sticky-block cache and reported: their verdicts are
+        # expected and nobody waits for them (not "dropped").
+        self._reported: OrderedDict[tuple[str, str], None] = OrderedDict()
         # This client's incarnation: every event it publishes is numbered in it.
         self.incarnation = uuid.uuid4().hex
         self._spaces: OrderedDict[str, _SeqSpace] = OrderedDict()
@@ -398,6 +402,7 @@ class GatewayClient:
         if self.sticky_blocks:
             blocked = self._blocked.get(run_key, {}).get(token)
             if blocked is not None:
+                await self._report_sticky(session, call_id, tool_name, args, token)
                 return blocked.model_copy(
                     update={
                         "call_id": call_id,
@@ -442,6 +447,28 @@ class GatewayClient:
         return verdict
 
     # -- internals ---------------------------------------------------------------------
+
+    async def _report_sticky(
+        self, session: GatewaySession, call_id: str, tool_name: str, args: Any, token: str
+    ) -> None:
+        """Publish a call answered from the sticky-block cache, without waiting for it.
+
+        The gateway does not wait, but loopfuse still records the attempt: a model
+        retrying a blocked call is what an opt-in run ending counts (its abort reaches
+        ``on_abort``), and auditors see every attempt. A publish failure leaves the
+        local answer standing.
+        """
+        self.stats.sticky_blocks += 1
+        event = session._envelope("tool_call")
+        event.update(call_id=call_id, tool_name=tool_name)
+        self._put_args(event, tool_name, args, token)
+        self._reported[(session.session_key, call_id)] = None
+        if len(self._reported) > 10_000:
+            self._reported.popitem(last=False)
+        try:
+            await session._publish(self.topics.tool_calls, event)
+        except Exception as exc:  # the block stands; loopfuse misses one attempt
+            log.warning("cannot report a call answered by the sticky-block cache (%r)", exc)
 
     def _put_args(
         self, event: dict[str, Any], tool_name: str, args: Any, token: str | None = None
@@ -526,6 +553,8 @@ class GatewayClient:
             return
         pending = self._pending.get((verdict.session_key, verdict.call_id or ""))
         if pending is None:
+            if self._reported.pop((verdict.session_key, verdict.call_id or ""), 0) is None:
+                return  # the verdict of a call the sticky-block cache answered
             if verdict.incarnation == self.incarnation or any(
                 verdict.incarnation == space.incarnation for space in self._spaces.values()
             ):
