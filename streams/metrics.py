@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 
@@ -44,6 +46,19 @@ class Metrics:
             ["partition"],
             registry=r,
         )
+
+        # Labelled children by (metric, labels): ``Counter.labels`` takes a lock and
+        # builds a key per call, a visible cost once per event. Label values are
+        # enumerations (event types, actions, detectors, reasons), so this stays small.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def inc(self, counter: Counter, *labels: str) -> None:
+        """``counter.labels(*labels).inc()``, with the child looked up once."""
+        key = (id(counter), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*labels)
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

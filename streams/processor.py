@@ -516,7 +516,7 @@ class SessionProcessor:
                 )
                 self._emit(dead_letter(source, "invalid_event", reason, limits), out)
                 continue
-            metrics.events.labels(decoded.type).inc()
+            metrics.inc(metrics.events, decoded.type)
             sessions.setdefault(key, []).append((decoded, source))
 
         watermarks: dict[int, int | None] = {}
@@ -623,11 +623,11 @@ class SessionProcessor:
     def _emit(self, message: Outgoing, out: list[Message]) -> None:
         metrics = self.metrics
         if message.kind == "verdict":
-            metrics.verdicts.labels(message.detail, message.detector or "none").inc()
+            metrics.inc(metrics.verdicts, message.detail, message.detector or "none")
         elif message.kind == "loop_event":
-            metrics.loop_events.labels(message.detail).inc()
+            metrics.inc(metrics.loop_events, message.detail)
         else:
-            metrics.dead_letters.labels(message.detail).inc()
+            metrics.inc(metrics.dead_letters, message.detail)
             log.warning(
                 "dead letter %s: %s", message.detail,
                 message.value[:300].decode("utf-8", "replace"),
