@@ -172,13 +172,16 @@ def test_a_looping_agent_is_warned_then_blocked_as_replay_judges_it(
     args = {"command": "make build"}
     before = tools.runs.get("lf_exec", 0)
     seen = [hermes.call("lf_exec", args, session=session, task=task) for _ in range(7)]
-    # 6 calls and 7 results: the 7th call is answered from the sticky-block cache (no
-    # round trip), its blocked result is still published, like every vetoed call's.
-    hermes.wait_events(lambda events: len(events) >= 13)
-    assert [e["type"] for e in hermes.events].count("tool_call") == 6
+    # 7 calls and 7 results: the 7th call is answered from the sticky-block cache (no
+    # wait for a verdict) but still published, so loopfuse records the attempt; its
+    # blocked result is published too, like every vetoed call's.
+    hermes.wait_events(lambda events: len(events) >= 14)
+    assert [e["type"] for e in hermes.events].count("tool_call") == 7
 
     verdicts = hermes.replayed_verdicts()
-    assert [v.action for v in verdicts] == ["allow", "allow", "allow", "warn", "warn", "block"]
+    assert [v.action for v in verdicts] == [
+        "allow", "allow", "allow", "warn", "warn", "block", "block"
+    ]
     assert seen[:3] == [STUCK] * 3  # allowed: untouched
     for shown, verdict in zip(seen[3:5], verdicts[3:5], strict=True):  # warned: ran, and told
         assert json.loads(shown) == {**json.loads(STUCK), "loopfuse_warning": verdict.message}
