@@ -24,6 +24,10 @@ class Metrics:
         self.expired = Counter(
             "loopfuse_sessions_expired", "Idle sessions deleted from the table", registry=r
         )
+        self.tool_strikes = Counter(
+            "loopfuse_tool_strikes", "Strikes sent to the fleet breaker (loops on a tool)",
+            registry=r,
+        )
         self.batches = Counter("loopfuse_batches", "Batches processed", registry=r)
         self.consumer_lag = Gauge(
             "loopfuse_consumer_lag",
