@@ -700,7 +700,10 @@ class SessionProcessor:
     # -- timers ----------------------------------------------------------------------------
 
     def measure_lag(self, owned: Iterable[tuple[str, int]]) -> None:
-        """Set ``loopfuse_consumer_lag`` for the input partitions this worker owns."""
+        """Set ``loopfuse_consumer_lag`` for the input partitions this worker owns (and
+        ``loopfuse_fleet_tools_broken``: the board as this worker has read it)."""
+        if self.breakers is not None:
+            self.metrics.tools_broken.set(len(self.breakers))
         gauge = self.metrics.consumer_lag
         gauge.clear()
         offsets = self.offsets
