@@ -57,6 +57,8 @@ MAX_TOOLS = 10_000
 #: A tripped breaker's state is published again when its end moves by this share of
 #: the window (more sessions keep striking): bounded writes, each seen by every worker.
 EXTEND_STEP = 10
+#: How long the breaker agent waits for the board to be read before counting strikes.
+BOARD_WAIT_SECONDS = 30.0
 
 Message = tuple[str, bytes | None, bytes]
 
@@ -291,7 +293,13 @@ def install_fleet_breaker(app: faust.App, settings: Settings, engine: Engine) ->
 
     @app.agent(strikes, name="fleet_breaker")
     async def fleet_breaker(stream: StreamT[bytes]) -> None:
-        await board.caught_up.wait()  # what tripped before (another owner) is known first
+        # What tripped before (another owner) is known first; but strikes share the
+        # consumer with the input topics, and a full stream buffer would stall judging,
+        # so not forever: a trip published twice is the lesser harm.
+        try:
+            await asyncio.wait_for(board.caught_up.wait(), BOARD_WAIT_SECONDS)
+        except TimeoutError:
+            log.warning("the breakers topic is not read to its end: counting strikes anyway")
         async for event in stream.events():
             # Sent before the next event is taken: Faust acks (and later commits) an
             # event once the agent asks for the next, so a strike is at least once.
@@ -299,7 +307,12 @@ def install_fleet_breaker(app: faust.App, settings: Settings, engine: Engine) ->
 
     @app.task  # type: ignore[untyped-decorator]
     async def follow_breakers() -> None:
-        await follow_board(settings, board)
+        while True:  # a reader that failed starts again from offset 0 (records are states)
+            try:
+                await follow_board(settings, board)
+            except Exception:
+                log.warning("reading the breakers topic failed; reading it again", exc_info=True)
+                await asyncio.sleep(1.0)
 
     app.loopfuse_breaker = judge  # type: ignore[attr-defined]
     return board
