@@ -11,7 +11,7 @@ exactly as before, and a redelivered call is overlaid again with what is known t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schemas.events import Action, Level
 from streams.engine.outputs import LoopEvent, Verdict
@@ -98,26 +98,12 @@ def overlay(
 
 
 def _raised(verdict: Verdict, action: Action, breaker: ToolBreaker) -> Verdict:
-    return Verdict(
+    message = breaker_message(action, breaker.tool_name, breaker.sessions, breaker.window_seconds)
+    return replace(
+        verdict,
         verdict_id=verdict_id(
             verdict.session_key, verdict.run_id, verdict.call_id, action, verdict.incarnation
         ),
-        session_key=verdict.session_key,
-        run_id=verdict.run_id,
-        agent_id=verdict.agent_id,
-        call_id=verdict.call_id,
-        seq=verdict.seq,
-        incarnation=verdict.incarnation,
-        tool_name=verdict.tool_name,
-        action=action,
-        level=_LEVEL[action],
-        detector="fleet_tool_breaker",
-        count=breaker.sessions,
-        message=breaker_message(
-            action, breaker.tool_name, breaker.sessions, breaker.window_seconds
-        ),
-        args_hash=verdict.args_hash,
-        paired_tool_name=None,
-        event_ts=verdict.event_ts,
-        decided_ts=verdict.decided_ts,
+        action=action, level=_LEVEL[action], detector="fleet_tool_breaker",
+        count=breaker.sessions, message=message, paired_tool_name=None,
     )

@@ -23,7 +23,6 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import murmur2
 
 from streams.worker_process import WorkerProcess
-from tests.reliability.test_two_workers import PARTITIONS, wait_split
 from tests.support.harness import (
     Collector,
     encode,
@@ -35,9 +34,11 @@ from tests.support.harness import (
     unique,
     worker_settings,
 )
+from tests.support.pair import start_pair
 
 pytestmark = pytest.mark.timeout(300)
 
+PARTITIONS = 4
 SESSIONS = 50
 TRIP_AT = 20  # distinct sessions that trip the breaker (fewer than SESSIONS: one event still)
 PROBES = 24  # fresh sessions calling each tool once after the trip
@@ -123,11 +124,7 @@ async def test_fifty_sessions_on_two_workers_break_a_tool_fleet_wide(
     a = WorkerProcess(settings, log_path=tmp_path / "worker-a.log")
     b = WorkerProcess(settings, log_path=tmp_path / "worker-b.log")
     try:
-        a.start()
-        await asyncio.to_thread(a.wait_ready, 120)
-        b.start()
-        await asyncio.to_thread(b.wait_ready, 120)
-        owned_a, owned_b = await wait_split(a, b, topics["tool_calls"])
+        owned_a, owned_b = await start_pair(a, b, topics["tool_calls"], PARTITIONS)
         async with Collector(kafka_bootstrap, [topics["verdicts"], topics["loop_events"]]) as out:
             await produce(kafka_bootstrap, encode(topics, stuck))
             await out.wait_for("the breaker's loop event", lambda: any(
