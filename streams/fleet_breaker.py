@@ -252,8 +252,7 @@ async def follow_board(settings: Settings, board: BreakerBoard) -> None:
     await consumer.start()
     try:
         topic = settings.topic_tool_breakers
-        while not consumer.partitions_for_topic(topic):
-            await consumer._client.force_metadata_update()
+        while topic not in await consumer.topics():  # a metadata request each time
             await asyncio.sleep(0.2)
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
         consumer.assign(tps)

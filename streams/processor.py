@@ -186,7 +186,9 @@ def tool_strikes(outputs: Sequence[Output]) -> list[Outgoing]:
                     "tool_name": event.tool_name,
                     "session": f"{fold_hash(event.session_key):016x}",
                     "detector": event.detector,
-                    "ts": event.event_ts,
+                    # A gateway clock running ahead counts as now: one far-future ts
+                    # must not move the tool's window past every other session's hits.
+                    "ts": min(event.event_ts, event.decided_ts),
                 }
             ),
             event.detector,

@@ -18,8 +18,15 @@ from streams.engine import Engine
 from streams.engine.fingerprint import fold
 from streams.engine.fleet import ToolBreaker, overlay, strikes
 from streams.engine.step import verdict_id
-from streams.fleet_breaker import BreakerBoard, FleetBreakerJudge, FleetWindows
+from streams.fleet_breaker import (
+    BreakerBoard,
+    FleetBreakerJudge,
+    FleetWindows,
+    install_fleet_breaker,
+)
 from streams.processor import DictStore, InputRecord, OutputTopics, SessionProcessor
+from streams.settings import Settings
+from streams.topics import wanted_topics
 from tests.unit.conftest import call, loop_events, pair, verdicts
 
 T0 = 1_700_000_000_000
@@ -128,6 +135,14 @@ def test_without_breakers_the_outputs_are_the_very_same() -> None:
     assert overlay(engine().rules, outputs, {}) is outputs
 
 
+def test_without_a_fleet_breaker_no_topic_agent_or_reader_is_added() -> None:
+    settings = Settings()
+    assert not set(settings.fleet_topics) & set(wanted_topics(settings, fleet_breaker=False))
+    assert set(settings.fleet_topics) <= set(wanted_topics(settings, fleet_breaker=True))
+    app: Any = object()  # never touched: nothing is installed
+    assert install_fleet_breaker(app, settings, Engine(parse_config({}))) is None
+
+
 # -- strikes ----------------------------------------------------------------------------
 
 
@@ -161,7 +176,8 @@ def test_the_processor_sends_strikes_only_when_the_breaker_is_configured() -> No
 
     def run(topics: OutputTopics) -> list[tuple[str, bytes | None, bytes]]:
         return SessionProcessor(engine(), ("calls", "results", "compactions"), topics,
-                                DictStore(), _NoOffsets(), clock=lambda: T0).process(records)
+                                DictStore(), _NoOffsets(), clock=lambda: T0 + 1_000,
+                                ).process(records)
 
     plain = run(OutputTopics("verdicts", "loops", "dead"))
     with_breaker = run(OutputTopics("verdicts", "loops", "dead", "strikes"))
@@ -171,6 +187,11 @@ def test_the_processor_sends_strikes_only_when_the_breaker_is_configured() -> No
     assert [(key, s.tool_name, s.detector, s.ts) for key, s in sent] == [
         (b"exec", "exec", "generic_repeat", T0 + 5)]
     assert sent[0][1].session == f"{fold('sess-1'):016x}"
+    late_clock = SessionProcessor(engine(), ("calls", "results", "compactions"),
+                                  OutputTopics("verdicts", "loops", "dead", "strikes"),
+                                  DictStore(), _NoOffsets(), clock=lambda: T0 + 2)
+    [(_, _, value)] = [m for m in late_clock.process(records) if m[0] == "strikes"]
+    assert ToolStrike.model_validate_json(value).ts == T0 + 2  # a clock ahead counts as now
     assert b"secret" not in b"".join(value for topic, _, value in with_breaker
                                       if topic == "strikes")
 
