@@ -14,6 +14,7 @@ import pytest
 from schemas import ConfigError, parse_config
 from schemas.events import LoopEvent as WireLoopEvent
 from schemas.events import ToolStrike
+from streams.config_check import describe_rules
 from streams.engine import Engine
 from streams.engine.fingerprint import fold
 from streams.engine.fleet import ToolBreaker, overlay, strikes
@@ -82,6 +83,8 @@ def test_the_breaker_is_validated_strictly_and_resolved_with_defaults() -> None:
     assert (rule.fleet_breaker.sessions, rule.fleet_breaker.window_seconds,
             rule.fleet_breaker.action, rule.fleet_breaker.enforced) == (20, 300, "warn", True)
     assert Engine(parse_config({})).rules.resolver.fleet_breaker is None
+    shown = describe_rules(engine({"action": "block"}).rules.resolve(None))
+    assert shown == ["fleetBreaker: enforced (action=block, sessions=3, windowSeconds=60)"]
 
 
 # -- the overlay on a session's verdicts -----------------------------------------------
