@@ -1,6 +1,7 @@
 """The fleet-wide tool breaker end to end on a real broker (issue 14 item 6): 50
 sessions on two workers loop on the same tool -> one ``fleet_tool_breaker`` loop event,
-and later calls to that tool are warned on both workers; another tool is untouched.
+and later calls to that tool are warned on both workers; another tool is untouched. And
+a ``block`` breaker blocks a gateway's calls, each asked again (not sticky).
 
 Which worker owns which partition is read from their logs (as in test_two_workers);
 which partition a session is on is the producer's (murmur2 of its key). Nothing is
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from streams.gateway import GatewayClient, Topics
 from streams.worker_process import WorkerProcess
 from tests.support import fleet
 from tests.support.harness import (
@@ -87,3 +89,38 @@ async def test_fifty_sessions_on_two_workers_break_a_tool_fleet_wide(
     # Warned on both workers: probes of partitions each of them owns.
     warned_on = {fleet.partition(v["session_key"], PARTITIONS) for v in exec_probes}
     assert warned_on & owned_a and warned_on & owned_b, (warned_on, owned_a, owned_b)
+
+
+async def test_a_block_breaker_blocks_a_gateways_calls_without_making_them_sticky(
+    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path
+) -> None:
+    topics = fleet.fleet_topics()
+    settings = worker_settings(
+        kafka_bootstrap, kafka_broker_kind, topics, unique("loopfuse-fleet-block"),
+        tmp_path / "data", config_file=fleet.config(tmp_path / "fleet.json", 3, action="block"),
+    )
+    prefix = unique("block")
+    now = int(time.time() * 1000)
+    looping = [e for i in range(3) for e in fleet.stuck(f"{prefix}-s{i}", now + i)]
+    worker = WorkerProcess(settings, log_path=tmp_path / "worker.log").start()
+    gateway_topics = Topics(topics["tool_calls"], topics["tool_results"], topics["compactions"],
+                            topics["verdicts"])
+    try:
+        worker.wait_ready(90)
+        async with Collector(kafka_bootstrap, [topics["loop_events"]]) as out:
+            await produce(kafka_bootstrap, encode(topics, looping))
+            await fleet.wait_tripped(out, topics["loop_events"], (worker,))
+        async with GatewayClient(kafka_bootstrap, topics=gateway_topics, timeout=30) as gateway:
+            session = gateway.session(f"{prefix}-gateway", run_id="run-1")
+            first = await session.check("exec", {"command": "deploy"})
+            again = await session.check("exec", {"command": "deploy"})
+            other = await session.check("read", {"path": "/etc/hosts"})
+    finally:
+        worker.stop()
+    assert (first.action, first.level, first.detector, first.count) == (
+        "block", "critical", "fleet_tool_breaker", 3)
+    assert first.message is not None and first.message.startswith(
+        "CRITICAL: exec is failing across the fleet (3 sessions hit a loop on exec")
+    assert again.action == "block" and again.call_id != first.call_id
+    assert gateway.stats.sticky_blocks == 0  # asked again: the breaker may have cleared
+    assert other.action == "allow"

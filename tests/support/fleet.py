@@ -26,12 +26,13 @@ def fleet_topics() -> dict[str, str]:
                      "tool_breakers": f"rel-breakers-{suffix}"}
 
 
-def config(path: Path, trip_at: int) -> Path:
+def config(path: Path, trip_at: int, action: str = "warn") -> Path:
     """A config file with detection (warning 3, critical 5) and the fleet breaker."""
     path.write_text(orjson.dumps({
         "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
                                     "criticalThreshold": 5}},
-        "loopfuse": {"rules": {"fleetBreaker": {"sessions": trip_at, "windowSeconds": 600}}},
+        "loopfuse": {"rules": {"fleetBreaker": {
+            "sessions": trip_at, "windowSeconds": 600, "action": action}}},
     }).decode())
     return path
 
