@@ -230,3 +230,13 @@ class ChangelogRestore:
         self.on_changelog(message.key, message.value, message.partition)
         self.applied += 1
         return True
+
+
+def recovery_progress(app: faust.App) -> int | None:
+    """How far table recovery has read (the sum of its active offsets); None when the
+    worker is not recovering. Read by the stall watch of ``/livez``."""
+    tables: Any = app.tables
+    recovery = tables.recovery
+    if not recovery.in_recovery:
+        return None
+    return int(sum(offset for offset in recovery.active_offsets.values() if offset is not None))
