@@ -248,6 +248,7 @@ Detector = Literal[
     "run_call_cap",
     "token_budget",
     "cost_budget",
+    "fleet_tool_breaker",
 ]
 
 
@@ -276,8 +277,24 @@ class Verdict(BaseModel):
     decided_ts: int
 
 
+class FleetBreak(BaseModel):
+    """What tripped a fleet-wide tool breaker (only on ``fleet_tool_breaker`` loop events)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    sessions: int = Field(description="distinct sessions that hit a loop on the tool")
+    window_seconds: int
+    since_ts: int = Field(description="event time of the strike that tripped it")
+    until_ts: int = Field(description="event time from which its calls are judged alone again")
+
+
 class LoopEvent(BaseModel):
-    """Audit trail: a loop detected (every critical, warnings once per bucket)."""
+    """Audit trail: a loop detected (every critical, warnings once per bucket).
+
+    A fleet-wide tool breaker's event (detector ``fleet_tool_breaker``) belongs to no
+    session: its ``session_key`` is ``"fleet"``, its run and call fields are null, and
+    ``fleet`` says what tripped it.
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -305,8 +322,44 @@ class LoopEvent(BaseModel):
         description="the call's raw args, only with loopfuse.includePayloadsInLoopEvents "
         "(and only when the call was judged with raw args as it arrived)",
     )
+    fleet: FleetBreak | None = Field(
+        default=None, description="only on the fleet-wide tool breaker's own loop event"
+    )
     event_ts: int
     decided_ts: int
+
+
+class ToolStrike(BaseModel):
+    """A session hit a loop on a tool (topic ``loopfuse.tool-strikes``, keyed by tool).
+
+    Only published when the fleet breaker is configured; no args, results or session
+    key: the session is a hash, enough to count distinct sessions.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["tool_strike"] = "tool_strike"
+    tool_name: NonEmptyStr
+    session: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{16}$")]
+    detector: Detector
+    ts: WireInt = Field(description="event time of the call (or result) that hit")
+
+
+class ToolBreakerState(BaseModel):
+    """A tool broken fleet-wide (topic ``loopfuse.tool-breakers``, compacted, keyed by tool).
+
+    Every worker reads the topic whole; calls to the tool with an event time before
+    ``until_ts`` get the breaker's verdict. A tombstone clears it early.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["tool_breaker"] = "tool_breaker"
+    tool_name: NonEmptyStr
+    sessions: Annotated[StrictInt, Field(ge=1, le=1_000)]
+    window_seconds: Annotated[StrictInt, Field(ge=1, le=86_400)]
+    since_ts: WireInt
+    until_ts: WireInt
 
 
 DeadLetterCode = Literal[

@@ -9,7 +9,7 @@ with ``enforced: false``, verdicts as if the rule were off).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -105,6 +105,24 @@ class RunCapsRule(_Rule):
     warnAt: Fraction | None = Field(default=None, description="warn from this fraction (0.8)")
 
 
+class FleetBreakerRule(_Rule):
+    """The fleet-wide tool breaker: K sessions looping on one tool within a window.
+
+    ``sessions`` and ``windowSeconds`` are the fleet's (read from the global block
+    only); an agent's block may turn the breaker off, shadow it or change its action.
+    """
+
+    sessions: Annotated[StrictInt, Field(ge=2, le=1_000)] | None = Field(
+        default=None, description="distinct sessions within the window that trip it (default 20)"
+    )
+    windowSeconds: Annotated[StrictInt, Field(ge=1, le=86_400)] | None = Field(
+        default=None, description="the sliding window, in seconds of event time (default 300)"
+    )
+    action: Literal["warn", "block"] | None = Field(
+        default=None, description="what calls to a broken tool get (default warn)"
+    )
+
+
 class ToolRule(BaseModel):
     """One tool's rule: exempt it, or judge it with its own thresholds."""
 
@@ -133,6 +151,9 @@ class RulesConfig(BaseModel):
     repeatedFailure: RepeatedFailureRule | None = None
     argumentChurn: ArgumentChurnRule | None = None
     runCaps: RunCapsRule | None = None
+    fleetBreaker: FleetBreakerRule | None = Field(
+        default=None, description="warn or block a tool that loops in many sessions at once"
+    )
     tools: dict[str, ToolRule] | None = Field(
         default=None, description="per tool name: exempt, or thresholds of its own"
     )

@@ -24,6 +24,7 @@ from streams.faust_compat.producer import drain_table_writes, send_retrying, tra
 from streams.faust_compat.recovery import ChangelogRestore
 from streams.faust_compat.tables import FaustSessionStore, session_table
 from streams.faust_compat.web import operators_only_web
+from streams.fleet_breaker import install_fleet_breaker
 from streams.metrics import Metrics
 from streams.processor import InputRecord, Limits, OutputTopics, SessionProcessor
 from streams.settings import Settings
@@ -69,19 +70,21 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         config, max_parked=settings.max_parked_events, max_parked_bytes=settings.max_parked_bytes,
         gap_timeout_ms=int(settings.sequence_gap_timeout_seconds * 1000),
     )
+    board = install_fleet_breaker(app, settings, engine)  # None: no fleetBreaker configured
     processor = SessionProcessor(
         engine, settings.input_topics,
         OutputTopics(settings.topic_verdicts, settings.topic_loop_events,
-                     settings.topic_dead_letters),
+                     settings.topic_dead_letters, board and settings.topic_tool_strikes),
         FaustSessionStore(table, settings.topic_tool_calls), FaustInputOffsets(app),
         limits=Limits(settings.max_session_state_bytes, settings.producer_max_request_size,
                       settings.dead_letter_original_bytes, settings.max_identifier_bytes),
         max_event_bytes=settings.max_event_bytes,
         session_ttl_ms=int(settings.session_ttl_seconds * 1000), metrics=Metrics(),
+        breakers=board and board.broken,
     )
     inputs = app.topic(*settings.input_topics, key_serializer="raw", value_serializer="raw",
                        partitions=settings.partitions)
-    readiness = Readiness(app, settings)
+    readiness = Readiness(app, settings, fleet_breaker=board is not None)
 
     def owned() -> list[tuple[str, int]]:
         return owned_inputs(app, settings.input_topics)

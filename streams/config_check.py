@@ -95,6 +95,7 @@ def describe_rules(rules: ResolvedRules | None) -> list[str]:
         ("repeatedFailure", rules.repeated_failure),
         ("argumentChurn", rules.argument_churn),
         ("runCaps", rules.run_caps),
+        ("fleetBreaker", rules.fleet_breaker),
     ):
         if rule is None:
             continue

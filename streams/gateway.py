@@ -442,7 +442,13 @@ class GatewayClient:
             return self._timeout_verdict(event, token)
         finally:
             self._pending.pop(pending_key, None)
-        if verdict.action == "block" and self.sticky_blocks:
+        # A fleet breaker's block holds only until its window clears (fleet-wide, in
+        # event time): the call is asked again, not answered from the cache for the run.
+        if (
+            verdict.action == "block"
+            and self.sticky_blocks
+            and verdict.detector != "fleet_tool_breaker"
+        ):
             self._blocked.setdefault(run_key, {})[token] = verdict
         return verdict
 

@@ -26,6 +26,16 @@ class Metrics:
         self.expired = Counter(
             "loopfuse_sessions_expired", "Idle sessions deleted from the table", registry=r
         )
+        self.tool_strikes = Counter(
+            "loopfuse_tool_strikes", "Strikes sent to the fleet breaker (loops on a tool)",
+            registry=r,
+        )
+        self.tools_broken = Gauge(
+            "loopfuse_fleet_tools_broken",
+            "Tools on this worker's fleet breaker board (read from the breakers topic; "
+            "a breaker clears by the calls' event time)",
+            registry=r,
+        )
         self.batches = Counter("loopfuse_batches", "Batches processed", registry=r)
         self.consumer_lag = Gauge(
             "loopfuse_consumer_lag",

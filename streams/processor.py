@@ -29,9 +29,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import orjson
+
 from schemas.decode import EventRejected, decode_event
 from schemas.events import DeadLetter
-from streams.engine import Engine, LoopEvent, Notice, Output, Rejection, SessionState, Verdict
+from streams.engine import (
+    Engine,
+    LoopEvent,
+    Notice,
+    Output,
+    Rejection,
+    SessionState,
+    Verdict,
+    fleet,
+)
+from streams.engine.fingerprint import fold as fold_hash
 from streams.engine.state import InputEventT, StateTooLarge
 from streams.metrics import Metrics
 from streams.progress import InputProgress
@@ -44,7 +56,7 @@ RECORD_OVERHEAD_BYTES = 1_024
 #: A dead letter's reason is cut to this many characters (it may quote input).
 MAX_REASON_CHARS = 1_000
 
-OutputKind = Literal["verdict", "loop_event", "dead_letter"]
+OutputKind = Literal["verdict", "loop_event", "dead_letter", "tool_strike"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +170,34 @@ def encode_outputs(
     return encoded
 
 
+def tool_strikes(outputs: Sequence[Output]) -> list[Outgoing]:
+    """The fleet breaker's strikes of one step, keyed by tool (streams.fleet_breaker).
+
+    No args, results or session key: the session travels as a 64-bit hash, enough to
+    count distinct sessions per tool.
+    """
+    return [
+        Outgoing(
+            "tool_strike",
+            event.tool_name.encode("utf-8", "surrogatepass"),
+            orjson.dumps(
+                {
+                    "type": "tool_strike",
+                    "tool_name": event.tool_name,
+                    "session": f"{fold_hash(event.session_key):016x}",
+                    "detector": event.detector,
+                    # A gateway clock running ahead counts as now: one far-future ts
+                    # must not move the tool's window past every other session's hits.
+                    "ts": min(event.event_ts, event.decided_ts),
+                }
+            ),
+            event.detector,
+        )
+        for event in fleet.strikes(outputs)
+        if event.tool_name is not None
+    ]
+
+
 @dataclass(slots=True)
 class _Applied:
     """One step taken since ``base``: an event (None: a release), with its clocks."""
@@ -192,6 +232,10 @@ class SessionFold:
     isolated: list[Outgoing] = field(default_factory=list)
     # Dead letters of events that failed in ``apply``, sent with the next checkpoint.
     letters: list[Outgoing] = field(default_factory=list)
+    # The fleet breaker (None: not configured): tools broken fleet-wide, overlaid on
+    # the verdicts, and whether this session's loops strike their tools.
+    breakers: Mapping[str, fleet.ToolBreaker] | None = None
+    strike: bool = False
 
     def apply(
         self, event: InputEventT, source: Source, now_ms: int, watermark_ms: int | None
@@ -199,7 +243,7 @@ class SessionFold:
         """Judge one event: its messages, or its dead letter (state then unchanged)."""
         try:
             state, outputs = self.engine.step(self.state, event, now_ms, watermark_ms)
-            encoded = encode_outputs(outputs, self.key, self.limits, source, self.notices)
+            encoded = self._encode_outputs(outputs, source)
         except EventFailed as exc:
             return self._reject(source, exc.code, exc.reason)
         except Exception as exc:  # an engine bug must not take the partition down
@@ -215,7 +259,7 @@ class SessionFold:
             return []
         try:
             outputs = self.engine.release(self.state, now_ms, watermark_ms)
-            encoded = encode_outputs(outputs, self.key, self.limits, source, self.notices)
+            encoded = self._encode_outputs(outputs, source)
         except Exception as exc:
             log.exception("engine failed releasing the waiting events of a session")
             return self._reject(source, "engine_error", f"engine error: {exc!r}")
@@ -240,6 +284,14 @@ class SessionFold:
         return data, self._flush()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _encode_outputs(self, outputs: list[Output], source: Source) -> list[Outgoing]:
+        if self.breakers:
+            outputs = fleet.overlay(self.engine.rules, outputs, self.breakers)
+        encoded = encode_outputs(outputs, self.key, self.limits, source, self.notices)
+        if self.strike:
+            encoded += tool_strikes(outputs)
+        return encoded
 
     def _encode(self, state: SessionState) -> bytes:
         before = len(state.history)
@@ -373,6 +425,7 @@ class OutputTopics:
     verdicts: str
     loop_events: str
     dead_letters: str
+    tool_strikes: str | None = None  # the fleet breaker's, only when it is configured
 
 
 #: (topic, key, value) of a message to publish.
@@ -417,6 +470,7 @@ class SessionProcessor:
         session_ttl_ms: int = 86_400_000,
         clock: Callable[[], int] = wall_clock_ms,
         metrics: Metrics | None = None,
+        breakers: Mapping[str, fleet.ToolBreaker] | None = None,
     ) -> None:
         self.engine = engine
         self.inputs = tuple(inputs)
@@ -433,6 +487,12 @@ class SessionProcessor:
             "loop_event": outputs.loop_events,
             "dead_letter": outputs.dead_letters,
         }
+        # The fleet breaker (README: Rules): strikes only when it is configured, and
+        # the tools broken fleet-wide as the worker last read them (a live mapping).
+        self.strike = outputs.tool_strikes is not None
+        if outputs.tool_strikes is not None:
+            self.topic_of["tool_strike"] = outputs.tool_strikes
+        self.breakers = breakers
         # session key -> partition, for idle expiry (the memory store does not know
         # which partition a key belongs to; expiry must only delete keys of
         # partitions this worker actively owns).
@@ -571,7 +631,10 @@ class SessionProcessor:
         raw = self.store.get(key)
         state = self._load(key, raw)
         # An unreadable state was logged and starts afresh: nothing to go back to.
-        return SessionFold(self.engine, key, self.limits, raw if state else None, state)
+        return SessionFold(
+            self.engine, key, self.limits, raw if state else None, state,
+            breakers=self.breakers, strike=self.strike,
+        )
 
     def _settle(self, key: bytes, fold: SessionFold, partition: int, out: list[Message]) -> None:
         """Write the session's state back and queue the messages of what it includes."""
@@ -626,6 +689,8 @@ class SessionProcessor:
             metrics.inc(metrics.verdicts, message.detail, message.detector or "none")
         elif message.kind == "loop_event":
             metrics.inc(metrics.loop_events, message.detail)
+        elif message.kind == "tool_strike":
+            metrics.tool_strikes.inc()
         else:
             metrics.inc(metrics.dead_letters, message.detail)
             log.warning(
@@ -637,7 +702,10 @@ class SessionProcessor:
     # -- timers ----------------------------------------------------------------------------
 
     def measure_lag(self, owned: Iterable[tuple[str, int]]) -> None:
-        """Set ``loopfuse_consumer_lag`` for the input partitions this worker owns."""
+        """Set ``loopfuse_consumer_lag`` for the input partitions this worker owns (and
+        ``loopfuse_fleet_tools_broken``: the board as this worker has read it)."""
+        if self.breakers is not None:
+            self.metrics.tools_broken.set(len(self.breakers))
         gauge = self.metrics.consumer_lag
         gauge.clear()
         offsets = self.offsets

@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     topic_verdicts: TopicName = "loopfuse.verdicts"
     topic_loop_events: TopicName = "loopfuse.loop-events"
     topic_dead_letters: TopicName = "loopfuse.dead-letters"
+    # the fleet breaker's (loopfuse.rules.fleetBreaker): created and used only with it
+    topic_tool_strikes: TopicName = "loopfuse.tool-strikes"
+    topic_tool_breakers: TopicName = Field(
+        default="loopfuse.tool-breakers", description="compacted; every worker reads it whole"
+    )
     partitions: int = Field(default=4, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1, le=32)
 
@@ -130,7 +135,7 @@ class Settings(BaseSettings):
                 "LOOPFUSE_BROKER_HEARTBEAT_INTERVAL must be shorter than "
                 "LOOPFUSE_BROKER_SESSION_TIMEOUT"
             )
-        topics = self.input_topics + self.output_topics
+        topics = self.input_topics + self.output_topics + self.fleet_topics
         if len(set(topics)) != len(topics):
             raise ValueError(f"LOOPFUSE_TOPIC_* names must be distinct, got {topics}")
         if self.sasl_mechanism is not None and not self.security_protocol.startswith("SASL"):
@@ -147,6 +152,11 @@ class Settings(BaseSettings):
     @property
     def output_topics(self) -> tuple[str, str, str]:
         return (self.topic_verdicts, self.topic_loop_events, self.topic_dead_letters)
+
+    @property
+    def fleet_topics(self) -> tuple[str, str]:
+        """The fleet breaker's topics: strikes (keyed by tool), breakers (compacted)."""
+        return (self.topic_tool_strikes, self.topic_tool_breakers)
 
     def faust_credentials(self) -> Any:
         """The same security options as Faust's broker credentials (None: plaintext)."""

@@ -37,7 +37,19 @@ def changelog_topic(settings: Settings) -> str:
     return f"{settings.app_id}-{SESSION_TABLE}-changelog"
 
 
-async def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> None:
+def wanted_topics(settings: Settings, fleet_breaker: bool) -> list[str]:
+    """Every topic the worker uses (the fleet breaker's only when it is configured)."""
+    wanted = [*settings.input_topics, changelog_topic(settings), *settings.output_topics]
+    return wanted + list(settings.fleet_topics) if fleet_breaker else wanted
+
+
+def _compacted(settings: Settings, name: str) -> bool:
+    return name in (changelog_topic(settings), settings.topic_tool_breakers)
+
+
+async def ensure_topics(
+    settings: Settings, *, timeout: float = 30.0, fleet_breaker: bool = False
+) -> None:
     """Create missing topics with ``settings.partitions``; fail on a mismatching one.
 
     Idempotent. Faust itself only declares internal topics and silently accepts
@@ -55,7 +67,7 @@ async def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> None:
     await asyncio.wait_for(admin.start(), timeout)
     try:
         strict = [*settings.input_topics, changelog_topic(settings)]
-        wanted = [*strict, *settings.output_topics]
+        wanted = wanted_topics(settings, fleet_breaker)
         existing = set(await admin.list_topics())
         missing = [name for name in wanted if name not in existing]
         if missing:
@@ -65,7 +77,7 @@ async def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> None:
                     settings.partitions,
                     settings.replication_factor,
                     topic_configs=(
-                        {"cleanup.policy": "compact"} if name == changelog_topic(settings) else {}
+                        {"cleanup.policy": "compact"} if _compacted(settings, name) else {}
                     ),
                 )
                 for name in missing
@@ -102,7 +114,8 @@ async def _partition_counts(admin: AIOKafkaAdminClient, topics: Sequence[str]) -
 
 
 async def restore_lost_topics(
-    settings: Settings, cluster: Any, on_fatal: Callable[[int, str], None]
+    settings: Settings, cluster: Any, on_fatal: Callable[[int, str], None],
+    fleet_breaker: bool = False,
 ) -> list[str]:
     """Re-create loopfuse's topics if the broker no longer has them; the ones still missing.
 
@@ -116,7 +129,7 @@ async def restore_lost_topics(
     another size cannot be repaired here: the worker stops (exit code 2), as at
     start-up.
     """
-    wanted = [*settings.input_topics, changelog_topic(settings), *settings.output_topics]
+    wanted = wanted_topics(settings, fleet_breaker)
     present = cluster.topics()
     missing = [name for name in wanted if name not in present]
     if not missing:
@@ -127,7 +140,7 @@ async def restore_lost_topics(
         ", ".join(missing),
     )
     try:
-        await ensure_topics(settings, timeout=10.0)
+        await ensure_topics(settings, timeout=10.0, fleet_breaker=fleet_breaker)
     except TopicMismatchError as exc:
         log.critical("%s Stopping (exit code 2).", exc)
         on_fatal(2, str(exc))
@@ -173,9 +186,10 @@ class RecoveryStall:
 class Readiness:
     """What ``/ready`` answers: the broker probe (every 2 s), lost topics, Faust's state."""
 
-    def __init__(self, app: faust.App, settings: Settings) -> None:
+    def __init__(self, app: faust.App, settings: Settings, fleet_breaker: bool = False) -> None:
         self.app = app
         self.settings = settings
+        self.fleet_breaker = fleet_breaker
         self.broker_ok = False
         self.checked = 0.0
         self.topics_missing: list[str] = []
@@ -187,7 +201,7 @@ class Readiness:
         self.stall.observe(recovery_progress(self.app), self.broker_ok)
         if cluster is not None:
             self.topics_missing = await restore_lost_topics(
-                self.settings, cluster, self._stop_for_good
+                self.settings, cluster, self._stop_for_good, self.fleet_breaker
             )
 
     def _stop_for_good(self, code: int, reason: str) -> None:

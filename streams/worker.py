@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from schemas.config import ConfigError, load_config
 from streams.app import create_app
+from streams.engine.rule_config import RulesResolver
 from streams.faust_compat import UnsupportedVersion, check_versions
 from streams.settings import Settings, describe_settings_error
 from streams.topics import TopicMismatchError, ensure_topics
@@ -35,7 +36,8 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(ensure_topics(settings))
+        fleet = config is not None and RulesResolver(config).fleet_breaker is not None
+        loop.run_until_complete(ensure_topics(settings, fleet_breaker=fleet))
     except TopicMismatchError as exc:
         print(f"loopfuse worker: {exc}", file=sys.stderr, flush=True)
         loop.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from schemas.config import DetectionConfigFile
 from streams.engine.config import ResolvedConfig, _positive_int, clamp_thresholds
@@ -21,6 +21,8 @@ DEFAULT_MAX_PERIOD = 5
 DEFAULT_FAILURE_WARNING = 3
 DEFAULT_FAILURE_CRITICAL = 5
 DEFAULT_WARN_AT = 0.8
+DEFAULT_FLEET_SESSIONS = 20
+DEFAULT_FLEET_WINDOW_SECONDS = 300
 
 _RULES = ("runEnding", "cycle", "repeatedFailure", "argumentChurn", "runCaps")
 
@@ -62,6 +64,16 @@ class RunCaps:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetBreaker:
+    """The fleet-wide tool breaker: trips at ``sessions`` within ``window_seconds``."""
+
+    enforced: bool
+    action: Literal["warn", "block"] = "warn"
+    sessions: int = DEFAULT_FLEET_SESSIONS
+    window_seconds: int = DEFAULT_FLEET_WINDOW_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
 class ToolThresholds:
     warning: int | None = None
     critical: int | None = None
@@ -77,6 +89,7 @@ class ResolvedRules:
     repeated_failure: RepeatedFailure | None = None
     argument_churn: ArgumentChurn | None = None
     run_caps: RunCaps | None = None
+    fleet_breaker: FleetBreaker | None = None
     exempt: frozenset[str] = frozenset()
     thresholds: tuple[tuple[str, ToolThresholds], ...] = ()
     # Derived: the per-tool configs handed out by for_tool (a config is immutable).
@@ -157,6 +170,7 @@ def resolve_rules(block: dict[str, Any], enforce: bool) -> ResolvedRules | None:
     failure = rule("repeatedFailure")
     churn = rule("argumentChurn")
     caps = rule("runCaps")
+    fleet = rule("fleetBreaker")
     exempt: set[str] = set()
     thresholds: list[tuple[str, ToolThresholds]] = []
     tools = block.get("tools")
@@ -173,7 +187,7 @@ def resolve_rules(block: dict[str, Any], enforce: bool) -> ResolvedRules | None:
         )
         if limits != ToolThresholds():
             thresholds.append((name, limits))
-    if not (ending or cycle or failure or churn or caps or exempt or thresholds):
+    if not (ending or cycle or failure or churn or caps or fleet or exempt or thresholds):
         return None
     max_period = (cycle[0] if cycle else {}).get("maxPeriod")
     failure_warning = _positive_int((failure[0] if failure else {}).get("warningThreshold"),
@@ -215,8 +229,21 @@ def resolve_rules(block: dict[str, Any], enforce: bool) -> ResolvedRules | None:
             _amount(caps[0].get("costPerSession")),
             warn_at if warn_at is not None and warn_at < 1 else DEFAULT_WARN_AT,
         ),
+        fleet_breaker=None if fleet is None else _fleet_breaker(*fleet),
         exempt=frozenset(exempt),
         thresholds=tuple(thresholds),
+    )
+
+
+def _fleet_breaker(raw: dict[str, Any], enforced: bool) -> FleetBreaker:
+    sessions, window = raw.get("sessions"), raw.get("windowSeconds")
+    return FleetBreaker(
+        enforced,
+        "block" if raw.get("action") == "block" else "warn",
+        sessions if type(sessions) is int and 2 <= sessions <= 1_000 else DEFAULT_FLEET_SESSIONS,
+        window
+        if type(window) is int and 1 <= window <= 86_400
+        else DEFAULT_FLEET_WINDOW_SECONDS,
     )
 
 
@@ -238,6 +265,14 @@ class RulesResolver:
     def configured(self) -> bool:
         """Whether any rule block exists at all (else every agent resolves to None)."""
         return self._global is not None or self._agents
+
+    @property
+    def fleet_breaker(self) -> FleetBreaker | None:
+        """The fleet's breaker (the global block's: trips are fleet-wide), or None."""
+        if self._global is None:
+            return None
+        rules = resolve_rules(self._global, self._enforce)
+        return None if rules is None else rules.fleet_breaker
 
     def resolve(self, agent_id: str | None) -> ResolvedRules | None:
         if not self.configured:

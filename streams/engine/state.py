@@ -149,6 +149,7 @@ DETECTORS: tuple[Detector | None, ...] = (
     "run_call_cap",
     "token_budget",
     "cost_budget",
+    "fleet_tool_breaker",
 )
 
 

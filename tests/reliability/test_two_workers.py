@@ -10,7 +10,6 @@ engine's (``Engine.replay``).
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from tests.support.harness import (
     encode,
     expected_verdicts,
     generate,
-    http_get,
     new_topics,
     produce,
     produce_paced,
@@ -31,49 +29,11 @@ from tests.support.harness import (
     unique,
     worker_settings,
 )
+from tests.support.pair import assignment, start_pair
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(300)]
 
 PARTITIONS = 4
-
-
-def _parse_set(text: str) -> set[int]:
-    out: set[int] = set()
-    for piece in text.strip().strip("{}").split(","):
-        piece = piece.strip()
-        if not piece:
-            continue
-        if "-" in piece:
-            a, b = piece.split("-")
-            out.update(range(int(a), int(b) + 1))
-        else:
-            out.add(int(piece))
-    return out
-
-
-def assignment(log: str, topic: str) -> set[int] | None:
-    """The partitions of ``topic`` in the last assignment logged, or None if none yet."""
-    blocks = log.split("Setting newly assigned partitions")
-    if len(blocks) < 2:
-        return None
-    last = blocks[-1].split("for group")[0]
-    m = re.search(rf"\|\s*{re.escape(topic)}\s*\|\s*([^|]*)\|", last)
-    return _parse_set(m.group(1)) if m else set()
-
-
-async def wait_split(
-    a: WorkerProcess, b: WorkerProcess, topic: str, timeout: float = 90
-) -> tuple[set[int], set[int]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pa, pb = assignment(a.tail(10**7), topic), assignment(b.tail(10**7), topic)
-        ready = (
-            http_get(a.web_port, "/ready")[0] == 200 and http_get(b.web_port, "/ready")[0] == 200
-        )
-        if ready and pa and pb and not pa & pb and pa | pb == set(range(PARTITIONS)):
-            return pa, pb
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"partitions never split: {pa} / {pb}")
 
 
 async def test_two_workers_split_partitions_and_one_takes_over_after_sigkill(
@@ -97,11 +57,7 @@ async def test_two_workers_split_partitions_and_one_takes_over_after_sigkill(
     a = WorkerProcess(settings, log_path=tmp_path / "worker-a.log")
     b = WorkerProcess(settings, log_path=tmp_path / "worker-b.log")
     try:
-        a.start()
-        await asyncio.to_thread(a.wait_ready, 120)
-        b.start()
-        await asyncio.to_thread(b.wait_ready, 120)
-        pa, pb = await wait_split(a, b, topics["tool_calls"])
+        pa, pb = await start_pair(a, b, topics["tool_calls"], PARTITIONS)
         split_s = time.monotonic() - t_start
         print(f"two-workers: split after {split_s:.1f} s: A owns {sorted(pa)}, B owns {sorted(pb)}")
 

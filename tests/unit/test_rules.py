@@ -525,7 +525,7 @@ def test_every_rules_example_in_the_readme_is_valid() -> None:
     readme = (EXAMPLES.parents[1] / "README.md").read_text()
     section = readme[readme.index("### Rules beyond"):readme.index("### Worker settings")]
     blocks = re.findall(r"```json5\n(.*?)```", section, re.S)
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     for block in blocks:
         assert parse_config(json5.loads(block)).loopfuse.rules is not None
 
