@@ -22,7 +22,6 @@ sessions=... changelog_bytes=...
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from schemas.decode import decode_event  # noqa: E402
-from streams.broker import EmbeddedBroker  # noqa: E402
+from streams.broker import run_on_a_broker  # noqa: E402
 from streams.engine import Engine  # noqa: E402
 from streams.worker_process import WorkerProcess, topic_settings, unique_topics  # noqa: E402
 
@@ -165,11 +164,7 @@ def main() -> int:
     parser.add_argument("--profile", metavar="PATH", help="cProfile the recovering worker")
     parser.add_argument("--workdir", type=Path, help="keep the workers' logs here")
     args = parser.parse_args()
-    if args.bootstrap:
-        line = asyncio.run(run(args, args.bootstrap, embedded=False))
-    else:
-        with EmbeddedBroker() as broker:
-            line = asyncio.run(run(args, broker.bootstrap, embedded=True))
+    line = run_on_a_broker(lambda b, e: run(args, b, embedded=e), args.bootstrap)
     print(line, flush=True)
     return 0
 

@@ -42,7 +42,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.broker import EmbeddedBroker  # noqa: E402
+from streams.broker import run_on_a_broker  # noqa: E402
 from streams.worker_process import (  # noqa: E402
     WorkerProcess,
     input_topic_for,
@@ -456,11 +456,7 @@ def main() -> int:
     parser.add_argument("--scale-out", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure one vs two workers (c)")
     args = parser.parse_args()
-    if args.bootstrap:
-        line = asyncio.run(run(args, args.bootstrap, embedded=False))
-    else:
-        with EmbeddedBroker() as broker:
-            line = asyncio.run(run(args, broker.bootstrap, embedded=True))
+    line = run_on_a_broker(lambda b, e: run(args, b, embedded=e), args.bootstrap)
     print(line, flush=True)
     return 0
 

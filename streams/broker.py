@@ -523,3 +523,15 @@ def run_broker_cli(
         broker.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def run_on_a_broker(
+    run: Callable[[str, bool], Coroutine[Any, Any, _T]], bootstrap: str | None
+) -> _T:
+    """``asyncio.run(run(bootstrap, embedded))`` on ``bootstrap``, or on an embedded
+    broker started for it (and stopped after) when ``bootstrap`` is None. For the
+    benchmarks, which run beside a baseline on whatever broker they are given."""
+    if bootstrap:
+        return asyncio.run(run(bootstrap, False))
+    with EmbeddedBroker() as broker:
+        return asyncio.run(run(broker.bootstrap, True))

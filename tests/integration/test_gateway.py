@@ -131,24 +131,6 @@ async def test_a_block_is_sticky_without_a_round_trip(client: GatewayClient) -> 
     assert client.stats.dropped_verdicts == dropped  # the reported call's verdict is expected
 
 
-async def test_a_run_ending_rule_ends_a_run_whose_block_the_cache_answers(
-    kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics]
-) -> None:
-    # The default client: the repeated blocked call is answered by the sticky-block
-    # cache, and reported, so loopfuse sees the second critical and ends the run.
-    async with GatewayClient(kafka_bootstrap, topics=worker[1], timeout=30) as gateway:
-        session = gateway.session(f"ender-{uuid.uuid4().hex}", run_id="run-1",
-                                  agent_id="run-ender")
-        aborted: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-        gateway.on_abort(session.session_key, "run-1", aborted.set_result)
-        verdicts = await _loop(session, 7)
-        abort = await asyncio.wait_for(aborted, 30)
-    assert [v.action for v in verdicts][-2:] == ["block", "block"]
-    assert gateway.stats.sticky_blocks == 1  # the 7th call never waited for loopfuse
-    assert (abort.action, abort.detector, abort.count) == ("abort", "tool_loop_run_ended", 2)
-    assert abort.call_id == verdicts[-1].call_id
-
-
 async def _compaction_loop(session: Any) -> Verdict:
     """A compaction, then the same failing command three times (the guard's window)."""
     await session.compaction("context_overflow")
@@ -172,13 +154,15 @@ async def test_abort_callback_fires_on_a_compaction_loop(client: GatewayClient) 
     assert abort.message is not None and "after auto-compaction" in abort.message
 
 
+@pytest.mark.parametrize("sticky", [True, False])
 async def test_abort_callback_fires_when_a_run_ending_rule_ends_the_run(
-    kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics]
+    kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics], sticky: bool
 ) -> None:
-    # Without the local sticky-block cache the blocked call reaches loopfuse again: the
-    # second critical of the run ends it (the agent's loopfuse.rules.runEnding).
+    # The blocked call is asked again: answered by the sticky-block cache (and still
+    # reported) or not, loopfuse sees the run's second critical and ends the run (the
+    # agent's loopfuse.rules.runEnding).
     async with GatewayClient(
-        kafka_bootstrap, topics=worker[1], timeout=30, sticky_blocks=False
+        kafka_bootstrap, topics=worker[1], timeout=30, sticky_blocks=sticky
     ) as gateway:
         session = gateway.session(f"ender-{uuid.uuid4().hex}", run_id="run-1",
                                   agent_id="run-ender")
@@ -187,6 +171,7 @@ async def test_abort_callback_fires_when_a_run_ending_rule_ends_the_run(
         verdicts = await _loop(session, 7)
         abort = await asyncio.wait_for(aborted, 30)
     assert [v.action for v in verdicts][-2:] == ["block", "block"]  # the calls get blocks
+    assert gateway.stats.sticky_blocks == (1 if sticky else 0)
     assert (abort.action, abort.detector, abort.count) == ("abort", "tool_loop_run_ended", 2)
     assert abort.call_id == verdicts[-1].call_id
     assert abort.message == f"{verdicts[-1].message} Ending this run: the model kept " \
