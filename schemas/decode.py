@@ -10,10 +10,7 @@ from pydantic import ValidationError
 from schemas.events import (
     DEFAULT_MAX_IDENTIFIER_BYTES,
     IDENTIFIER_FIELDS,
-    Compaction,
-    RunEnded,
-    ToolCall,
-    ToolResult,
+    InputEvent,
     input_event_adapter,
 )
 
@@ -63,7 +60,7 @@ def utf8_size(text: str) -> int:
 
 
 def check_identifiers(
-    event: ToolCall | ToolResult | Compaction | RunEnded, limit: int
+    event: InputEvent, limit: int
 ) -> None:
     """Reject an event whose identifiers or tokens are longer than ``limit`` UTF-8 bytes.
 
@@ -85,7 +82,7 @@ def decode_event(
     max_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     max_depth: int = DEFAULT_MAX_DEPTH,
     max_identifier_bytes: int = DEFAULT_MAX_IDENTIFIER_BYTES,
-) -> ToolCall | ToolResult | Compaction | RunEnded:
+) -> InputEvent:
     """Parse and validate one wire event; raise EventRejected with a code and a reason.
 
     Bounds (README, Wire format): the message size, JSON nesting, integers in

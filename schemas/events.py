@@ -199,10 +199,12 @@ class RunEnded(_InputEvent):
     type: Literal["run_ended"]
 
 
-InputEvent = Annotated[ToolCall | ToolResult | Compaction | RunEnded, Field(discriminator="type")]
-input_event_adapter: TypeAdapter[ToolCall | ToolResult | Compaction | RunEnded] = TypeAdapter(
-    InputEvent
-)
+#: Any input event: what the decoder returns, the engine folds and a state keeps waiting.
+InputEvent = ToolCall | ToolResult | Compaction | RunEnded
+#: The same union as the wire tells its members apart (by ``type``): validation and the
+#: exported JSON Schema.
+TaggedInputEvent = Annotated[InputEvent, Field(discriminator="type")]
+input_event_adapter: TypeAdapter[InputEvent] = TypeAdapter(TaggedInputEvent)
 
 Action = Literal["allow", "warn", "block", "abort"]
 Level = Literal["none", "warning", "critical"]

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from schemas.decode import EventRejected, decode_event
-from schemas.events import DeadLetter
+from schemas.events import DeadLetter, InputEvent
 from streams.engine import Engine, LoopEvent, Notice, Output, Rejection, SessionState, Verdict
-from streams.engine.state import InputEventT, StateTooLarge
+from streams.engine.state_codec import StateTooLarge
 from streams.metrics import Metrics
 from streams.progress import InputProgress
 
@@ -162,7 +162,7 @@ def encode_outputs(
 class _Applied:
     """One step taken since ``base``: an event (None: a release), with its clocks."""
 
-    event: InputEventT | None
+    event: InputEvent | None
     now_ms: int
     watermark_ms: int | None
     source: Source
@@ -194,7 +194,7 @@ class SessionFold:
     letters: list[Outgoing] = field(default_factory=list)
 
     def apply(
-        self, event: InputEventT, source: Source, now_ms: int, watermark_ms: int | None
+        self, event: InputEvent, source: Source, now_ms: int, watermark_ms: int | None
     ) -> list[Outgoing]:
         """Judge one event: its messages, or its dead letter (state then unchanged)."""
         try:
@@ -481,7 +481,7 @@ class SessionProcessor:
         limits, metrics, progress = self.limits, self.metrics, self.progress
         now_ms = self.clock()
         out: list[Message] = []
-        sessions: dict[bytes, list[tuple[InputEventT, Source]]] = {}
+        sessions: dict[bytes, list[tuple[InputEvent, Source]]] = {}
         for record in records:
             source = Source(
                 record.topic, record.partition, record.offset, key=record.key,

@@ -18,6 +18,7 @@ from schemas.events import (
     Action,
     Compaction,
     Detector,
+    InputEvent,
     Level,
     RunEnded,
     ToolCall,
@@ -38,8 +39,6 @@ from streams.engine.fingerprint import (
 )
 from streams.engine.outputs import LoopEvent, Verdict
 from streams.engine.state import (
-    ACTIONS,
-    DETECTORS,
     MAX_DECISIONS,
     MAX_GUARDS,
     MAX_RETIRED_INCARNATIONS,
@@ -47,7 +46,6 @@ from streams.engine.state import (
     MAX_WARNING_KEYS,
     Decision,
     Guard,
-    InputEventT,
     Record,
     SessionState,
     incarnation_key,
@@ -72,8 +70,6 @@ _LEVEL_OF_ACTION: dict[Action, Level] = {
     "block": "critical",
     "abort": "critical",
 }
-_ACTION_CODE = {name: code for code, name in enumerate(ACTIONS)}
-_DETECTOR_CODE = {name: code for code, name in enumerate(DETECTORS)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +78,7 @@ class Rejection:
 
     code: str
     reason: str
-    event: InputEventT
+    event: InputEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +143,7 @@ class Engine:
     def step(
         self,
         state: SessionState | None,
-        event: InputEventT,
+        event: InputEvent,
         now_ms: int,
         watermark_ms: int | None = None,
     ) -> tuple[SessionState, list[Output]]:
@@ -224,7 +220,7 @@ class Engine:
     def _other_seq_space(
         self,
         state: SessionState,
-        event: InputEventT,
+        event: InputEvent,
         incarnation: int,
         now_ms: int,
         watermark_ms: int | None,
@@ -298,7 +294,7 @@ class Engine:
             if state.parked:
                 self._release_gaps(state, now_ms, watermark_ms, outputs)
 
-    def _at_rest(self, event: InputEventT) -> InputEventT:
+    def _at_rest(self, event: InputEvent) -> InputEvent:
         """The event as the engine keeps it while it waits: raw args and results replaced
         by their tokens (nothing raw at rest), with everything applying it needs."""
         # model_construct: every value comes from a validated event, so no validation
@@ -398,7 +394,7 @@ class Engine:
     def _redeliver(
         self,
         state: SessionState,
-        event: InputEventT,
+        event: InputEvent,
         now_ms: int,
         outputs: list[Output],
         *,
@@ -414,8 +410,8 @@ class Engine:
         event_hash = fold(event.event_id) & 0xFFFFFFFF
         for decision in state.decisions:
             if decision.event == event_hash:
-                action = ACTIONS[decision.action]
-                detector = DETECTORS[decision.detector]
+                action = decision.action
+                detector = decision.detector
                 level: Level = _LEVEL_OF_ACTION[action]
                 message = (
                     None
@@ -448,7 +444,7 @@ class Engine:
     # -- applying events -------------------------------------------------------------
 
     def _apply(
-        self, state: SessionState, event: InputEventT, now_ms: int, outputs: list[Output]
+        self, state: SessionState, event: InputEvent, now_ms: int, outputs: list[Output]
     ) -> None:
         _touch(state, event, now_ms)
         if isinstance(event, ToolCall):
@@ -519,8 +515,8 @@ class Engine:
             state.decisions.append(
                 Decision(
                     fold(event.event_id) & 0xFFFFFFFF,
-                    _ACTION_CODE[action],
-                    _DETECTOR_CODE[detector],
+                    action,
+                    detector,
                     count,
                     detection.detail if detection is not None else None,
                     -1 if event.seq is None else event.seq,
@@ -566,8 +562,8 @@ class Engine:
 
         history = state.history
         sig = signature(tool, self._args_token(event)) if event.has_args else 0
-        matched: Record | None = None
-        for rec in reversed(history):
+        for index in range(len(history) - 1, -1, -1):
+            rec = history[index]
             if (
                 rec.run == run
                 and not rec.result
@@ -575,24 +571,21 @@ class Engine:
                 and (not call_hash or rec.call == call_hash)
                 and (not sig or rec.sig == sig)
             ):
-                matched = rec
+                # The call's record takes the result; call 0: nothing can match it again.
+                history[index] = Record(tool, rec.sig, run, 0, result, unknown, rec.ts)
+                sig = rec.sig
                 break
-        if matched is not None:
-            matched.result = result
-            matched.unknown = unknown
-            matched.call = 0  # nothing can match on it any more
-            sig = matched.sig
-        elif not sig:
-            outputs.append(
-                Rejection(
-                    "orphan_result",
-                    f"tool_result for call {event.call_id!r} carries no args and no pending "
-                    "call with that id is in the session history",
-                    event,
-                )
-            )
-            return
         else:
+            if not sig:
+                outputs.append(
+                    Rejection(
+                        "orphan_result",
+                        f"tool_result for call {event.call_id!r} carries no args and no "
+                        "pending call with that id is in the session history",
+                        event,
+                    )
+                )
+                return
             state.append(Record(tool, sig, run, 0, result, unknown, event.ts), config.history_size)
 
         guard_key = run_key(run)
@@ -718,7 +711,7 @@ class Engine:
 
     def _loop_event(
         self,
-        event: InputEventT,
+        event: InputEvent,
         config: ResolvedConfig,
         *,
         action: Action,
@@ -773,7 +766,7 @@ class Engine:
 
     # -- offline use -----------------------------------------------------------------
 
-    def replay(self, events: Iterable[InputEventT]) -> list[Output]:
+    def replay(self, events: Iterable[InputEvent]) -> list[Output]:
         """Run events through per-session states, using each event's time as the clock."""
         states: dict[str, SessionState] = {}
         outputs: list[Output] = []
@@ -784,7 +777,7 @@ class Engine:
         return outputs
 
 
-def _touch(state: SessionState, event: InputEventT, now_ms: int) -> None:
+def _touch(state: SessionState, event: InputEvent, now_ms: int) -> None:
     """Stamp the session active, in worker time and in event time (idle expiry).
 
     A gateway clock running ahead counts as now: a future ``ts`` must not keep a
@@ -797,7 +790,7 @@ def _touch(state: SessionState, event: InputEventT, now_ms: int) -> None:
 
 
 def _waited_event_time(
-    parked: Iterable[InputEventT], watermark_ms: int | None, now_ms: int
+    parked: Iterable[InputEvent], watermark_ms: int | None, now_ms: int
 ) -> int:
     """How long, in event time, the input has moved on since the first parked event.
 
@@ -809,7 +802,7 @@ def _waited_event_time(
     return reached - min(times)
 
 
-def _set_fields(event: InputEventT, drop: tuple[str, ...]) -> dict[str, Any]:
+def _set_fields(event: InputEvent, drop: tuple[str, ...]) -> dict[str, Any]:
     """The fields the gateway set on ``event`` (what its JSON carried), less ``drop``."""
     values = event.__dict__
     return {name: values[name] for name in event.model_fields_set if name not in drop}
