@@ -23,6 +23,7 @@ from schemas.events import (
     ToolCall,
     ToolResult,
     input_event_adapter,
+    unvalidated,
 )
 
 DEFAULT_MAX_EVENT_BYTES = 1_048_576
@@ -144,8 +145,6 @@ _CALL_FIELDS = frozenset(ToolCall.model_fields)
 _RESULT_FIELDS = frozenset(ToolResult.model_fields)
 _CALL_DEFAULTS = {name: field.default for name, field in ToolCall.model_fields.items()}
 _RESULT_DEFAULTS = {name: field.default for name, field in ToolResult.model_fields.items()}
-_new_model = object.__new__
-_set = object.__setattr__
 
 
 def plain_event(data: dict[str, Any]) -> ToolCall | ToolResult | None:
@@ -211,9 +210,4 @@ def plain_event(data: dict[str, Any]) -> ToolCall | ToolResult | None:
             return None
     values = dict(defaults)
     values.update(data)
-    event = _new_model(cls)
-    _set(event, "__dict__", values)
-    _set(event, "__pydantic_fields_set__", set(data))
-    _set(event, "__pydantic_extra__", None)
-    _set(event, "__pydantic_private__", None)
-    return event
+    return unvalidated(cls, values, data)

@@ -6,9 +6,11 @@ nowhere else; the engine receives only validated objects.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
+import orjson
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -219,10 +221,37 @@ Detector = Literal[
 ]
 
 
-class Verdict(BaseModel):
-    """What the gateway must do with one tool call (or with its run, for abort)."""
+_Model = TypeVar("_Model", bound=BaseModel)
+_new_object = object.__new__
+_set_attribute = object.__setattr__
 
+
+def unvalidated(cls: type[_Model], values: dict[str, Any], fields_set: Iterable[str]) -> _Model:
+    """A model of ``values`` that the caller has checked, built without validation.
+
+    ``values`` holds every field of ``cls``, in its order. Like ``model_construct``
+    but without its per-field defaults pass: the engine builds one or two models per
+    event this way (schemas.decode's plain events, the engine's outputs).
+    """
+    model = _new_object(cls)
+    _set_attribute(model, "__dict__", values)
+    _set_attribute(model, "__pydantic_fields_set__", set(fields_set))
+    _set_attribute(model, "__pydantic_extra__", None)
+    _set_attribute(model, "__pydantic_private__", None)
+    return model
+
+
+class _Output(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+    def to_json(self) -> bytes:
+        """The message as published: every field, in order (orjson, not pydantic's
+        serialiser, which costs several times as much)."""
+        return orjson.dumps(self.__dict__)
+
+
+class Verdict(_Output):
+    """What the gateway must do with one tool call (or with its run, for abort)."""
 
     type: Literal["verdict"] = "verdict"
     verdict_id: str
@@ -244,10 +273,8 @@ class Verdict(BaseModel):
     decided_ts: int
 
 
-class LoopEvent(BaseModel):
+class LoopEvent(_Output):
     """Audit trail: a loop detected (every critical, warnings once per bucket)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
     type: Literal["loop_event"] = "loop_event"
     event_id: str

@@ -1,14 +1,16 @@
-"""The engine: ``step(state, event, now_ms) -> (state, outputs)``, a fold of a session's events.
+"""The engine, a fold of a session's events:
+``Engine.step(state, event, now_ms, watermark_ms=None) -> (state, outputs)``.
 
-No I/O, no clock (``now_ms`` is passed in and only stamps ``decided_ts``), no globals.
-The step applies events in ``seq`` order (parking early ones), ignores duplicates,
-and dispatches each applied event to the detectors, the history and the guard.
+No I/O, no clock (``now_ms``, the worker's time, is passed in: it stamps
+``decided_ts`` and the session's idle clock), no globals. The step applies events in
+``seq`` order (parking early ones), ignores duplicates, and dispatches each applied
+event to the detectors, the history and the guard. It changes the state it is given
+in place (copying a state per event would cost as much as the step).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -30,14 +32,23 @@ from streams.engine.fingerprint import (
     action_of,
     args_hash,
     digest,
-    fold,
+    hash32,
+    hash64,
     is_known_poll,
     result_fingerprint,
     result_token,
     signature,
     unknown_tool_name,
 )
-from streams.engine.outputs import LoopEvent, Verdict
+from streams.engine.outputs import (
+    LoopEvent,
+    Notice,
+    Output,
+    Rejection,
+    Verdict,
+    loop_event,
+    verdict,
+)
 from streams.engine.state import (
     MAX_DECISIONS,
     MAX_GUARDS,
@@ -70,28 +81,6 @@ _LEVEL_OF_ACTION: dict[Action, Level] = {
     "block": "critical",
     "abort": "critical",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """A valid event the engine cannot apply (e.g. a result for a call it never saw)."""
-
-    code: str
-    reason: str
-    event: InputEvent
-
-
-@dataclass(frozen=True, slots=True)
-class Notice:
-    """Something worth a log line (the engine itself never logs)."""
-
-    level: str
-    message: str
-    session_key: str
-    run_id: str | None
-
-
-Output = Verdict | LoopEvent | Rejection | Notice
 
 
 def run_scope(run_id: str | None) -> str | None:
@@ -147,7 +136,13 @@ class Engine:
         now_ms: int,
         watermark_ms: int | None = None,
     ) -> tuple[SessionState, list[Output]]:
-        """Apply one event of a session; return the new state and what to publish.
+        """Apply one event of a session; return its state and what to publish.
+
+        ``state`` is changed in place and returned (a new one when it is None). If
+        the step raises, ``state`` may be partly changed: a caller that goes on with
+        the session must go back to its state before the event, as
+        streams.processor.SessionFold does (it keeps the last good state bytes and
+        the events applied since, and rebuilds from them).
 
         ``watermark_ms`` is the event time up to which every input the session's
         events can come from has been read (None: no input is behind, e.g. one
@@ -159,7 +154,7 @@ class Engine:
         outputs: list[Output] = []
         seq = event.seq
         if seq is None:
-            event_hash = fold(event.event_id)
+            event_hash = hash64(event.event_id)
             if event_hash in state.seen_ids:
                 self._redeliver(state, event, now_ms, outputs)
                 return state, outputs
@@ -407,7 +402,7 @@ class Engine:
         """
         if not isinstance(event, ToolCall):
             return
-        event_hash = fold(event.event_id) & 0xFFFFFFFF
+        event_hash = hash32(event.event_id)
         for decision in state.decisions:
             if decision.event == event_hash:
                 action = decision.action
@@ -423,21 +418,21 @@ class Engine:
                 outputs.append(
                     self._verdict(
                         event,
-                        action,
-                        level,
-                        detector,
-                        decision.count,
-                        message,
-                        self._args_token(event),
-                        decision.detail if detector == "ping_pong" else None,
                         now_ms,
+                        action=action,
+                        level=level,
+                        detector=detector,
+                        count=decision.count,
+                        message=message,
+                        args_token=self._args_token(event),
+                        paired=decision.detail if detector == "ping_pong" else None,
                     )
                 )
                 return
         if vouch_allow and event.seq is not None and event.seq >= state.verdict_floor:
             outputs.append(
                 self._verdict(
-                    event, "allow", "none", None, 0, None, self._args_token(event), None, now_ms
+                    event, now_ms, action="allow", level="none", args_token=self._args_token(event)
                 )
             )
 
@@ -496,7 +491,7 @@ class Engine:
         enforce = self.resolver.enforce
         critical = detection is not None and detection.level == "critical"
         if config.recording_on and not (critical and enforce):
-            call_hash = fold(event.call_id) & 0xFFFFFFFF if event.call_id else 0
+            call_hash = hash32(event.call_id) if event.call_id else 0
             state.append(Record(tool, sig, run, call_hash, 0, None, event.ts), config.history_size)
 
         action: Action
@@ -509,12 +504,22 @@ class Engine:
             level, detector, count = detection.level, detection.detector, detection.count
             message, paired = detection.message, detection.paired_tool_name
         outputs.append(
-            self._verdict(event, action, level, detector, count, message, token, paired, now_ms)
+            self._verdict(
+                event,
+                now_ms,
+                action=action,
+                level=level,
+                detector=detector,
+                count=count,
+                message=message,
+                args_token=token,
+                paired=paired,
+            )
         )
         if action != "allow":
             state.decisions.append(
                 Decision(
-                    fold(event.event_id) & 0xFFFFFFFF,
+                    hash32(event.event_id),
                     action,
                     detector,
                     count,
@@ -558,7 +563,7 @@ class Engine:
             return  # no result at all, or the loop detector's own block: nothing recorded
         result = result_fingerprint(token)
         run = run_scope(event.run_id)
-        call_hash = fold(event.call_id) & 0xFFFFFFFF if event.call_id else 0
+        call_hash = hash32(event.call_id) if event.call_id else 0
 
         history = state.history
         sig = signature(tool, self._args_token(event)) if event.has_args else 0
@@ -608,14 +613,13 @@ class Engine:
                 outputs.append(
                     self._verdict(
                         event,
-                        "abort",
-                        "critical",
-                        "compaction_loop_persisted",
-                        repeats,
-                        message,
-                        token,
-                        None,
                         now_ms,
+                        action="abort",
+                        level="critical",
+                        detector="compaction_loop_persisted",
+                        count=repeats,
+                        message=message,
+                        args_token=token,
                     )
                 )
             outputs.append(
@@ -665,17 +669,19 @@ class Engine:
     def _verdict(
         self,
         event: ToolCall | ToolResult,
+        now_ms: int,
+        *,
         action: Action,
         level: Level,
-        detector: Detector | None,
-        count: int,
-        message: str | None,
         args_token: str | None,
-        paired: str | None,
-        now_ms: int,
+        detector: Detector | None = None,
+        count: int = 0,
+        message: str | None = None,
+        paired: str | None = None,
     ) -> Verdict:
+        """The verdict on ``event`` (a call, or the result that tripped a guard)."""
         session = event.key
-        return Verdict(
+        return verdict(
             verdict_id=verdict_id(
                 session, event.run_id, event.call_id, action, event.incarnation
             ),
@@ -728,7 +734,7 @@ class Engine:
         args: Any = None,
     ) -> LoopEvent:
         session = event.key
-        return LoopEvent(
+        return loop_event(
             event_id=digest(
                 f"{session}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode(
                     "utf-8", "surrogatepass"
@@ -823,7 +829,7 @@ def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:
 
 def _warning_rises(state: SessionState, detection: Detection, run: str | None) -> bool:
     """Publish a warning once per bucket of 10 per warning key (OpenClaw's de-dup)."""
-    key = fold(detection.warning_key)
+    key = hash64(detection.warning_key)
     bucket = detection.count // WARNING_BUCKET_SIZE
     last = state.warnings.get(key)
     if bucket <= (last[1] if last is not None else 0):

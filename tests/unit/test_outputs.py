@@ -1,8 +1,8 @@
-"""The engine's output dataclasses serialise to JSON that the wire models accept."""
+"""The engine's verdicts and loop events are the wire models, published in their field order."""
 
 from __future__ import annotations
 
-import dataclasses
+import orjson
 
 from schemas import LoopEvent as WireLoopEvent
 from schemas import Verdict as WireVerdict
@@ -11,9 +11,8 @@ from streams.engine import Engine, LoopEvent, Verdict
 from tests.unit.conftest import call, result
 
 
-def test_output_fields_match_the_wire_models() -> None:
-    assert {f.name for f in dataclasses.fields(Verdict)} == set(WireVerdict.model_fields)
-    assert {f.name for f in dataclasses.fields(LoopEvent)} == set(WireLoopEvent.model_fields)
+def test_the_engine_outputs_are_the_wire_models() -> None:
+    assert Verdict is WireVerdict and LoopEvent is WireLoopEvent
 
 
 def test_engine_outputs_validate_against_the_wire_models() -> None:
@@ -37,6 +36,10 @@ def test_engine_outputs_validate_against_the_wire_models() -> None:
     outputs = engine.replay(events)
     kinds = set()
     for output in outputs:
+        if isinstance(output, Verdict | LoopEvent):
+            # every field, in the model's order, as pydantic itself would write it
+            assert list(orjson.loads(output.to_json())) == list(type(output).model_fields)
+            assert output.to_json() == output.model_dump_json().encode()
         if isinstance(output, Verdict):
             parsed = WireVerdict.model_validate_json(output.to_json())
             assert parsed.action == output.action and parsed.message == output.message
