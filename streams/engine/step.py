@@ -25,6 +25,7 @@ from schemas.events import (
     RunEnded,
     ToolCall,
     ToolResult,
+    unvalidated,
 )
 from streams.engine.config import ConfigResolver, ResolvedConfig
 from streams.engine.detectors import Detection, detect, guard_message, message_for
@@ -46,8 +47,6 @@ from streams.engine.outputs import (
     Output,
     Rejection,
     Verdict,
-    loop_event,
-    verdict,
 )
 from streams.engine.state import (
     MAX_DECISIONS,
@@ -74,6 +73,9 @@ MAX_SKIPPED_RANGES = 64
 MAX_LOOP_EVENT_ARGS_BYTES = 65_536
 #: Resolved configs rendered into loop events, kept by value (bounded).
 _CONFIG_DICT_CACHE = 1_024
+
+_VERDICT_FIELDS = tuple(Verdict.model_fields)
+_LOOP_EVENT_FIELDS = tuple(LoopEvent.model_fields)
 
 _LEVEL_OF_ACTION: dict[Action, Level] = {
     "allow": "none",
@@ -681,27 +683,30 @@ class Engine:
     ) -> Verdict:
         """The verdict on ``event`` (a call, or the result that tripped a guard)."""
         session = event.key
-        return verdict(
-            verdict_id=verdict_id(
+        # In the model's field order: the order of the published JSON.
+        values = {
+            "type": "verdict",
+            "verdict_id": verdict_id(
                 session, event.run_id, event.call_id, action, event.incarnation
             ),
-            session_key=session,
-            run_id=event.run_id,
-            agent_id=event.agent_id,
-            call_id=event.call_id,
-            seq=event.seq,
-            incarnation=event.incarnation,
-            tool_name=event.tool_name,
-            action=action,
-            level=level,
-            detector=detector,
-            count=count,
-            message=message,
-            args_hash=args_token,
-            paired_tool_name=paired,
-            event_ts=event.ts,
-            decided_ts=now_ms,
-        )
+            "session_key": session,
+            "run_id": event.run_id,
+            "agent_id": event.agent_id,
+            "call_id": event.call_id,
+            "seq": event.seq,
+            "incarnation": event.incarnation,
+            "tool_name": event.tool_name,
+            "action": action,
+            "level": level,
+            "detector": detector,
+            "count": count,
+            "message": message,
+            "args_hash": args_token,
+            "paired_tool_name": paired,
+            "event_ts": event.ts,
+            "decided_ts": now_ms,
+        }
+        return unvalidated(Verdict, values, _VERDICT_FIELDS)
 
     def _config_dict(self, config: ResolvedConfig) -> dict[str, Any]:
         """The config as loop events show it; cached by value (resolved configs are
@@ -734,33 +739,36 @@ class Engine:
         args: Any = None,
     ) -> LoopEvent:
         session = event.key
-        return loop_event(
-            event_id=digest(
+        # In the model's field order: the order of the published JSON.
+        values = {
+            "type": "loop_event",
+            "event_id": digest(
                 f"{session}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode(
                     "utf-8", "surrogatepass"
                 )
             ),
-            session_key=session,
-            run_id=event.run_id,
-            agent_id=event.agent_id,
-            call_id=call_id,
-            seq=event.seq,
-            incarnation=event.incarnation,
-            tool_name=tool_name,
-            action=action,
-            level=level,
-            detector=detector,
-            count=count,
-            message=message,
-            args_hash=args_token,
-            paired_tool_name=paired,
-            warning_key=warning_key,
-            config=self._config_dict(config),
-            enforced=self.resolver.enforce,
-            args=args,
-            event_ts=event.ts,
-            decided_ts=now_ms,
-        )
+            "session_key": session,
+            "run_id": event.run_id,
+            "agent_id": event.agent_id,
+            "call_id": call_id,
+            "seq": event.seq,
+            "incarnation": event.incarnation,
+            "tool_name": tool_name,
+            "action": action,
+            "level": level,
+            "detector": detector,
+            "count": count,
+            "message": message,
+            "args_hash": args_token,
+            "paired_tool_name": paired,
+            "warning_key": warning_key,
+            "config": self._config_dict(config),
+            "enforced": self.resolver.enforce,
+            "args": args,
+            "event_ts": event.ts,
+            "decided_ts": now_ms,
+        }
+        return unvalidated(LoopEvent, values, _LOOP_EVENT_FIELDS)
 
     def _payload(self, event: ToolCall) -> Any:
         """The call's raw args for its loop event, only when configured and at hand."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import input_event_adapter, parse_config
+from schemas.events import Action, Detector
 from streams.engine import Engine, SessionState
 from streams.engine import state_codec as codec
 from tests.unit.conftest import call, compaction, result
@@ -102,6 +103,11 @@ def test_the_string_table_is_in_order_of_first_use() -> None:
     assert state is not None
     data = codec.encode(state)
     assert data.index(b"zeta") < data.index(b"alpha") < data.index(b"mid")
+
+
+def test_the_persisted_enums_name_every_action_and_detector() -> None:
+    assert set(codec.ACTIONS) == set(get_args(Action))
+    assert set(codec.DETECTORS) == {None, *get_args(Detector)}
 
 
 def test_unknown_format_version_is_refused() -> None:
