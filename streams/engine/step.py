@@ -682,30 +682,19 @@ class Engine:
         paired: str | None = None,
     ) -> Verdict:
         """The verdict on ``event`` (a call, or the result that tripped a guard)."""
-        session = event.key
         # In the model's field order: the order of the published JSON.
-        values = {
+        values: dict[str, Any] = {
             "type": "verdict",
             "verdict_id": verdict_id(
-                session, event.run_id, event.call_id, action, event.incarnation
+                event.key, event.run_id, event.call_id, action, event.incarnation
             ),
-            "session_key": session,
-            "run_id": event.run_id,
-            "agent_id": event.agent_id,
-            "call_id": event.call_id,
-            "seq": event.seq,
-            "incarnation": event.incarnation,
-            "tool_name": event.tool_name,
-            "action": action,
-            "level": level,
-            "detector": detector,
-            "count": count,
-            "message": message,
-            "args_hash": args_token,
-            "paired_tool_name": paired,
-            "event_ts": event.ts,
-            "decided_ts": now_ms,
         }
+        _add_judgement(
+            values, event, event.call_id, event.tool_name, action, level, detector, count,
+            message, args_token, paired,
+        )
+        values["event_ts"] = event.ts
+        values["decided_ts"] = now_ms
         return unvalidated(Verdict, values, _VERDICT_FIELDS)
 
     def _config_dict(self, config: ResolvedConfig) -> dict[str, Any]:
@@ -738,36 +727,25 @@ class Engine:
         now_ms: int,
         args: Any = None,
     ) -> LoopEvent:
-        session = event.key
         # In the model's field order: the order of the published JSON.
-        values = {
+        values: dict[str, Any] = {
             "type": "loop_event",
             "event_id": digest(
-                f"{session}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode(
+                f"{event.key}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode(
                     "utf-8", "surrogatepass"
                 )
             ),
-            "session_key": session,
-            "run_id": event.run_id,
-            "agent_id": event.agent_id,
-            "call_id": call_id,
-            "seq": event.seq,
-            "incarnation": event.incarnation,
-            "tool_name": tool_name,
-            "action": action,
-            "level": level,
-            "detector": detector,
-            "count": count,
-            "message": message,
-            "args_hash": args_token,
-            "paired_tool_name": paired,
-            "warning_key": warning_key,
-            "config": self._config_dict(config),
-            "enforced": self.resolver.enforce,
-            "args": args,
-            "event_ts": event.ts,
-            "decided_ts": now_ms,
         }
+        _add_judgement(
+            values, event, call_id, tool_name, action, level, detector, count, message,
+            args_token, paired,
+        )
+        values["warning_key"] = warning_key
+        values["config"] = self._config_dict(config)
+        values["enforced"] = self.resolver.enforce
+        values["args"] = args
+        values["event_ts"] = event.ts
+        values["decided_ts"] = now_ms
         return unvalidated(LoopEvent, values, _LOOP_EVENT_FIELDS)
 
     def _payload(self, event: ToolCall) -> Any:
@@ -789,6 +767,36 @@ class Engine:
             states[key], produced = self.step(states.get(key), event, event.ts)
             outputs.extend(produced)
         return outputs
+
+
+def _add_judgement(
+    values: dict[str, Any],
+    event: InputEvent,
+    call_id: str | None,
+    tool_name: str | None,
+    action: Action,
+    level: Level,
+    detector: Detector | None,
+    count: int,
+    message: str | None,
+    args_token: str | None,
+    paired: str | None,
+) -> None:
+    """The fields a verdict and a loop event share, in their models' order."""
+    values["session_key"] = event.key
+    values["run_id"] = event.run_id
+    values["agent_id"] = event.agent_id
+    values["call_id"] = call_id
+    values["seq"] = event.seq
+    values["incarnation"] = event.incarnation
+    values["tool_name"] = tool_name
+    values["action"] = action
+    values["level"] = level
+    values["detector"] = detector
+    values["count"] = count
+    values["message"] = message
+    values["args_hash"] = args_token
+    values["paired_tool_name"] = paired
 
 
 def _touch(state: SessionState, event: InputEvent, now_ms: int) -> None:
