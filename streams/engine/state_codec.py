@@ -105,8 +105,9 @@ def encode(state: SessionState) -> bytes:
     body = bytearray()
     _uvarint(body, 0 if state.next_seq is None else state.next_seq + 1)
     if history:
-        _encode_history(body, strings, tools, sigs, runs, calls, results, unknowns, times,
-                        state.touched_ms)
+        _encode_history(
+            body, strings, tools, sigs, runs, calls, results, unknowns, times, state.touched_ms
+        )
     else:
         body.append(0)
     _uvarint(body, len(state.guards))
@@ -334,8 +335,9 @@ def _read_v2(data: bytes) -> tuple[SessionState, int]:
     """Version 2 kept every result fed to a guard, and the run ids of guards and
     warnings as text; no incarnations."""
     touched_ms, last_event_ms = _I64.unpack_from(data, 1)[0], _I64.unpack_from(data, 9)[0]
-    return _read_before_v3(data, 17, SessionState(touched_ms=touched_ms,
-                                                  last_event_ms=last_event_ms))
+    return _read_before_v3(
+        data, 17, SessionState(touched_ms=touched_ms, last_event_ms=last_event_ms)
+    )
 
 
 def _read_v1(data: bytes) -> tuple[SessionState, int]:
@@ -381,18 +383,14 @@ _READERS: Final[dict[int, Callable[[bytes], tuple[SessionState, int]]]] = {
 }
 
 
-def _read_common_head(
-    data: bytes, pos: int, strings: list[str | None], state: SessionState
-) -> int:
+def _read_common_head(data: bytes, pos: int, strings: list[str | None], state: SessionState) -> int:
     """next_seq and the history: the same in every version."""
     raw_seq, pos = _read_uvarint(data, pos)
     state.next_seq = None if raw_seq == 0 else raw_seq - 1
     return _read_history(data, pos, strings, state.history, state.touched_ms)
 
 
-def _read_common_tail(
-    data: bytes, pos: int, strings: list[str | None], state: SessionState
-) -> int:
+def _read_common_tail(data: bytes, pos: int, strings: list[str | None], state: SessionState) -> int:
     """Seen event ids to skipped seq ranges: the same in every version."""
     count, pos = _read_count(data, pos)
     state.seen_ids.extend(struct.unpack_from(f"<{count}Q", data, pos))
@@ -584,8 +582,7 @@ def fit(state: SessionState, cap: int) -> bytes:
             state.forget_derived()
         else:
             raise StateTooLarge(
-                f"session state is {len(data)} bytes with nothing left to shed "
-                f"(the cap is {cap})"
+                f"session state is {len(data)} bytes with nothing left to shed (the cap is {cap})"
             )
         data = encode(state)
     return data

@@ -190,7 +190,8 @@ class Engine:
         else:
             self._apply(state, event, now_ms, outputs)
             state.next_seq = seq + 1
-            self._drain(state, now_ms, outputs)
+            if state.parked:
+                self._drain(state, now_ms, outputs)
         if state.pending:
             self._open_pending(state, now_ms, watermark_ms, outputs)
         return state, outputs

@@ -20,27 +20,57 @@ from tests.unit.test_properties import build, ops_strategy
 def _states() -> list[bytes]:
     """States with something in every section: history, guards, warnings, decisions,
     parked and pending events, retired incarnations, skipped gaps, unknown tools."""
-    engine = Engine(parse_config({"tools": {"loopDetection": {"enabled": True,
-                                                              "warningThreshold": 2,
-                                                              "criticalThreshold": 3}}}),
-                    gap_timeout_ms=10)
+    engine = Engine(
+        parse_config(
+            {
+                "tools": {
+                    "loopDetection": {
+                        "enabled": True,
+                        "warningThreshold": 2,
+                        "criticalThreshold": 3,
+                    }
+                }
+            }
+        ),
+        gap_timeout_ms=10,
+    )
     state: SessionState | None = None
     events: list[Any] = []
     for seq in range(0, 8, 2):
-        events += [call("exec", {"command": "ls"}, call_id=f"c{seq}", seq=seq, ts=seq),
-                   result("exec", {"command": "ls"}, call_id=f"c{seq}", seq=seq + 1, ts=seq,
-                          error="Unknown tool: ghost")]
-    events += [compaction(seq=8, ts=9),  # arms a guard
-               call("read", {"p": 1}, call_id="late", seq=12, ts=20)]  # parked: a gap
+        events += [
+            call("exec", {"command": "ls"}, call_id=f"c{seq}", seq=seq, ts=seq),
+            result(
+                "exec",
+                {"command": "ls"},
+                call_id=f"c{seq}",
+                seq=seq + 1,
+                ts=seq,
+                error="Unknown tool: ghost",
+            ),
+        ]
+    events += [
+        compaction(seq=8, ts=9),  # arms a guard
+        call("read", {"p": 1}, call_id="late", seq=12, ts=20),
+    ]  # parked: a gap
     states = []
     for event in events:
         state, _ = engine.step(state, event, event.ts)
         states.append(state.to_bytes())
     # A restarted gateway's first call waits while the input is not read up to it.
     restart = input_event_adapter.validate_python(
-        {"type": "tool_call", "event_id": "restart", "session_key": "s1", "run_id": "r1",
-         "incarnation": "g2", "seq": 0, "ts": 30, "call_id": "x", "tool_name": "read",
-         "args": {"p": 2}})
+        {
+            "type": "tool_call",
+            "event_id": "restart",
+            "session_key": "s1",
+            "run_id": "r1",
+            "incarnation": "g2",
+            "seq": 0,
+            "ts": 30,
+            "call_id": "x",
+            "tool_name": "read",
+            "args": {"p": 2},
+        }
+    )
     state, _ = engine.step(state, restart, 30, watermark_ms=0)
     states.append(state.to_bytes())
     return states
