@@ -51,6 +51,8 @@ _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _TWO_U64 = struct.Struct("<QQ")
 _HEAD = struct.Struct("<Bqq")  # version, touched_ms, last_event_ms
+# parked, skipped, incarnation, retired, pending: the end of a state with nothing waiting
+_NOTHING_WAITING = struct.Struct("<BBQBB")
 
 # History column layout flags.
 _WIDE_REFS = 1  # string refs are 2 bytes (more than 255 strings)
@@ -69,49 +71,28 @@ class StateTooLarge(ValueError):
 # -- writing -------------------------------------------------------------------------
 
 
-class _Strings:
-    """The string table being written: refs in order of first use."""
+def encode(state: SessionState) -> bytes:
+    """The state's bytes in the newest format."""
+    body = bytearray()
+    _uvarint(body, 0 if state.next_seq is None else state.next_seq + 1)
+    # The string table, refs in order of first use: the history's tool names and runs
+    # first (most states have no other string), then as the sections below need one.
+    refs: dict[str | None, int]
+    if state.history:
+        refs = _encode_history(body, state.history, state.touched_ms)
+    else:
+        refs = {None: 0}
+        body.append(0)
 
-    __slots__ = ("refs",)
-
-    def __init__(self, first: dict[str | None, None]) -> None:
-        first.pop(None, None)
-        self.refs: dict[str | None, int] = {text: ref for ref, text in enumerate(first, 1)}
-        self.refs[None] = 0
-
-    def ref(self, text: str | None) -> int:
-        refs = self.refs
+    def ref(text: str | None) -> int:
         found = refs.get(text)
         if found is None:
             found = refs[text] = len(refs)
         return found
 
-    def __len__(self) -> int:
-        return len(self.refs) - 1
-
-
-def encode(state: SessionState) -> bytes:
-    """The state's bytes in the newest format."""
-    history = state.history
-    if history:
-        tools, sigs, runs, calls, results, unknowns, times = zip(*history, strict=True)
-        first = dict.fromkeys(tools)
-        first.update(dict.fromkeys(runs))
-        strings = _Strings(first)
-    else:
-        strings = _Strings({})
-    ref = strings.ref
-
-    body = bytearray()
-    _uvarint(body, 0 if state.next_seq is None else state.next_seq + 1)
-    if history:
-        _encode_history(
-            body, strings, tools, sigs, runs, calls, results, unknowns, times, state.touched_ms
-        )
-    else:
-        body.append(0)
-    _uvarint(body, len(state.guards))
-    for run, guard in state.guards.items():
+    guards = state.guards
+    _uvarint(body, len(guards))
+    for run, guard in guards.items():
         body += _U64.pack(run)
         _uvarint(body, guard.window)
         _uvarint(body, max(guard.remaining, 0))
@@ -122,8 +103,9 @@ def encode(state: SessionState) -> bytes:
             tool, sig, result = guard.first
             _uvarint(body, ref(tool))
             body += _TWO_U64.pack(sig, result)
-    _uvarint(body, len(state.warnings))
-    for key, (run, bucket) in state.warnings.items():
+    warnings = state.warnings
+    _uvarint(body, len(warnings))
+    for key, (run, bucket) in warnings.items():
         body += _TWO_U64.pack(key, run)
         _uvarint(body, bucket)
     seen = state.seen_ids
@@ -135,50 +117,30 @@ def encode(state: SessionState) -> bytes:
     else:
         body.append(0)
     _uvarint(body, state.verdict_floor)
-    # Events waiting on a gap or a restart are rare: most states end in zero counts.
-    _uvarint(body, len(state.parked))
-    for seq, event in state.parked.items():
-        _uvarint(body, seq)
-        _blob(body, event.model_dump_json(exclude_unset=True).encode())
-    _uvarint(body, len(state.skipped))
-    for first_seq, last_seq in state.skipped:
-        _uvarint(body, first_seq)
-        _uvarint(body, last_seq - first_seq)
-    body += _U64.pack(state.incarnation)
-    _uvarint(body, len(state.retired))
-    for incarnation, next_seq in state.retired:
-        body += _U64.pack(incarnation)
-        _uvarint(body, next_seq)
-    _uvarint(body, len(state.pending))
-    for event in state.pending:
-        _blob(body, event.model_dump_json(exclude_unset=True).encode())
+    if state.parked or state.skipped or state.retired or state.pending:
+        _encode_waiting(body, state)
+    else:  # nothing waits on a gap or a restart: zero counts around the incarnation
+        body += _NOTHING_WAITING.pack(0, 0, state.incarnation, 0, 0)
 
     head = bytearray(_HEAD.pack(FORMAT_VERSION, state.touched_ms, state.last_event_ms))
-    _uvarint(head, len(strings))
-    for text in strings.refs:
+    _uvarint(head, len(refs) - 1)
+    for text in refs:
         if text is not None:
             _blob(head, text.encode("utf-8", "surrogatepass"))
     head += body
     return bytes(head)
 
 
-def _encode_history(
-    out: bytearray,
-    strings: _Strings,
-    tools: tuple[str, ...],
-    sigs: tuple[int, ...],
-    runs: tuple[str | None, ...],
-    calls: tuple[int, ...],
-    results: tuple[int, ...],
-    unknowns: tuple[str | None, ...],
-    times: tuple[int, ...],
-    base_ts: int,
-) -> None:
+def _encode_history(out: bytearray, history: list[Record], base_ts: int) -> dict[str | None, int]:
+    """The history, column by column; returns the string table it started."""
+    tools, sigs, runs, calls, results, unknowns, times = zip(*history, strict=True)
+    first_use = dict.fromkeys(tools)
+    first_use.update(dict.fromkeys(runs))
+    first_use.pop(None, None)
+    refs: dict[str | None, int] = dict(zip(first_use, range(1, len(first_use) + 1), strict=True))
+    refs[None] = 0
     count = len(tools)
     _uvarint(out, count)
-    refs = strings.refs
-    tool_refs = list(map(refs.__getitem__, tools))
-    run_refs = list(map(refs.__getitem__, runs))
     deltas = list(map(sub, times[1:], times[:-1]))
     low, high = (min(deltas), max(deltas)) if deltas else (0, 0)
     if low >= 0 and high < 2**16:
@@ -187,14 +149,15 @@ def _encode_history(
         ts_flag, ts_code = _TS_INT32, "i"
     else:
         ts_flag, ts_code = _TS_INT64, "q"
-    wide = len(strings) > 254
-    out.append((_WIDE_REFS if wide else 0) | ts_flag)
-    if wide:
-        out += struct.pack(f"<{count}H{count}H", *tool_refs, *run_refs)
+    get = refs.__getitem__
+    if len(refs) > 255:  # more than 254 strings: refs take 2 bytes
+        out.append(_WIDE_REFS | ts_flag)
+        out += struct.pack(f"<{2 * count}H", *map(get, tools), *map(get, runs))
     else:
-        out += bytes(tool_refs)
-        out += bytes(run_refs)
-    out += struct.pack(f"<{count}Q{count}Q", *sigs, *results)
+        out.append(ts_flag)
+        out += bytes(map(get, tools))
+        out += bytes(map(get, runs))
+    out += struct.pack(f"<{2 * count}Q", *sigs, *results)
     _svarint(out, times[0] - base_ts)
     out += struct.pack(f"<{count - 1}{ts_code}", *deltas)
     # Pending call ids and unknown-tool names are rare: (index, value) pairs, found
@@ -209,12 +172,36 @@ def _encode_history(
         out.append(0)
     if unknowns.count(None) == count:
         out.append(0)
-        return
-    unknown = [(index, name) for index, name in enumerate(unknowns) if name is not None]
-    _uvarint(out, len(unknown))
-    for index, name in unknown:
-        _uvarint(out, index)
-        _uvarint(out, strings.ref(name))
+    else:
+        unknown = [(index, name) for index, name in enumerate(unknowns) if name is not None]
+        _uvarint(out, len(unknown))
+        for index, name in unknown:
+            _uvarint(out, index)
+            ref = refs.get(name)
+            if ref is None:
+                ref = refs[name] = len(refs)
+            _uvarint(out, ref)
+    return refs
+
+
+def _encode_waiting(out: bytearray, state: SessionState) -> None:
+    """Parked events, skipped seq ranges, the incarnation, retired ones, pending events."""
+    _uvarint(out, len(state.parked))
+    for seq, event in state.parked.items():
+        _uvarint(out, seq)
+        _blob(out, event.model_dump_json(exclude_unset=True).encode())
+    _uvarint(out, len(state.skipped))
+    for first_seq, last_seq in state.skipped:
+        _uvarint(out, first_seq)
+        _uvarint(out, last_seq - first_seq)
+    out += _U64.pack(state.incarnation)
+    _uvarint(out, len(state.retired))
+    for incarnation, next_seq in state.retired:
+        out += _U64.pack(incarnation)
+        _uvarint(out, next_seq)
+    _uvarint(out, len(state.pending))
+    for event in state.pending:
+        _blob(out, event.model_dump_json(exclude_unset=True).encode())
 
 
 def _encode_decisions(
