@@ -210,4 +210,4 @@ def plain_event(data: dict[str, Any]) -> ToolCall | ToolResult | None:
             return None
     values = dict(defaults)
     values.update(data)
-    return unvalidated(cls, values, data)
+    return unvalidated(cls, values, set(data))

@@ -6,7 +6,7 @@ nowhere else; the engine receives only validated objects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -226,16 +226,19 @@ _new_object = object.__new__
 _set_attribute = object.__setattr__
 
 
-def unvalidated(cls: type[_Model], values: dict[str, Any], fields_set: Iterable[str]) -> _Model:
+def unvalidated(
+    cls: type[_Model], values: dict[str, Any], fields_set: AbstractSet[str]
+) -> _Model:
     """A model of ``values`` that the caller has checked, built without validation.
 
     ``values`` holds every field of ``cls``, in its order. Like ``model_construct``
     but without its per-field defaults pass: the engine builds one or two models per
-    event this way (schemas.decode's plain events, the engine's outputs).
+    event this way (schemas.decode's plain events, the engine's outputs). The models
+    are frozen, so ``fields_set`` may be one frozenset shared by all of them.
     """
     model = _new_object(cls)
     _set_attribute(model, "__dict__", values)
-    _set_attribute(model, "__pydantic_fields_set__", set(fields_set))
+    _set_attribute(model, "__pydantic_fields_set__", fields_set)
     _set_attribute(model, "__pydantic_extra__", None)
     _set_attribute(model, "__pydantic_private__", None)
     return model

@@ -74,8 +74,9 @@ MAX_LOOP_EVENT_ARGS_BYTES = 65_536
 #: Resolved configs rendered into loop events, kept by value (bounded).
 _CONFIG_DICT_CACHE = 1_024
 
-_VERDICT_FIELDS = tuple(Verdict.model_fields)
-_LOOP_EVENT_FIELDS = tuple(LoopEvent.model_fields)
+# Every field of an output is set: one frozenset for them all (the models are frozen).
+_VERDICT_FIELDS = frozenset(Verdict.model_fields)
+_LOOP_EVENT_FIELDS = frozenset(LoopEvent.model_fields)
 
 _LEVEL_OF_ACTION: dict[Action, Level] = {
     "allow": "none",
@@ -570,8 +571,7 @@ class Engine:
 
         history = state.history
         sig = signature(tool, self._args_token(event)) if event.has_args else 0
-        for index in range(len(history) - 1, -1, -1):
-            rec = history[index]
+        for back, rec in enumerate(reversed(history)):
             if (
                 rec.run == run
                 and not rec.result
@@ -580,7 +580,7 @@ class Engine:
                 and (not sig or rec.sig == sig)
             ):
                 # The call's record takes the result; call 0: nothing can match it again.
-                history[index] = Record(tool, rec.sig, run, 0, result, unknown, rec.ts)
+                history[~back] = Record(tool, rec.sig, run, 0, result, unknown, rec.ts)
                 sig = rec.sig
                 break
         else:
@@ -684,15 +684,12 @@ class Engine:
     ) -> Verdict:
         """The verdict on ``event`` (a call, or the result that tripped a guard)."""
         # In the model's field order: the order of the published JSON.
-        values: dict[str, Any] = {
-            "type": "verdict",
-            "verdict_id": verdict_id(
-                event.key, event.run_id, event.call_id, action, event.incarnation
-            ),
-        }
-        _add_judgement(
-            values, event, event.call_id, event.tool_name, action, level, detector, count,
-            message, args_token, paired,
+        values = _judgement(
+            "verdict",
+            "verdict_id",
+            verdict_id(event.key, event.run_id, event.call_id, action, event.incarnation),
+            event, event.call_id, event.tool_name, action, level, detector, count, message,
+            args_token, paired,
         )
         values["event_ts"] = event.ts
         values["decided_ts"] = now_ms
@@ -729,17 +726,16 @@ class Engine:
         args: Any = None,
     ) -> LoopEvent:
         # In the model's field order: the order of the published JSON.
-        values: dict[str, Any] = {
-            "type": "loop_event",
-            "event_id": digest(
+        values = _judgement(
+            "loop_event",
+            "event_id",
+            digest(
                 f"{event.key}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode(
                     "utf-8", "surrogatepass"
                 )
             ),
-        }
-        _add_judgement(
-            values, event, call_id, tool_name, action, level, detector, count, message,
-            args_token, paired,
+            event, call_id, tool_name, action, level, detector, count, message, args_token,
+            paired,
         )
         values["warning_key"] = warning_key
         values["config"] = self._config_dict(config)
@@ -770,8 +766,10 @@ class Engine:
         return outputs
 
 
-def _add_judgement(
-    values: dict[str, Any],
+def _judgement(
+    kind: str,
+    id_field: str,
+    output_id: str,
     event: InputEvent,
     call_id: str | None,
     tool_name: str | None,
@@ -782,22 +780,27 @@ def _add_judgement(
     message: str | None,
     args_token: str | None,
     paired: str | None,
-) -> None:
-    """The fields a verdict and a loop event share, in their models' order."""
-    values["session_key"] = event.key
-    values["run_id"] = event.run_id
-    values["agent_id"] = event.agent_id
-    values["call_id"] = call_id
-    values["seq"] = event.seq
-    values["incarnation"] = event.incarnation
-    values["tool_name"] = tool_name
-    values["action"] = action
-    values["level"] = level
-    values["detector"] = detector
-    values["count"] = count
-    values["message"] = message
-    values["args_hash"] = args_token
-    values["paired_tool_name"] = paired
+) -> dict[str, Any]:
+    """The first fields of a verdict or a loop event (those they share), in their
+    models' order: one dict display, which costs less than filling a dict key by key."""
+    return {
+        "type": kind,
+        id_field: output_id,
+        "session_key": event.key,
+        "run_id": event.run_id,
+        "agent_id": event.agent_id,
+        "call_id": call_id,
+        "seq": event.seq,
+        "incarnation": event.incarnation,
+        "tool_name": tool_name,
+        "action": action,
+        "level": level,
+        "detector": detector,
+        "count": count,
+        "message": message,
+        "args_hash": args_token,
+        "paired_tool_name": paired,
+    }
 
 
 def _touch(state: SessionState, event: InputEvent, now_ms: int) -> None:
