@@ -10,21 +10,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from schemas.decode import decode_event, plain_event
-from schemas.events import MAX_WIRE_INT, ToolCall, input_event_adapter
+from schemas.events import IDENTIFIER_FIELDS, MAX_WIRE_INT, ToolCall, input_event_adapter
 
-_IDS = (
-    "event_id",
-    "session_key",
-    "run_id",
-    "agent_id",
-    "incarnation",
-    "call_id",
-    "tool_name",
-    "args_hash",
-    "args_action",
-    "result_hash",
-    "unknown_tool",
-)
 _values = st.one_of(
     st.none(),
     st.just(""),
@@ -39,7 +26,7 @@ _values = st.one_of(
     st.just([]),
 )
 _fields = st.dictionaries(
-    st.sampled_from([*_IDS, "seq", "ts", "args", "result", "error", "reason", "extra"]),
+    st.sampled_from([*IDENTIFIER_FIELDS, "seq", "ts", "args", "result", "error", "reason", "extra"]),
     _values,
     max_size=3,
 )
