@@ -15,6 +15,13 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 from pydantic import ValidationError as _PydanticValidationError
 
+from schemas.rules import (
+    NUMBER_FIELDS,
+    AgentEntryLoopfuse,
+    RulesConfig,
+    threshold_order_error,
+)
+
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -52,17 +59,11 @@ class LoopDetectionConfig(BaseModel):
 
     @model_validator(mode="after")
     def _ordered_thresholds(self) -> LoopDetectionConfig:
-        warning, critical = self.warningThreshold, self.criticalThreshold
-        breaker = self.globalCircuitBreakerThreshold
-        if warning is not None and critical is not None and warning >= critical:
-            raise ValueError(
-                "tools.loopDetection.warningThreshold must be lower than criticalThreshold."
-            )
-        if critical is not None and breaker is not None and critical >= breaker:
-            raise ValueError(
-                "tools.loopDetection.criticalThreshold must be lower than "
-                "globalCircuitBreakerThreshold."
-            )
+        error = threshold_order_error(
+            self.warningThreshold, self.criticalThreshold, self.globalCircuitBreakerThreshold
+        )
+        if error is not None:
+            raise ValueError(f"tools.loopDetection.{error}.")
         return self
 
 
@@ -75,6 +76,7 @@ class AgentEntry(BaseModel):
     model_config = _LENIENT
     id: StrictStr
     tools: ToolsSection | None = None
+    loopfuse: AgentEntryLoopfuse | None = None
 
 
 class AgentsSection(BaseModel):
@@ -97,6 +99,9 @@ class LoopfuseSection(BaseModel):
     includePayloadsInLoopEvents: StrictBool = Field(
         default=False, description="copy raw tool args into loop events (off: hashes only)"
     )
+    rules: RulesConfig | None = Field(
+        default=None, description="opt-in rules beyond OpenClaw's detector (README: Rules)"
+    )
 
 
 class DetectionConfigFile(BaseModel):
@@ -107,13 +112,21 @@ class DetectionConfigFile(BaseModel):
     agents: AgentsSection | None = None
     loopfuse: LoopfuseSection = Field(default_factory=LoopfuseSection)
 
-    def agent_block(self, agent_id: str | None) -> LoopDetectionConfig | None:
+    def agent_entry(self, agent_id: str | None) -> AgentEntry | None:
         if agent_id is None or self.agents is None:
             return None
         for agent in self.agents.entries:
             if agent.id == agent_id:
-                return agent.tools.loopDetection if agent.tools else None
+                return agent
         return None
+
+    def agent_block(self, agent_id: str | None) -> LoopDetectionConfig | None:
+        agent = self.agent_entry(agent_id)
+        return agent.tools.loopDetection if agent is not None and agent.tools else None
+
+    def agent_rules(self, agent_id: str | None) -> RulesConfig | None:
+        agent = self.agent_entry(agent_id)
+        return agent.loopfuse.rules if agent is not None and agent.loopfuse else None
 
     @property
     def global_block(self) -> LoopDetectionConfig | None:
@@ -141,6 +154,8 @@ def _first_error(exc: _PydanticValidationError) -> str:
         # Cross-field errors carry OpenClaw's exact text; prefix it for agent blocks.
         prefix = path.removesuffix(".tools.loopDetection").removesuffix("tools.loopDetection")
         return f"{prefix}.{message}" if prefix else message
+    if loc and loc[-1] in NUMBER_FIELDS and err["type"] != "extra_forbidden":
+        return f"{path}: {NUMBER_FIELDS[str(loc[-1])]} (got {err.get('input')!r})"
     if err["type"] in {"greater_than", "int_type", "int_parsing", "int_from_float"}:
         return f"{path}: must be a positive integer (got {err.get('input')!r})"
     return f"{path}: {message}"

@@ -205,6 +205,8 @@ def plain_event(data: dict[str, Any]) -> ToolCall | ToolResult | None:
         error = data.get("error")
         if error is not None and type(error) is not str:
             return None  # an ErrorDetail object
+        if data.get("usage") is not None:
+            return None  # a Usage object
         outcomes = ("result" in data) + (data.get("result_hash") is not None) + (error is not None)
         if outcomes != 1 or (sent_args and has_hash):
             return None

@@ -16,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictFloat,
     StrictInt,
     StrictStr,
     TypeAdapter,
@@ -157,6 +158,30 @@ class ErrorDetail(BaseModel):
     name: StrictStr | None = None
 
 
+class Usage(BaseModel):
+    """What the session spent since its previous usage report (run caps, README: Rules).
+
+    An extension to v1 that older consumers ignore: the gateway reports each model
+    turn's spend (and a tool's own, if it has one) once, on a tool result of the turn.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    input_tokens: WireInt | None = None
+    output_tokens: WireInt | None = None
+    total_tokens: WireInt | None = Field(
+        default=None, description="counted instead of input_tokens + output_tokens when given"
+    )
+    cost: Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        default=None, description="spend in the operator's unit (e.g. USD), as runCaps.cost*"
+    )
+
+    @property
+    def tokens(self) -> int:
+        if self.total_tokens is not None:
+            return self.total_tokens
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
 class ToolResult(_ArgsCarrier):
     """A tool finished (or failed); its outcome feeds the no-progress detectors."""
 
@@ -165,6 +190,7 @@ class ToolResult(_ArgsCarrier):
     result_hash: Identifier | None = _identifier("opaque token of the result (instead of result)")
     error: StrictStr | ErrorDetail | None = None
     unknown_tool: Identifier | None = _identifier("the missing tool's name")
+    usage: Usage | None = None
 
     @model_validator(mode="after")
     def _one_outcome(self) -> ToolResult:
@@ -218,6 +244,14 @@ Detector = Literal[
     "generic_repeat",
     "compaction_loop_persisted",
     "sequence_gap",
+    # opt-in rules (issue 14, README: Rules)
+    "tool_loop_run_ended",
+    "cycle",
+    "repeated_failure",
+    "argument_churn",
+    "run_call_cap",
+    "token_budget",
+    "cost_budget",
 ]
 
 

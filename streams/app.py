@@ -21,6 +21,7 @@ from streams.faust_compat.consumer import FaustInputOffsets, owned_inputs
 from streams.faust_compat.delivery import FetchBatches
 from streams.faust_compat.end_offsets import install_end_offset_workaround
 from streams.faust_compat.producer import drain_table_writes, send_retrying, track_buffer_hand_off
+from streams.faust_compat.recovery import ChangelogRestore
 from streams.faust_compat.tables import FaustSessionStore, session_table
 from streams.faust_compat.web import operators_only_web
 from streams.metrics import Metrics
@@ -85,7 +86,8 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     def owned() -> list[tuple[str, int]]:
         return owned_inputs(app, settings.input_topics)
 
-    fetches = FetchBatches(app, frozenset(settings.input_topics), settings.batch_max)
+    fetches = FetchBatches(app, frozenset(settings.input_topics), settings.batch_max,
+                           restore=ChangelogRestore(app, table, processor.on_changelog))
 
     @app.agent(inputs, name="judge")
     async def judge_events(stream: faust.Stream) -> None:

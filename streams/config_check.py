@@ -8,6 +8,8 @@ came from, so an operator sees what the worker will do before it does it.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import sys
 from typing import Any, TextIO
 
@@ -16,6 +18,7 @@ from rich.table import Table
 
 from schemas.config import ConfigError, DetectionConfigFile, load_config
 from streams.engine.config import ConfigResolver, ResolvedConfig, merge_blocks
+from streams.engine.rule_config import ResolvedRules, RulesResolver
 
 #: ResolvedConfig field -> its key path inside a loopDetection block.
 KEYS: dict[str, tuple[str, ...]] = {
@@ -81,6 +84,44 @@ def _show(value: Any) -> str:
     return str(value)
 
 
+def describe_rules(rules: ResolvedRules | None) -> list[str]:
+    """One line per rule in force (loopfuse.rules after the agent's merge), for people."""
+    if rules is None:
+        return []
+    lines = []
+    for name, rule in (
+        ("runEnding", rules.run_ending),
+        ("cycle", rules.cycle),
+        ("repeatedFailure", rules.repeated_failure),
+        ("argumentChurn", rules.argument_churn),
+        ("runCaps", rules.run_caps),
+    ):
+        if rule is None:
+            continue
+        settings = ", ".join(
+            f"{key}={value}"
+            for key, value in vars_of(rule).items()
+            if key != "enforced" and value is not None
+        )
+        mode = "enforced" if rule.enforced else "shadow"
+        lines.append(f"{name}: {mode}" + (f" ({settings})" if settings else ""))
+    if rules.exempt:
+        lines.append(f"exempt tools: {', '.join(sorted(rules.exempt))}")
+    for tool, own in rules.thresholds:
+        settings = ", ".join(f"{key}={value}" for key, value in vars_of(own).items()
+                             if value is not None)
+        lines.append(f"tool {tool}: {settings}")
+    return lines
+
+
+def vars_of(rule: Any) -> dict[str, Any]:
+    """A resolved rule's settings under their config key names (criticalsPerRun)."""
+    return {
+        re.sub(r"_(\w)", lambda m: m.group(1).upper(), name): value
+        for name, value in dataclasses.asdict(rule).items()
+    }
+
+
 def agent_ids(config: DetectionConfigFile) -> list[str]:
     return [agent.id for agent in config.agents.entries] if config.agents else []
 
@@ -98,6 +139,7 @@ def render_check(
     console.print(f"  enforce: {_show(section.enforce)}{shadow}")
     console.print(f"  providerSendTools: {list(section.providerSendTools)}")
     console.print(f"  includePayloadsInLoopEvents: {_show(section.includePayloadsInLoopEvents)}")
+    rules = RulesResolver(config)
     for target in targets:
         if target is None:
             title = "global: tools.loopDetection (every agent not in agents.list)"
@@ -114,6 +156,8 @@ def render_check(
         for key, value, source in explain(config, target if target in known else None):
             table.add_row(key, _show(value), source)
         console.print(table)
+        for line in describe_rules(rules.resolve(target if target in known else None)):
+            console.print(f"  rule {line}")
 
 
 def run_config_check(path: str, agent: str | None, out: TextIO | None = None) -> int:

@@ -64,6 +64,7 @@ class ClientStats:
     verdicts: int = 0  # verdicts matched to a pending call
     timeouts: int = 0  # calls decided by the fail policy (no verdict in time)
     dropped_verdicts: int = 0  # verdicts for no pending call of ours, or not matching it
+    sticky_blocks: int = 0  # calls answered from the sticky-block cache (still reported)
     undecodable_records: int = 0  # records on the verdicts topic that are not verdicts
     callback_errors: int = 0  # on_abort callbacks that raised
     reader_errors: int = 0  # consumer errors survived by the verdict reader
@@ -181,10 +182,17 @@ class GatewaySession:
         result: Any = None,
         error: str | None = None,
         unknown_tool: str | None = None,
+        usage: dict[str, Any] | None = None,
     ) -> None:
-        """Publish a tool's outcome: ``result`` (OpenClaw's shape) or ``error`` text."""
+        """Publish a tool's outcome: ``result`` (OpenClaw's shape) or ``error`` text.
+
+        ``usage``: what the session spent since its last report (``input_tokens``,
+        ``output_tokens``, ``total_tokens``, ``cost``), for the run caps (README: Rules).
+        """
         event = self._envelope("tool_result")
         event.update(call_id=call_id, tool_name=tool_name)
+        if usage is not None:
+            event["usage"] = usage
         self.client._put_args(event, tool_name, args)
         if error is not None:
             event["error"] = error
@@ -255,6 +263,9 @@ class GatewayClient:
         self._abort_callbacks: dict[tuple[str, str | None], list[AbortCallback]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._aborted: OrderedDict[str, None] = OrderedDict()  # a redelivered abort fires once
+        # Calls answered from the sticky-block cache and reported: their verdicts are
+        # expected and nobody waits for them (not "dropped").
+        self._reported: OrderedDict[tuple[str, str], None] = OrderedDict()
         # This client's incarnation: every event it publishes is numbered in it.
         self.incarnation = uuid.uuid4().hex
         self._spaces: OrderedDict[str, _SeqSpace] = OrderedDict()
@@ -366,7 +377,8 @@ class GatewayClient:
         return GatewaySession(self, session_key, run_id, agent_id)
 
     def on_abort(self, session_key: str, run_id: str | None, callback: AbortCallback) -> None:
-        """Call ``callback(verdict)`` when loopfuse aborts this run (post-compaction guard)."""
+        """Call ``callback(verdict)`` when loopfuse aborts this run (post-compaction guard,
+        and the opt-in run endings and run caps: every ``abort`` verdict)."""
         self._abort_callbacks.setdefault((session_key, run_id), []).append(callback)
 
     async def check(
@@ -390,6 +402,7 @@ class GatewayClient:
         if self.sticky_blocks:
             blocked = self._blocked.get(run_key, {}).get(token)
             if blocked is not None:
+                await self._report_sticky(session, call_id, tool_name, args, token)
                 return blocked.model_copy(
                     update={
                         "call_id": call_id,
@@ -434,6 +447,28 @@ class GatewayClient:
         return verdict
 
     # -- internals ---------------------------------------------------------------------
+
+    async def _report_sticky(
+        self, session: GatewaySession, call_id: str, tool_name: str, args: Any, token: str
+    ) -> None:
+        """Publish a call answered from the sticky-block cache, without waiting for it.
+
+        The gateway does not wait, but loopfuse still records the attempt: a model
+        retrying a blocked call is what an opt-in run ending counts (its abort reaches
+        ``on_abort``), and auditors see every attempt. A publish failure leaves the
+        local answer standing.
+        """
+        self.stats.sticky_blocks += 1
+        event = session._envelope("tool_call")
+        event.update(call_id=call_id, tool_name=tool_name)
+        self._put_args(event, tool_name, args, token)
+        self._reported[(session.session_key, call_id)] = None
+        if len(self._reported) > 10_000:
+            self._reported.popitem(last=False)
+        try:
+            await session._publish(self.topics.tool_calls, event)
+        except Exception as exc:  # the block stands; loopfuse misses one attempt
+            log.warning("cannot report a call answered by the sticky-block cache (%r)", exc)
 
     def _put_args(
         self, event: dict[str, Any], tool_name: str, args: Any, token: str | None = None
@@ -518,6 +553,8 @@ class GatewayClient:
             return
         pending = self._pending.get((verdict.session_key, verdict.call_id or ""))
         if pending is None:
+            if self._reported.pop((verdict.session_key, verdict.call_id or ""), 0) is None:
+                return  # the verdict of a call the sticky-block cache answered
             if verdict.incarnation == self.incarnation or any(
                 verdict.incarnation == space.incarnation for space in self._spaces.values()
             ):

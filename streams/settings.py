@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     config_file: Path | None = Field(default=None, description="loopDetection JSON/JSON5 file")
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=1, le=65_535)
+    recovery_stall_seconds: float = Field(
+        default=300.0, ge=10,
+        description="table recovery with no progress this long (broker reachable): /livez fails",
+    )
 
     # -- sessions ----------------------------------------------------------------------
     session_ttl_seconds: float = Field(default=86_400.0, gt=0)

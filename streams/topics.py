@@ -18,6 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from streams.faust_compat.producer import broker_metadata
+from streams.faust_compat.recovery import recovery_progress
 from streams.settings import Settings
 
 log = logging.getLogger("loopfuse.worker")
@@ -137,6 +138,38 @@ async def restore_lost_topics(
     return []
 
 
+class RecoveryStall:
+    """Table recovery that stopped moving: a worker that would never become ready.
+
+    Readiness alone cannot get such a worker restarted (it is alive, just not ready),
+    so after ``limit`` seconds without progress while the broker answers, ``/livez``
+    fails and the orchestrator restarts it. A recovery that moves at all, or a broker
+    that is down (a restart would not help), never counts as stalled.
+    """
+
+    def __init__(self, limit: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.clock = clock
+        self._mark: tuple[int, float] | None = None  # (progress, since when)
+        self.stalled_for: float | None = None  # seconds, once past the limit
+
+    def observe(self, progress: int | None, broker_ok: bool) -> None:
+        """Called every probe with :func:`recovery_progress` (None: not recovering)."""
+        now = self.clock()
+        if progress is None or not broker_ok or self._mark is None or progress != self._mark[0]:
+            self._mark = None if progress is None else (progress, now)
+            self.stalled_for = None
+            return
+        waited = now - self._mark[1]
+        if waited >= self.limit:
+            if self.stalled_for is None:
+                log.error(
+                    "table recovery made no progress for %.0f s with the broker reachable: "
+                    "/livez fails so that the worker is restarted", waited,
+                )
+            self.stalled_for = waited
+
+
 class Readiness:
     """What ``/ready`` answers: the broker probe (every 2 s), lost topics, Faust's state."""
 
@@ -146,10 +179,12 @@ class Readiness:
         self.broker_ok = False
         self.checked = 0.0
         self.topics_missing: list[str] = []
+        self.stall = RecoveryStall(settings.recovery_stall_seconds)
 
     async def probe(self) -> None:
         cluster = await broker_metadata(self.app)
         self.broker_ok, self.checked = cluster is not None, time.monotonic()
+        self.stall.observe(recovery_progress(self.app), self.broker_ok)
         if cluster is not None:
             self.topics_missing = await restore_lost_topics(
                 self.settings, cluster, self._stop_for_good
@@ -178,7 +213,13 @@ class Readiness:
 
         @app.page("/livez")
         async def livez_page(web: Any, request: Any) -> Any:
-            return web.bytes(b'{"live":true}', content_type="application/json")
+            stalled = self.stall.stalled_for
+            if stalled is None:
+                return web.bytes(b'{"live":true}', content_type="application/json")
+            body = orjson.dumps(
+                {"live": False, "reason": f"table recovery stalled for {stalled:.0f} s"}
+            )
+            return web.bytes(body, content_type="application/json", status=503)
 
     def reasons(self) -> list[str]:
         """Why the worker is not ready; empty when it is."""

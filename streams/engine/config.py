@@ -60,6 +60,16 @@ def _positive_int(value: Any, default: int) -> int:
     return default
 
 
+def clamp_thresholds(warning: int, critical: int, breaker: int) -> tuple[int, int]:
+    """(critical, breaker) moved up into order over ``warning`` (spec 1.3)."""
+    # Order matters: warning is never lowered; critical then breaker move up.
+    if critical <= warning:
+        critical = warning + 1
+    if breaker <= critical:
+        breaker = critical + 1
+    return critical, breaker
+
+
 def _flag(value: Any, default: bool) -> bool:
     return value if isinstance(value, bool) else default
 
@@ -87,11 +97,7 @@ def resolve_config(
     breaker = _positive_int(
         block.get("globalCircuitBreakerThreshold"), DEFAULT_GLOBAL_CIRCUIT_BREAKER_THRESHOLD
     )
-    # Order matters: warning is never lowered; critical then breaker move up.
-    if critical <= warning:
-        critical = warning + 1
-    if breaker <= critical:
-        breaker = critical + 1
+    critical, breaker = clamp_thresholds(warning, critical, breaker)
     detectors = block.get("detectors")
     detectors = detectors if isinstance(detectors, dict) else {}
     guard = block.get("postCompactionGuard")

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from xxhash import xxh3_64_intdigest
 
 from schemas.events import Action, Detector, InputEvent
+from streams.engine.rule_state import RuleState
 
 MAX_WARNING_KEYS = 256
 MAX_SEEN_EVENT_IDS = 32
@@ -135,6 +136,8 @@ class SessionState:
     # until the input can hold nothing more of the current one), in arrival order,
     # as fingerprints like ``parked``.
     pending: list[InputEvent] = field(default_factory=list)
+    # What the opt-in rules (issue 14) count; None while no rule touched the session.
+    rules: RuleState | None = None
     # Derived, never serialised: the run ids present in the history (None = recompute).
     _runs: set[str | None] | None = field(default=None, repr=False, compare=False)
     # Derived, never serialised: how many records of the history carry each signature.

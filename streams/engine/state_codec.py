@@ -25,6 +25,7 @@ from operator import sub
 from typing import Final
 
 from schemas.events import Action, Detector, InputEvent, input_event_adapter
+from streams.engine.rule_state import decode_rule_state, encode_rule_state
 from streams.engine.state import Decision, Guard, Record, SessionState, run_key
 
 FORMAT_VERSION: Final = 3
@@ -42,6 +43,14 @@ DETECTORS: Final[tuple[Detector | None, ...]] = (
     "generic_repeat",
     "compaction_loop_persisted",
     "sequence_gap",
+    # opt-in rules (issue 14)
+    "tool_loop_run_ended",
+    "cycle",
+    "repeated_failure",
+    "argument_churn",
+    "run_call_cap",
+    "token_budget",
+    "cost_budget",
 )
 _ACTION_CODE: Final = {name: code for code, name in enumerate(ACTIONS)}
 _DETECTOR_CODE: Final = {name: code for code, name in enumerate(DETECTORS)}
@@ -121,6 +130,9 @@ def encode(state: SessionState) -> bytes:
         _encode_waiting(body, state)
     else:  # nothing waits on a gap or a restart: zero counts around the incarnation
         body += _NOTHING_WAITING.pack(0, 0, state.incarnation, 0, 0)
+    if state.rules is not None and not state.rules.empty():
+        # A tagged trailer: a session no rule touched has the bytes it had before rules.
+        encode_rule_state(body, state.rules, _uvarint)
 
     head = bytearray(_HEAD.pack(FORMAT_VERSION, state.touched_ms, state.last_event_ms))
     _uvarint(head, len(refs) - 1)
@@ -278,7 +290,9 @@ def idle_stamps(data: bytes) -> tuple[int, int]:
 
 
 def _read_v3(data: bytes) -> tuple[SessionState, int]:
-    """Guards keep what decides an abort, runs as hashes; incarnation bookkeeping."""
+    """Guards keep what decides an abort, runs as hashes; incarnation bookkeeping; and
+    since issue 14 an optional trailer of the opt-in rules' tallies (additive: bytes
+    written before it still read)."""
     touched_ms, last_event_ms = _I64.unpack_from(data, 1)[0], _I64.unpack_from(data, 9)[0]
     strings, pos = _read_strings(data, 17)
     state = SessionState(touched_ms=touched_ms, last_event_ms=last_event_ms)
@@ -315,6 +329,8 @@ def _read_v3(data: bytes) -> tuple[SessionState, int]:
     for _ in range(count):
         event, pos = _read_event(data, pos)
         state.pending.append(event)
+    if pos < len(data):  # the opt-in rules' trailer (streams.engine.rule_state)
+        state.rules, pos = decode_rule_state(data, pos, _read_uvarint)
     return state, pos
 
 
@@ -558,6 +574,8 @@ def fit(state: SessionState, cap: int) -> bytes:
         elif state.guards:
             for run in list(state.guards)[: max(1, len(state.guards) // 2)]:
                 del state.guards[run]
+        elif state.rules is not None and state.rules.sheddable():
+            state.rules.shed()
         elif state.decisions:
             state.decisions.clear()
             # no verdict is vouched for any more: none is re-sent for a redelivery

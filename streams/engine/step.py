@@ -48,6 +48,8 @@ from streams.engine.outputs import (
     Rejection,
     Verdict,
 )
+from streams.engine.rule_config import ResolvedRules
+from streams.engine.rules import Judgement, RuleBook
 from streams.engine.state import (
     MAX_DECISIONS,
     MAX_GUARDS,
@@ -125,6 +127,7 @@ class Engine:
         self.max_parked_bytes = max_parked_bytes
         self.gap_timeout_ms = gap_timeout_ms
         self.include_payloads = self.resolver.file.loopfuse.includePayloadsInLoopEvents
+        self.rules = RuleBook(self.resolver.file)  # opt-in rules (issue 14)
         self._config_dicts: dict[ResolvedConfig, dict[str, Any]] = {}
 
     def resolve(self, agent_id: str | None) -> ResolvedConfig:
@@ -485,6 +488,14 @@ class Engine:
         tool = event.tool_name
         token = self._args_token(event)
         sig = signature(tool, token)
+        rules = self.rules.resolve(event.agent_id)
+        if rules is not None:  # issue 14: exempt tools are never judged, others may have thresholds
+            if tool in rules.exempt:
+                outputs.append(
+                    self._verdict(event, now_ms, action="allow", level="none", args_token=token)
+                )
+                return
+            config = rules.for_tool(config, tool)
         detection: Detection | None = None
         if config.detection_on:
             history = state.run_history(run)
@@ -493,6 +504,10 @@ class Engine:
             detection = detect(history, tool, sig, token, known_poll, config, run, recent)
 
         enforce = self.resolver.enforce
+        judgement: Judgement | None = None
+        if rules is not None:  # issue 14: a rule may take over the verdict
+            judgement = self.rules.judge(state, event, config, rules, run, sig, detection, enforce)
+            detection, enforce = judgement.detection, judgement.enforce
         critical = detection is not None and detection.level == "critical"
         if config.recording_on and not (critical and enforce):
             call_hash = hash32(event.call_id) if event.call_id else 0
@@ -540,7 +555,11 @@ class Engine:
                 self._loop_event(
                     event,
                     config,
-                    action="block" if critical else "warn",
+                    action=(
+                        ("abort" if judgement is not None and judgement.ends_run else "block")
+                        if critical
+                        else "warn"
+                    ),
                     level=detection.level,
                     detector=detection.detector,
                     count=detection.count,
@@ -552,13 +571,21 @@ class Engine:
                     paired=detection.paired_tool_name,
                     now_ms=now_ms,
                     args=self._payload(event),
+                    enforced=enforce,
                 )
             )
+        if rules is not None and judgement is not None:
+            self._apply_rules(state, event, config, rules, run, token, judgement, now_ms, outputs)
 
     def _on_tool_result(
         self, state: SessionState, event: ToolResult, now_ms: int, outputs: list[Output]
     ) -> None:
         config = self.resolve(event.agent_id)
+        rules = self.rules.resolve(event.agent_id)
+        if rules is not None and self.rules.on_result(  # issue 14: spend, failure identity
+            state, event, rules, run_scope(event.run_id), self._result_token(event)[0] is not None
+        ):
+            return  # an exempt tool: never counted
         if not config.recording_on:
             return
         tool = event.tool_name
@@ -666,6 +693,8 @@ class Engine:
         state.guards.pop(run, None)
         for key in [key for key, (owner, _) in state.warnings.items() if owner == run]:
             del state.warnings[key]
+        if state.rules is not None:
+            state.rules.forget_run(run)
 
     # -- outputs ---------------------------------------------------------------------
 
@@ -724,6 +753,7 @@ class Engine:
         paired: str | None,
         now_ms: int,
         args: Any = None,
+        enforced: bool | None = None,
     ) -> LoopEvent:
         # In the model's field order: the order of the published JSON.
         values = _judgement(
@@ -739,11 +769,72 @@ class Engine:
         )
         values["warning_key"] = warning_key
         values["config"] = self._config_dict(config)
-        values["enforced"] = self.resolver.enforce
+        values["enforced"] = self.resolver.enforce if enforced is None else enforced
         values["args"] = args
         values["event_ts"] = event.ts
         values["decided_ts"] = now_ms
         return unvalidated(LoopEvent, values, _LOOP_EVENT_FIELDS)
+
+    def _apply_rules(
+        self,
+        state: SessionState,
+        event: ToolCall,
+        config: ResolvedConfig,
+        rules: ResolvedRules,
+        run: str | None,
+        token: str,
+        judgement: Judgement,
+        now_ms: int,
+        outputs: list[Output],
+    ) -> None:
+        """Issue 14 after a call's verdict: rules only reported, tallies, run endings.
+
+        A run ends with an ``abort`` verdict beside the call's ``block`` (the gateway
+        answers the call with the block and ends the run on the abort), as the
+        post-compaction guard's abort does.
+        """
+        for shadow in judgement.shadows:
+            if shadow.level == "critical" or _warning_rises(state, shadow, run):
+                outputs.append(self._rule_event(event, config, shadow, token, now_ms))
+        ending = self.rules.after_call(state, rules, run, judgement)
+        if ending is None:
+            return
+        if ending.enforced:
+            outputs.append(
+                self._verdict(
+                    event,
+                    now_ms,
+                    action="abort",
+                    level="critical",
+                    detector=ending.detector,
+                    count=ending.count,
+                    message=ending.message,
+                    args_token=token,
+                )
+            )
+        if ending.detector == "tool_loop_run_ended":  # a cap's own loop event says abort
+            outputs.append(
+                self._loop_event(
+                    event, config, action="abort", level="critical", detector=ending.detector,
+                    count=ending.count, message=ending.message, warning_key=None,
+                    call_id=event.call_id, tool_name=event.tool_name, args_token=token,
+                    paired=None, now_ms=now_ms, enforced=ending.enforced,
+                )
+            )
+
+    def _rule_event(
+        self, event: ToolCall, config: ResolvedConfig, detection: Detection, token: str,
+        now_ms: int,
+    ) -> LoopEvent:
+        """The loop event of a rule that is only reported (``enforced: false``)."""
+        critical = detection.level == "critical"
+        return self._loop_event(
+            event, config, action="block" if critical else "warn", level=detection.level,
+            detector=detection.detector, count=detection.count, message=detection.message,
+            warning_key=detection.warning_key, call_id=event.call_id,
+            tool_name=event.tool_name, args_token=token, paired=None, now_ms=now_ms,
+            enforced=False,
+        )
 
     def _payload(self, event: ToolCall) -> Any:
         """The call's raw args for its loop event, only when configured and at hand."""

@@ -7,7 +7,11 @@ import faust
 from streams.faust_compat.consumer import tune_fetch_wait
 from streams.faust_compat.delivery import FetchBatches, install_fast_delivery
 from streams.faust_compat.producer import size_buffer_for_batches
-from streams.faust_compat.recovery import ignore_phantom_gaps, keep_queues_on_redundant_resume
+from streams.faust_compat.recovery import (
+    give_back_fetches_across_rebalances,
+    ignore_phantom_gaps,
+    keep_queues_on_redundant_resume,
+)
 
 
 def prepare_consumer(
@@ -31,4 +35,5 @@ def prepare_consumer(
     fetches.install()
     keep_queues_on_redundant_resume(app)
     ignore_phantom_gaps(app, inputs)
+    give_back_fetches_across_rebalances(app)
     size_buffer_for_batches(app, batch_max)

@@ -79,8 +79,12 @@ class FetchBatches:
     go Faust's way.
     """
 
-    def __init__(self, app: faust.App, topics: frozenset[str], max_batch: int) -> None:
+    def __init__(
+        self, app: faust.App, topics: frozenset[str], max_batch: int, restore: Any = None
+    ) -> None:
         self.app = app
+        # streams.faust_compat.recovery.ChangelogRestore: changelog records during recovery
+        self.restore = restore
         self.topics = topics
         self.max_batch = max_batch
         self._buffer: list[Any] = []
@@ -100,9 +104,12 @@ class FetchBatches:
         callback = consumer.callback
         track = consumer.track_message
         topics, buffer = self.topics, self._buffer
+        restore = self.restore
 
         async def deliver(message: Any) -> Any:
             if message.topic not in topics:
+                if restore is not None and restore.take(message):
+                    return None
                 return await callback(message)
             track(message)  # pending until acked: a revocation waits for it
             buffer.append(message)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -117,11 +118,35 @@ async def test_a_block_is_sticky_without_a_round_trip(client: GatewayClient) -> 
     assert verdicts[-1].action == "block"
     published: list[dict[str, Any]] = []
     session.observer = published.append
-    again = await session.check("exec", {"command": "make build"})
+    dropped = client.stats.dropped_verdicts
+    started = time.monotonic()
+    again = await session.check("exec", {"command": "make build"}, timeout=30)
     assert again.action == "block" and again.message == verdicts[-1].message
-    assert published == []  # answered from the local cache: nothing went to Kafka
+    assert time.monotonic() - started < 5  # answered from the local cache, not waited for
+    # ... but still reported, so loopfuse records the attempt (run endings count it)
+    assert [(e["type"], e["call_id"]) for e in published] == [("tool_call", again.call_id)]
     other = await session.check("exec", {"command": "make clean"})
-    assert other.action == "allow" and len(published) == 1
+    assert other.action == "allow" and len(published) == 2
+    assert client.stats.sticky_blocks == 1
+    assert client.stats.dropped_verdicts == dropped  # the reported call's verdict is expected
+
+
+async def test_a_run_ending_rule_ends_a_run_whose_block_the_cache_answers(
+    kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics]
+) -> None:
+    # The default client: the repeated blocked call is answered by the sticky-block
+    # cache, and reported, so loopfuse sees the second critical and ends the run.
+    async with GatewayClient(kafka_bootstrap, topics=worker[1], timeout=30) as gateway:
+        session = gateway.session(f"ender-{uuid.uuid4().hex}", run_id="run-1",
+                                  agent_id="run-ender")
+        aborted: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        gateway.on_abort(session.session_key, "run-1", aborted.set_result)
+        verdicts = await _loop(session, 7)
+        abort = await asyncio.wait_for(aborted, 30)
+    assert [v.action for v in verdicts][-2:] == ["block", "block"]
+    assert gateway.stats.sticky_blocks == 1  # the 7th call never waited for loopfuse
+    assert (abort.action, abort.detector, abort.count) == ("abort", "tool_loop_run_ended", 2)
+    assert abort.call_id == verdicts[-1].call_id
 
 
 async def _compaction_loop(session: Any) -> Verdict:
@@ -145,6 +170,27 @@ async def test_abort_callback_fires_on_a_compaction_loop(client: GatewayClient) 
     assert abort.detector == "compaction_loop_persisted"
     assert abort.call_id == verdict.call_id
     assert abort.message is not None and "after auto-compaction" in abort.message
+
+
+async def test_abort_callback_fires_when_a_run_ending_rule_ends_the_run(
+    kafka_bootstrap: str, worker: tuple[WorkerProcess, Topics]
+) -> None:
+    # Without the local sticky-block cache the blocked call reaches loopfuse again: the
+    # second critical of the run ends it (the agent's loopfuse.rules.runEnding).
+    async with GatewayClient(
+        kafka_bootstrap, topics=worker[1], timeout=30, sticky_blocks=False
+    ) as gateway:
+        session = gateway.session(f"ender-{uuid.uuid4().hex}", run_id="run-1",
+                                  agent_id="run-ender")
+        aborted: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        gateway.on_abort(session.session_key, "run-1", aborted.set_result)
+        verdicts = await _loop(session, 7)
+        abort = await asyncio.wait_for(aborted, 30)
+    assert [v.action for v in verdicts][-2:] == ["block", "block"]  # the calls get blocks
+    assert (abort.action, abort.detector, abort.count) == ("abort", "tool_loop_run_ended", 2)
+    assert abort.call_id == verdicts[-1].call_id
+    assert abort.message == f"{verdicts[-1].message} Ending this run: the model kept " \
+        "repeating a blocked tool call and made no progress."
 
 
 async def test_local_hashing_gives_the_same_verdicts_as_raw_payloads(

@@ -20,6 +20,8 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from schemas import input_event_adapter, load_config
+from streams.engine import Engine
 from streams.worker_process import WorkerProcess, input_topic_for, topic_settings, unique_topics
 from tests.support.harness import Collector, expected_verdicts, produce, without_clock
 
@@ -226,6 +228,55 @@ async def test_restart_after_sigkill_gives_the_verdicts_of_an_uninterrupted_run(
         assert previous == without_clock(verdict)
     assert sorted(got.values(), key=order) == sorted(expected, key=order)
     assert worker.send(signal.SIGTERM) == 0  # clean shutdown
+
+
+@pytest.mark.parametrize("store", ["memory://", "rocksdb://"])
+async def test_a_restart_onto_a_written_changelog_restores_every_session(
+    worker_factory: Any, kafka_bootstrap: str, store: str
+) -> None:
+    """Recovery at fetch speed (faust_compat.recovery.ChangelogRestore) restores each
+    session: 300 sessions whose history only the changelog holds (written there, as
+    the worker writes it) are each judged on their next call as an uninterrupted run
+    judges it - a looping history gets its warning or block."""
+    worker = worker_factory(store=store)
+    t = worker.topics
+    engine = Engine(load_config(CONFIG))
+    history: dict[str, list[dict[str, Any]]] = {}
+    probes: list[dict[str, Any]] = []
+    for n in range(300):
+        key = f"restored-{n}"
+        events = [e | {"session_key": key, "event_id": f"{n}-{e['event_id']}"}
+                  for e in lines("polling_loop.jsonl")]
+        calls = [i for i, e in enumerate(events) if e["type"] == "tool_call"]
+        cut = calls[3 + n % (len(calls) - 3)]  # 3 or more calls of history
+        history[key], probes = events[:cut], [*probes, events[cut]]
+    changelog = []
+    for key, events in history.items():
+        state = None
+        for event in events:
+            parsed = input_event_adapter.validate_python(event)
+            state, _ = engine.step(state, parsed, parsed.ts)
+        assert state is not None
+        changelog.append((f"{worker.env['LOOPFUSE_APP_ID']}-sessions-changelog",
+                          key.encode(), state.to_bytes()))
+
+    worker.start()
+    worker.wait_ready()  # creates the changelog topic
+    assert worker.send(signal.SIGTERM) == 0
+    await produce(kafka_bootstrap, changelog)  # the producer partitions keys as the table
+    worker.start()
+    worker.wait_ready()  # recovered
+    async with Collector(kafka_bootstrap, [t["verdicts"]]) as out:
+        await produce(kafka_bootstrap, encoded(worker, probes))
+        await out.wait_for("a verdict per probe", lambda: len(out.of(t["verdicts"])) >= 300)
+    expected = {
+        key: expected_verdicts([*events, probe])[-1]
+        for (key, events), probe in zip(history.items(), probes, strict=True)
+    }
+    got = {v["session_key"]: without_clock(v) for v in out.of(t["verdicts"])}
+    assert got == expected
+    # Without its history each probe would be allowed: every one is warned or blocked.
+    assert {v["action"] for v in got.values()} == {"warn", "block"}
 
 
 def order(verdict: dict[str, Any]) -> tuple[str, int]:

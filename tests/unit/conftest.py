@@ -65,7 +65,7 @@ def result(tool: str, args: Any = None, *, result: Any = _MISSING, error: Any = 
            session: str | None = "s1", run: str | None = "r1", call_id: str | None = None,
            seq: int | None = None, agent: str | None = None, ts: int | None = None,
            event_id: str | None = None, args_hash: str | None = None,
-           args_action: str | None = None) -> Any:
+           args_action: str | None = None, usage: dict[str, Any] | None = None) -> Any:
     """A validated tool_result; with no outcome given the result is a plain "ok" success."""
     data = _common("tool_result", session, run, agent, seq, ts, event_id)
     data["call_id"] = call_id or f"orphan-{data['event_id']}"
@@ -79,6 +79,8 @@ def result(tool: str, args: Any = None, *, result: Any = _MISSING, error: Any = 
         data["result"] = OK_RESULT if result is _MISSING else result
     if unknown_tool is not None:
         data["unknown_tool"] = unknown_tool
+    if usage is not None:
+        data["usage"] = usage
     return input_event_adapter.validate_python(data)
 
 

@@ -22,11 +22,14 @@ _values = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False),
     st.just("2026-01-01T00:00:00Z"),
     st.just({"message": "boom"}),
+    st.just({"input_tokens": 3, "cost": 0.5}),
     st.just({"k": [1, 2]}),
     st.just([]),
 )
 _fields = st.dictionaries(
-    st.sampled_from([*IDENTIFIER_FIELDS, "seq", "ts", "args", "result", "error", "reason", "extra"]),
+    st.sampled_from(
+        [*IDENTIFIER_FIELDS, "seq", "ts", "args", "result", "error", "reason", "usage", "extra"]
+    ),
     _values,
     max_size=3,
 )

@@ -46,6 +46,21 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
     assert inspect.iscoroutinefunction(Consumer._add_gap)
     assert "callback(message)" in inspect.getsource(Consumer._drain_messages)
     assert "self.wait_first(" in inspect.getsource(Consumer._drain_messages)
+    # recovery: the consumer thread's fetch (flow checked before the wait only) and
+    # aiokafka reading a falsy partition set as "all partitions"
+    assert inspect.iscoroutinefunction(AIOKafkaConsumerThread._fetch_records)
+    assert "if partitions and tp not in partitions" in inspect.getsource(Fetcher.fetched_records)
+    # recovery at fetch speed: Faust's bookkeeping ChangelogRestore keeps, and the
+    # rule it shares with _slurp_changelogs (an offset is applied once, in order)
+    from faust.tables.recovery import Recovery
+
+    assert "self.in_recovery = True" in inspect.getsource(Recovery._set_recovery_started)
+    recovery_init = inspect.getsource(Recovery.__init__)
+    for attribute in ("active_tps", "active_highwaters", "active_offsets",
+                      "_active_events_received_at"):
+        assert f"self.{attribute} =" in recovery_init, attribute
+    assert "offset > seen_offset" in inspect.getsource(Recovery)  # in _slurp_changelogs
+    assert "value - 1" in inspect.getsource(Recovery._build_highwaters)  # the last offset
     # consumer: committed offsets kept per partition, the consumer thread's aiokafka
     # consumer, its fetch wait and last fetch answer time
     assert "_committed_offset" in inspect.getsource(Consumer.__init__)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from schemas import input_event_adapter, parse_config
 from streams.engine import Engine, SessionState
+from streams.engine.rule_state import RuleState
 from tests.unit.conftest import comparable, verdicts
 
 TOOLS = [("read", {"p": 1}), ("read", {"p": 2}), ("list", {"d": 1}),
@@ -156,3 +157,59 @@ def test_round_trip_keeps_a_sticky_block() -> None:
          "run_id": "r0", "call_id": "c-later", "tool_name": "read", "args": {"p": 1}})
     _, out = engine.step(restored, again, again.ts)
     assert [(v.action, v.count) for v in verdicts(out)] == [("block", 3)]
+
+
+# Issue 14's rules are opt-in: configured but disabled, they change nothing at all; only
+# reported (shadow), they add loop events with enforced=false and change no verdict.
+RULES_OFF = {name: {"enabled": False} for name in (
+    "runEnding", "cycle", "repeatedFailure", "argumentChurn", "runCaps")}
+RULES_SHADOW = {
+    "runEnding": {"shadow": True}, "cycle": {"shadow": True},
+    "repeatedFailure": {"shadow": True, "warningThreshold": 1, "criticalThreshold": 2},
+    "argumentChurn": {"shadow": True},
+    "runCaps": {"shadow": True, "maxToolCalls": 4, "tokensPerRun": 5, "warnAt": 0.5},
+}
+
+
+def rules_engine(rules: dict[str, Any]) -> Engine:
+    return Engine(parse_config({"tools": {"loopDetection": SMALL}, "loopfuse": {"rules": rules}}))
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops_strategy, st.booleans())
+def test_disabled_rules_change_no_output(ops: Any, with_seq: bool) -> None:
+    events = build(ops, with_seq=with_seq)
+    expected = [comparable(o) for o in small_engine().replay(events)]
+    assert [comparable(o) for o in rules_engine(RULES_OFF).replay(events)] == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops_strategy, st.booleans())
+def test_shadow_rules_change_no_verdict(ops: Any, with_seq: bool) -> None:
+    events = build(ops, with_seq=with_seq)
+    plain = small_engine().replay(events)
+    shadow = rules_engine(RULES_SHADOW).replay(events)
+    assert [comparable(v) for v in verdicts(shadow)] == [comparable(v) for v in verdicts(plain)]
+    rule_events = [o for o in shadow if getattr(o, "type", None) == "loop_event"
+                   and o not in plain and not o.enforced]
+    others = [comparable(o) for o in shadow if o not in rule_events]
+    assert others == [comparable(o) for o in plain]
+
+
+RULES_ENFORCED = {name: {key: value for key, value in rule.items() if key != "shadow"}
+                  for name, rule in RULES_SHADOW.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops_strategy, ops_strategy, st.booleans())
+def test_state_with_rules_round_trips_through_bytes(prefix: Any, rest: Any,
+                                                    with_seq: bool) -> None:
+    engine = rules_engine(RULES_ENFORCED)
+    events = build(prefix + rest, with_seq=with_seq)
+    state, _ = fold(engine, events[:len(prefix)])
+    state = state or SessionState()
+    restored = SessionState.from_bytes(state.to_bytes())
+    assert (restored.rules or RuleState()) == (state.rules or RuleState())  # empty: not written
+    _, original_out = fold(engine, events[len(prefix):], state)
+    _, restored_out = fold(engine, events[len(prefix):], restored)
+    assert [comparable(o) for o in restored_out] == [comparable(o) for o in original_out]

@@ -13,6 +13,7 @@ from schemas import input_event_adapter, parse_config
 from schemas.events import Action, Detector
 from streams.engine import Engine, SessionState
 from streams.engine import state_codec as codec
+from streams.engine.rule_state import RuleState
 from tests.unit.conftest import call, compaction, result
 from tests.unit.test_properties import build, ops_strategy
 
@@ -73,6 +74,12 @@ def _states() -> list[bytes]:
     )
     state, _ = engine.step(state, restart, 30, watermark_ms=0)
     states.append(state.to_bytes())
+    # The opt-in rules' trailer (issue 14) after everything else.
+    state.rules = RuleState()
+    state.rules.tally(7).calls = 3
+    state.rules.note_failure((7, 11), 13)
+    state.rules.session_cost = 0.25
+    states.append(state.to_bytes())
     return states
 
 
@@ -84,7 +91,7 @@ def test_every_section_round_trips() -> None:
         assert codec.encode(codec.decode(data)) == data
     last = codec.decode(STATES[-1])  # the sample reaches every section
     assert last.history and last.guards and last.decisions and last.parked and last.pending
-    assert any(record.unknown for record in last.history)
+    assert any(record.unknown for record in last.history) and last.rules is not None
 
 
 @settings(max_examples=300, deadline=None)
