@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from schemas.decode import decode_event, plain_event
-from schemas.events import IDENTIFIER_FIELDS, MAX_WIRE_INT, ToolCall, input_event_adapter
+from schemas.events import (
+    IDENTIFIER_FIELDS,
+    MAX_WIRE_INT,
+    ToolCall,
+    ToolResult,
+    input_event_adapter,
+)
 
 _values = st.one_of(
     st.none(),
@@ -120,3 +126,10 @@ def test_rejections_keep_the_models_wording() -> None:
     )
     with pytest.raises(Exception, match="exactly one of args or args_hash"):
         decode_event(raw)
+
+
+def test_the_plain_path_knows_every_field_of_the_models() -> None:
+    """A new field may need a check in plain_event (a type, a nested model): this fails
+    until someone has looked."""
+    known = {*IDENTIFIER_FIELDS, "type", "seq", "ts", "args", "result", "error", "usage"}
+    assert set(ToolCall.model_fields) | set(ToolResult.model_fields) == known
