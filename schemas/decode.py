@@ -1,4 +1,12 @@
-"""Bytes to a validated input event, or a classified rejection (for the dead-letter topic)."""
+"""Bytes to a validated input event, or a classified rejection (for the dead-letter topic).
+
+Every event is parsed by orjson. The two events of every tool call - a ``tool_call``
+and its ``tool_result`` with plain fields - are then checked by :func:`plain_event`
+and built without pydantic's validation, which would cost twice the parse; whatever
+it is not sure of goes through the models (schemas.events), which decide and
+word the rejections. tests/unit/test_decode.py holds the two paths to the same
+events.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +18,12 @@ from pydantic import ValidationError
 from schemas.events import (
     DEFAULT_MAX_IDENTIFIER_BYTES,
     IDENTIFIER_FIELDS,
-    Compaction,
-    RunEnded,
+    MAX_WIRE_INT,
+    InputEvent,
     ToolCall,
     ToolResult,
     input_event_adapter,
+    unvalidated,
 )
 
 DEFAULT_MAX_EVENT_BYTES = 1_048_576
@@ -63,7 +72,7 @@ def utf8_size(text: str) -> int:
 
 
 def check_identifiers(
-    event: ToolCall | ToolResult | Compaction | RunEnded, limit: int
+    event: InputEvent, limit: int
 ) -> None:
     """Reject an event whose identifiers or tokens are longer than ``limit`` UTF-8 bytes.
 
@@ -71,8 +80,9 @@ def check_identifiers(
     event could make a session's state or an output larger than Kafka accepts.
     """
     quick = limit // 4  # a string this short cannot exceed the limit in UTF-8
+    fields = event.__dict__  # not getattr: a field another event type lacks costs a raise
     for name in IDENTIFIER_FIELDS:
-        value = getattr(event, name, None)
+        value = fields.get(name)
         if value is not None and len(value) > quick and (size := utf8_size(value)) > limit:
             raise EventRejected(
                 "invalid_event", f"{name} is {size} bytes, the limit is {limit}"
@@ -85,7 +95,7 @@ def decode_event(
     max_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     max_depth: int = DEFAULT_MAX_DEPTH,
     max_identifier_bytes: int = DEFAULT_MAX_IDENTIFIER_BYTES,
-) -> ToolCall | ToolResult | Compaction | RunEnded:
+) -> InputEvent:
     """Parse and validate one wire event; raise EventRejected with a code and a reason.
 
     Bounds (README, Wire format): the message size, JSON nesting, integers in
@@ -117,9 +127,89 @@ def decode_event(
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in _KNOWN_TYPES:
         raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
-    try:
-        event = input_event_adapter.validate_python(data)
-    except ValidationError as exc:
-        raise EventRejected("invalid_event", _describe(exc)) from None
+    event: InputEvent | None = plain_event(data)
+    if event is None:
+        try:
+            event = input_event_adapter.validate_python(data)
+        except ValidationError as exc:
+            raise EventRejected("invalid_event", _describe(exc)) from None
     check_identifiers(event, max_identifier_bytes)
     return event
+
+
+# -- tool calls and results with plain fields, without pydantic's validation ---------
+
+_CARRIER_IDS = ("session_key", "run_id", "agent_id", "args_hash", "args_action")
+_RESULT_IDS = (*_CARRIER_IDS, "result_hash", "unknown_tool")
+_CALL_FIELDS = frozenset(ToolCall.model_fields)
+_RESULT_FIELDS = frozenset(ToolResult.model_fields)
+_CALL_DEFAULTS = {name: field.default for name, field in ToolCall.model_fields.items()}
+_RESULT_DEFAULTS = {name: field.default for name, field in ToolResult.model_fields.items()}
+
+
+def plain_event(data: dict[str, Any]) -> ToolCall | ToolResult | None:
+    """The ``tool_call`` or ``tool_result`` that validating ``data`` would give, built
+    directly; None when ``data`` is anything but the plain case, which the models
+    then validate (and word the rejection of).
+
+    The plain case: only the model's own fields; every identifier a string or absent
+    (null where the model allows it); ``seq`` absent, null or an int and ``ts`` an
+    int, both in 0 .. 2**53-1; ``error`` a string; the event's exactly-one-of rules
+    and its history scope hold. Those are the models' rules for these values, so the
+    event is equal to the model's, field for field and in its set fields.
+    """
+    kind = data.get("type")
+    fields: frozenset[str]
+    defaults: dict[str, Any]
+    optional: tuple[str, ...]
+    cls: type[ToolCall | ToolResult]
+    if kind == "tool_call":
+        fields, defaults, optional, cls = _CALL_FIELDS, _CALL_DEFAULTS, _CARRIER_IDS, ToolCall
+    elif kind == "tool_result":
+        fields, defaults, optional, cls = (
+            _RESULT_FIELDS, _RESULT_DEFAULTS, _RESULT_IDS, ToolResult
+        )
+    else:
+        return None
+    if not fields.issuperset(data):
+        return None  # unknown fields: the model drops them, and says nothing of them
+    event_id, call_id, tool_name = data.get("event_id"), data.get("call_id"), data.get("tool_name")
+    if (
+        type(event_id) is not str
+        or type(call_id) is not str
+        or type(tool_name) is not str
+        or not event_id
+        or not tool_name
+    ):
+        return None
+    for name in optional:
+        value = data.get(name)
+        if value is not None and type(value) is not str:
+            return None
+    incarnation = data.get("incarnation")
+    if incarnation is not None and (type(incarnation) is not str or not incarnation):
+        return None
+    seq, ts = data.get("seq"), data.get("ts")
+    if seq is not None and (type(seq) is not int or not 0 <= seq <= MAX_WIRE_INT):
+        return None
+    if type(ts) is not int or not 0 <= ts <= MAX_WIRE_INT:
+        return None  # RFC 3339 text and 10.0 are the model's to convert
+    if not data.get("session_key") and not data.get("run_id"):
+        return None
+    sent_args = "args" in data
+    has_hash = data.get("args_hash") is not None
+    if cls is ToolCall:
+        if sent_args == has_hash:
+            return None
+    else:
+        error = data.get("error")
+        if error is not None and type(error) is not str:
+            return None  # an ErrorDetail object
+        if data.get("usage") is not None:
+            return None  # a Usage object
+        outcomes = ("result" in data) + (data.get("result_hash") is not None) + (error is not None)
+        if outcomes != 1 or (sent_args and has_hash):
+            return None
+    values = dict(defaults)
+    values.update(data)
+    return unvalidated(cls, values, set(data))

@@ -6,9 +6,11 @@ nowhere else; the engine receives only validated objects.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
+import orjson
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -225,10 +227,12 @@ class RunEnded(_InputEvent):
     type: Literal["run_ended"]
 
 
-InputEvent = Annotated[ToolCall | ToolResult | Compaction | RunEnded, Field(discriminator="type")]
-input_event_adapter: TypeAdapter[ToolCall | ToolResult | Compaction | RunEnded] = TypeAdapter(
-    InputEvent
-)
+#: Any input event: what the decoder returns, the engine folds and a state keeps waiting.
+InputEvent = ToolCall | ToolResult | Compaction | RunEnded
+#: The same union as the wire tells its members apart (by ``type``): validation and the
+#: exported JSON Schema.
+TaggedInputEvent = Annotated[InputEvent, Field(discriminator="type")]
+input_event_adapter: TypeAdapter[InputEvent] = TypeAdapter(TaggedInputEvent)
 
 Action = Literal["allow", "warn", "block", "abort"]
 Level = Literal["none", "warning", "critical"]
@@ -252,10 +256,43 @@ Detector = Literal[
 ]
 
 
-class Verdict(BaseModel):
-    """What the gateway must do with one tool call (or with its run, for abort)."""
+_Model = TypeVar("_Model", bound=BaseModel)
+_new_object = object.__new__
+_set_attribute = object.__setattr__
 
+
+def unvalidated(
+    cls: type[_Model], values: dict[str, Any], fields_set: AbstractSet[str]
+) -> _Model:
+    """A model of ``values`` that the caller has checked, built without validation.
+
+    ``values`` holds every field of ``cls``, in its order. Like ``model_construct``
+    but without its per-field defaults pass: the engine builds one or two models per
+    event this way (schemas.decode's plain events, the engine's outputs). The models
+    are frozen, so ``fields_set`` may be one frozenset shared by all of them (each
+    model gets a copy).
+    """
+    model = _new_object(cls)
+    _set_attribute(model, "__dict__", values)
+    # A set of its own (not the caller's shared frozenset): pydantic's model_copy
+    # updates it in place.
+    _set_attribute(model, "__pydantic_fields_set__", set(fields_set))
+    _set_attribute(model, "__pydantic_extra__", None)
+    _set_attribute(model, "__pydantic_private__", None)
+    return model
+
+
+class _Output(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+    def to_json(self) -> bytes:
+        """The message as published: every field, in order (orjson, not pydantic's
+        serialiser, which costs several times as much)."""
+        return orjson.dumps(self.__dict__)
+
+
+class Verdict(_Output):
+    """What the gateway must do with one tool call (or with its run, for abort)."""
 
     type: Literal["verdict"] = "verdict"
     verdict_id: str
@@ -288,15 +325,13 @@ class FleetBreak(BaseModel):
     until_ts: int = Field(description="event time from which its calls are judged alone again")
 
 
-class LoopEvent(BaseModel):
+class LoopEvent(_Output):
     """Audit trail: a loop detected (every critical, warnings once per bucket).
 
     A fleet-wide tool breaker's event (detector ``fleet_tool_breaker``) belongs to no
     session: its ``session_key`` is ``"fleet"``, its run and call fields are null, and
     ``fleet`` says what tripped it.
     """
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
     type: Literal["loop_event"] = "loop_event"
     event_id: str
@@ -327,6 +362,17 @@ class LoopEvent(BaseModel):
     )
     event_ts: int
     decided_ts: int
+
+    def to_json(self) -> bytes:
+        """As published: every field in order, ``fleet`` only when set (a session's loop
+        events are written as before the fleet breaker existed)."""
+        data = self.__dict__
+        fleet = data.get("fleet")
+        if fleet is None:
+            data = {key: value for key, value in data.items() if key != "fleet"}
+        else:
+            data = {**data, "fleet": fleet.model_dump()}
+        return orjson.dumps(data)
 
 
 class ToolStrike(BaseModel):

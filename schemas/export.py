@@ -11,10 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from schemas.config import DetectionConfigFile
-from schemas.events import DeadLetter, InputEvent, LoopEvent, Verdict
+from schemas.events import DeadLetter, LoopEvent, Verdict, input_event_adapter
 
 SCHEMA_DIR = Path(__file__).parent
 
@@ -22,7 +20,7 @@ SCHEMA_DIR = Path(__file__).parent
 def schemas() -> dict[str, dict[str, Any]]:
     """File name -> JSON Schema document."""
     documents: dict[str, dict[str, Any]] = {
-        "input-event.schema.json": TypeAdapter(InputEvent).json_schema(),
+        "input-event.schema.json": input_event_adapter.json_schema(),
         "verdict.schema.json": Verdict.model_json_schema(),
         "loop-event.schema.json": LoopEvent.model_json_schema(),
         "dead-letter.schema.json": DeadLetter.model_json_schema(),

@@ -32,7 +32,7 @@ from typing import Literal, Protocol
 import orjson
 
 from schemas.decode import EventRejected, decode_event
-from schemas.events import DeadLetter
+from schemas.events import DeadLetter, InputEvent
 from streams.engine import (
     Engine,
     LoopEvent,
@@ -43,8 +43,8 @@ from streams.engine import (
     Verdict,
     fleet,
 )
-from streams.engine.fingerprint import fold as fold_hash
-from streams.engine.state import InputEventT, StateTooLarge
+from streams.engine.fingerprint import hash64
+from streams.engine.state_codec import StateTooLarge
 from streams.metrics import Metrics
 from streams.progress import InputProgress
 
@@ -184,7 +184,7 @@ def tool_strikes(outputs: Sequence[Output]) -> list[Outgoing]:
                 {
                     "type": "tool_strike",
                     "tool_name": event.tool_name,
-                    "session": f"{fold_hash(event.session_key):016x}",
+                    "session": f"{hash64(event.session_key):016x}",
                     "detector": event.detector,
                     # A gateway clock running ahead counts as now: one far-future ts
                     # must not move the tool's window past every other session's hits.
@@ -202,7 +202,7 @@ def tool_strikes(outputs: Sequence[Output]) -> list[Outgoing]:
 class _Applied:
     """One step taken since ``base``: an event (None: a release), with its clocks."""
 
-    event: InputEventT | None
+    event: InputEvent | None
     now_ms: int
     watermark_ms: int | None
     source: Source
@@ -238,7 +238,7 @@ class SessionFold:
     strike: bool = False
 
     def apply(
-        self, event: InputEventT, source: Source, now_ms: int, watermark_ms: int | None
+        self, event: InputEvent, source: Source, now_ms: int, watermark_ms: int | None
     ) -> list[Outgoing]:
         """Judge one event: its messages, or its dead letter (state then unchanged)."""
         try:
@@ -541,7 +541,7 @@ class SessionProcessor:
         limits, metrics, progress = self.limits, self.metrics, self.progress
         now_ms = self.clock()
         out: list[Message] = []
-        sessions: dict[bytes, list[tuple[InputEventT, Source]]] = {}
+        sessions: dict[bytes, list[tuple[InputEvent, Source]]] = {}
         for record in records:
             source = Source(
                 record.topic, record.partition, record.offset, key=record.key,

@@ -1,9 +1,9 @@
 """The pure detection engine: a fold of each session's events, no I/O, no clock."""
 
 from streams.engine.config import ConfigResolver, ResolvedConfig, resolve_config
-from streams.engine.outputs import LoopEvent, Verdict
+from streams.engine.outputs import LoopEvent, Notice, Output, Rejection, Verdict
 from streams.engine.state import Record, SessionState
-from streams.engine.step import Engine, Notice, Output, Rejection
+from streams.engine.step import Engine
 
 __all__ = [
     "ConfigResolver",

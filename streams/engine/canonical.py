@@ -43,7 +43,10 @@ def _fast_path_ok(value: Any) -> bool:
                 return False
         return True
     if kind is list:
-        return all(_fast_path_ok(child) for child in value)
+        for child in value:  # noqa: SIM110 - a loop, not all(): no generator per list
+            if type(child) is not str and not _fast_path_ok(child):
+                return False
+        return True
     return False  # floats, and anything that is not plain JSON
 
 

@@ -2,8 +2,8 @@
 
 Tokens that leave the process (``args_hash`` in verdicts, what a gateway may send
 instead of raw payloads) are 128-bit xxh3 hex digests. Inside session state every
-token is folded to a 64-bit int; a gateway's precomputed hash strings go through the
-same fold, so raw and pre-hashed payloads compare equal.
+token is hashed to a 64-bit int (``hash64``); a gateway's precomputed hash strings
+go through the same hash, so raw and pre-hashed payloads compare equal.
 """
 
 from __future__ import annotations
@@ -74,9 +74,15 @@ def args_hash(args: Any) -> str:
     return xxh3_128_hexdigest(canonical_json(args))
 
 
-def fold(token: str) -> int:
-    """A token (ours or a gateway's opaque hash string) as a 64-bit int for state."""
+def hash64(token: str) -> int:
+    """A token or id (ours or a gateway's opaque hash string) as a 64-bit int for state."""
     return xxh3_64_intdigest(token.encode("utf-8", "surrogatepass"))
+
+
+def hash32(text: str) -> int:
+    """The low 32 bits of ``hash64``: enough to tell a session's few pending call ids
+    or remembered verdicts apart, in half the state bytes."""
+    return xxh3_64_intdigest(text.encode("utf-8", "surrogatepass")) & 0xFFFFFFFF
 
 
 def signature(tool_name: str, args_token: str) -> int:
@@ -91,7 +97,7 @@ def result_fingerprint(token: str) -> int:
     not just with overwhelming probability.
     """
     is_error = token.startswith(ERROR_PREFIX)
-    value = fold(token)
+    value = hash64(token)
     if is_error:
         return value | 1
     value &= ~1

@@ -11,12 +11,12 @@ exactly as before, and a redelivered call is overlaid again with what is known t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from schemas.events import Action, Level
-from streams.engine.outputs import LoopEvent, Verdict
+from schemas.events import Action, Level, unvalidated
+from streams.engine.outputs import LoopEvent, Output, Verdict
 from streams.engine.rules import RuleBook
-from streams.engine.step import Output, verdict_id
+from streams.engine.step import verdict_id
 
 #: Detectors whose warnings strike a tool too (a critical of any detector does).
 _STRIKING_WARNINGS = frozenset({"unknown_tool_repeat", "repeated_failure"})
@@ -99,11 +99,12 @@ def overlay(
 
 def _raised(verdict: Verdict, action: Action, breaker: ToolBreaker) -> Verdict:
     message = breaker_message(action, breaker.tool_name, breaker.sessions, breaker.window_seconds)
-    return replace(
-        verdict,
-        verdict_id=verdict_id(
+    # An unvalidated copy, like every engine output (the values are the verdict's own
+    # and the breaker's, both checked).
+    return unvalidated(Verdict, {**verdict.__dict__, **{
+        "verdict_id": verdict_id(
             verdict.session_key, verdict.run_id, verdict.call_id, action, verdict.incarnation
         ),
-        action=action, level=_LEVEL[action], detector="fleet_tool_breaker",
-        count=breaker.sessions, message=message, paired_tool_name=None,
-    )
+        "action": action, "level": _LEVEL[action], "detector": "fleet_tool_breaker",
+        "count": breaker.sessions, "message": message, "paired_tool_name": None,
+    }}, verdict.__pydantic_fields_set__)

@@ -1,71 +1,38 @@
-"""What the engine emits, as plain slotted dataclasses.
+"""What the engine emits: verdicts, loop events, rejections and notices.
 
-They mirror ``schemas.events.Verdict`` and ``schemas.events.LoopEvent`` field for field
-(tests/unit/test_outputs.py keeps them in step), but cost a fraction of a pydantic
-model to build and serialise with orjson directly, which matters on the per-event
-path (not frozen: a frozen dataclass's __init__ costs twice as much). Consumers
-validate the JSON with the schemas models.
+Verdicts and loop events are the wire models themselves (schemas.events), so their
+fields have one definition. The engine builds them from values it computed without
+validating them again (schemas.events.unvalidated, in Engine._verdict and
+Engine._loop_event), which costs about what a slotted dataclass does, and they
+serialise with orjson (``to_json``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
 
-import orjson
+from schemas.events import InputEvent, LoopEvent, Verdict
 
-from schemas.events import Action, Detector, Level
+__all__ = ["LoopEvent", "Notice", "Output", "Rejection", "Verdict"]
 
 
-@dataclass(slots=True, kw_only=True)
-class Verdict:
-    type: Literal["verdict"] = "verdict"
-    verdict_id: str
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A valid event the engine cannot apply (e.g. a result for a call it never saw)."""
+
+    code: str
+    reason: str
+    event: InputEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something worth a log line (the engine itself never logs)."""
+
+    level: str
+    message: str
     session_key: str
     run_id: str | None
-    agent_id: str | None
-    call_id: str | None
-    seq: int | None
-    incarnation: str | None = None
-    tool_name: str | None
-    action: Action
-    level: Level
-    detector: Detector | None
-    count: int
-    message: str | None
-    args_hash: str | None
-    paired_tool_name: str | None
-    event_ts: int
-    decided_ts: int
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(self)
 
 
-@dataclass(slots=True, kw_only=True)
-class LoopEvent:
-    type: Literal["loop_event"] = "loop_event"
-    event_id: str
-    session_key: str
-    run_id: str | None
-    agent_id: str | None
-    call_id: str | None
-    seq: int | None
-    incarnation: str | None = None
-    tool_name: str | None
-    action: Action
-    level: Level
-    detector: Detector
-    count: int
-    message: str | None
-    args_hash: str | None
-    paired_tool_name: str | None
-    warning_key: str | None
-    config: dict[str, Any]
-    enforced: bool
-    args: Any = None
-    event_ts: int
-    decided_ts: int
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(self)
+Output = Verdict | LoopEvent | Rejection | Notice

@@ -1,47 +1,26 @@
 """Per-session state: the rolling call history, guards, warning buckets, ordering.
 
-A session's state is what the stream adapter keeps in its changelog-backed table, so
-it serialises to compact bytes (``to_bytes``/``from_bytes``). Fingerprints are kept
-as 64-bit ints; strings (tool names, run ids) are written once per state in a
-string table. A call id is only kept while its record waits for a result: once the
-result is in, nothing can match on it again.
+The domain side of a session's state; its bytes (the changelog-backed table's values)
+are streams.engine.state_codec's. Fingerprints are kept as 64-bit ints. A call id is
+only kept while its record waits for a result: once the result is in, nothing can
+match on it again.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import accumulate, pairwise
+from typing import NamedTuple
 
 from xxhash import xxh3_64_intdigest
 
-from schemas.events import (
-    Action,
-    Compaction,
-    Detector,
-    RunEnded,
-    ToolCall,
-    ToolResult,
-    input_event_adapter,
-)
-from streams.engine.rule_state import RuleState, decode_rule_state, encode_rule_state
+from schemas.events import Action, Detector, InputEvent
+from streams.engine.rule_state import RuleState
 
-FORMAT_VERSION = 3
-# Version 1 had no ``last_event_ms``: read as 0 (unknown), so idle expiry falls back
-# to the worker's clock alone for states written before the upgrade. Version 2 kept
-# every guard's results and the run ids of warnings and guards as text; version 3
-# keeps what decides an abort and run hashes, plus the incarnation bookkeeping.
-_READABLE_VERSIONS = (1, 2, 3)
 MAX_WARNING_KEYS = 256
 MAX_SEEN_EVENT_IDS = 32
 MAX_DECISIONS = 8  # verdicts other than allow, per session
 MAX_GUARDS = 32  # armed post-compaction guards (one per run), oldest dropped first
 MAX_RETIRED_INCARNATIONS = 8  # closed seq spaces remembered to recognise their redeliveries
-
-
-class StateTooLarge(ValueError):
-    """A session's state does not fit its byte cap even with everything sheddable gone."""
 
 
 #: Identifier fields of a waiting event, which dominate what it takes in the state.
@@ -51,7 +30,7 @@ _REST_FIELDS = (
 )
 
 
-def rest_size(event: ToolCall | ToolResult | Compaction | RunEnded) -> int:
+def rest_size(event: InputEvent) -> int:
     """About what a waiting event (kept as fingerprints) takes in the state's bytes."""
     size = 96
     fields = event.__dict__
@@ -75,23 +54,13 @@ def incarnation_key(incarnation: str | None) -> int:
         return 0
     return xxh3_64_intdigest(incarnation.encode("utf-8", "surrogatepass")) | 1
 
-InputEventT = ToolCall | ToolResult | Compaction | RunEnded
 
-_U64 = struct.Struct("<Q")
-_U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
+class Record(NamedTuple):
+    """One call (and, once known, its outcome) in the session history.
 
-# History column layout flags.
-_WIDE_REFS = 1  # string refs are 2 bytes (more than 255 strings)
-# Time deltas between consecutive records: 2 bytes while calls come within a minute
-# of each other (the common case), else 4, else 8 bytes.
-_TS_INT32 = 2
-_TS_INT64 = 4
-
-
-@dataclass(slots=True)
-class Record:
-    """One call (and, once known, its outcome) in the session history."""
+    Immutable: a result replaces its call's record. A tuple, so that the codec
+    builds and takes apart whole histories column by column in C.
+    """
 
     tool: str
     sig: int  # call signature: tool name + args fingerprint, 64-bit
@@ -124,33 +93,11 @@ class Decision:
     """A past verdict other than allow, enough to re-emit it for a redelivered tool_call."""
 
     event: int  # 32-bit hash of the event id (only tells redeliveries apart)
-    action: int  # index into ACTIONS
-    detector: int  # index into DETECTORS, 0 = none
+    action: Action
+    detector: Detector | None
     count: int
     detail: str | None  # unknown-tool name or paired tool name, for the message
     seq: int = -1  # the tool_call's seq, -1 when it had none
-
-
-ACTIONS: tuple[Action, ...] = ("allow", "warn", "block", "abort")
-DETECTORS: tuple[Detector | None, ...] = (
-    None,
-    "unknown_tool_repeat",
-    "global_circuit_breaker",
-    "known_poll_no_progress",
-    "ping_pong",
-    "generic_repeat",
-    "compaction_loop_persisted",
-    "sequence_gap",
-    # opt-in rules (issue 14): appended, so the codes of stored decisions keep their meaning
-    "tool_loop_run_ended",
-    "cycle",
-    "repeated_failure",
-    "argument_churn",
-    "run_call_cap",
-    "token_budget",
-    "cost_budget",
-    "fleet_tool_breaker",
-)
 
 
 @dataclass(slots=True)
@@ -163,7 +110,7 @@ class SessionState:
     next_seq: int | None = None
     # seq -> early event, applied once the gap before it fills. Kept as fingerprints
     # (raw args and results replaced by their tokens): nothing raw is at rest.
-    parked: dict[int, InputEventT] = field(default_factory=dict)
+    parked: dict[int, InputEvent] = field(default_factory=dict)
     # seq ranges (first, last) given up on: an event of one that still arrives is
     # applied late rather than dropped as a duplicate
     skipped: list[tuple[int, int]] = field(default_factory=list)
@@ -188,7 +135,7 @@ class SessionState:
     # Events of seq spaces not opened yet (a restarted gateway's first events, waiting
     # until the input can hold nothing more of the current one), in arrival order,
     # as fingerprints like ``parked``.
-    pending: list[InputEventT] = field(default_factory=list)
+    pending: list[InputEvent] = field(default_factory=list)
     # What the opt-in rules (issue 14) count; None while no rule touched the session.
     rules: RuleState | None = None
     # Derived, never serialised: the run ids present in the history (None = recompute).
@@ -260,402 +207,25 @@ class SessionState:
         self._runs = None
         self._sig_counts = None
 
-    def fit(self, cap: int) -> bytes:
-        """The state's bytes, shedding the oldest evidence until they fit in ``cap``.
-
-        Identifiers are bounded at decode and every collection is capped, so with
-        the default config a state fits in the default cap whatever the input; a
-        large ``historySize`` or many long ids can still exceed it. Then the oldest
-        history records go first (they would be trimmed next anyway), then warning
-        buckets, guards, remembered verdicts and incarnations. Events waiting on a
-        gap are never shed (they are input not yet applied): their bytes are capped
-        by the engine. Raises StateTooLarge when nothing is left to shed.
-        """
-        data = self.to_bytes()
-        while len(data) > cap:
-            if len(self.history) > 1:
-                del self.history[: max(1, len(self.history) // 4)]
-                self.forget_derived()
-            elif self.warnings:
-                for key in list(self.warnings)[: max(1, len(self.warnings) // 2)]:
-                    del self.warnings[key]
-            elif self.guards:
-                for run in list(self.guards)[: max(1, len(self.guards) // 2)]:
-                    del self.guards[run]
-            elif self.rules is not None and self.rules.sheddable():
-                self.rules.shed()
-            elif self.decisions:
-                self.decisions.clear()
-                # no verdict is vouched for any more: none is re-sent for a redelivery
-                self.verdict_floor = max(self.verdict_floor, self.next_seq or 0)
-            elif self.retired or self.history or self.seen_ids:
-                self.retired.clear()
-                self.history.clear()
-                self.seen_ids.clear()
-                self.forget_derived()
-            else:
-                raise StateTooLarge(
-                    f"session state is {len(data)} bytes with nothing left to shed "
-                    f"(the cap is {cap})"
-                )
-            data = self.to_bytes()
-        return data
-
-    # -- serialisation -------------------------------------------------------------
+    # -- bytes (streams.engine.state_codec) ----------------------------------------
 
     def to_bytes(self) -> bytes:
-        strings: dict[str, int] = {}
-
-        def ref(text: str | None) -> int:
-            """0 for None, else 1 + index in the string table."""
-            if text is None:
-                return 0
-            index = strings.get(text)
-            if index is None:
-                index = strings[text] = len(strings)
-            return index + 1
-
-        body = bytearray()
-        _uvarint(body, 0 if self.next_seq is None else self.next_seq + 1)
-        _encode_history(body, self.history, strings, ref, self.touched_ms)
-        _uvarint(body, len(self.guards))
-        for run, guard in self.guards.items():
-            body += _U64.pack(run)
-            _uvarint(body, guard.window)
-            _uvarint(body, max(guard.remaining, 0))
-            if guard.first is None:
-                body.append(0)
-            else:
-                body.append(2 if guard.broken else 1)
-                tool, sig, result = guard.first
-                _uvarint(body, ref(tool))
-                body += _U64.pack(sig)
-                body += _U64.pack(result)
-        _uvarint(body, len(self.warnings))
-        for key, (run, bucket) in self.warnings.items():
-            body += _U64.pack(key)
-            body += _U64.pack(run)
-            _uvarint(body, bucket)
-        _uvarint(body, len(self.seen_ids))
-        for event_hash in self.seen_ids:
-            body += _U64.pack(event_hash)
-        _encode_decisions(body, self.decisions, ref)
-        _uvarint(body, self.verdict_floor)
-        _uvarint(body, len(self.parked))
-        for seq, event in self.parked.items():
-            payload = event.model_dump_json(exclude_unset=True).encode()
-            _uvarint(body, seq)
-            _uvarint(body, len(payload))
-            body += payload
-        _uvarint(body, len(self.skipped))
-        for first, last in self.skipped:
-            _uvarint(body, first)
-            _uvarint(body, last - first)
-        body += _U64.pack(self.incarnation)
-        _uvarint(body, len(self.retired))
-        for incarnation, next_seq in self.retired:
-            body += _U64.pack(incarnation)
-            _uvarint(body, next_seq)
-        _uvarint(body, len(self.pending))
-        for event in self.pending:
-            payload = event.model_dump_json(exclude_unset=True).encode()
-            _uvarint(body, len(payload))
-            body += payload
-        if self.rules is not None and not self.rules.empty():
-            encode_rule_state(body, self.rules, _uvarint)
-
-        head = bytearray((FORMAT_VERSION,))
-        head += _I64.pack(self.touched_ms)
-        head += _I64.pack(self.last_event_ms)
-        _uvarint(head, len(strings))
-        for text in strings:
-            encoded = text.encode("utf-8", "surrogatepass")
-            _uvarint(head, len(encoded))
-            head += encoded
-        return bytes(head + body)
+        return _codec.encode(self)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SessionState:
-        if not data or data[0] not in _READABLE_VERSIONS:
-            raise ValueError(f"unknown session state format {data[:1]!r}")
-        view = memoryview(data)
-        pos = 1
-        touched_ms = _I64.unpack_from(data, pos)[0]
-        pos += 8
-        last_event_ms = 0
-        if data[0] >= 2:
-            last_event_ms = _I64.unpack_from(data, pos)[0]
-            pos += 8
-        count, pos = _read_uvarint(data, pos)
-        strings: list[str | None] = [None]
-        for _ in range(count):
-            length, pos = _read_uvarint(data, pos)
-            strings.append(bytes(view[pos : pos + length]).decode("utf-8", "surrogatepass"))
-            pos += length
-
-        state = cls(touched_ms=touched_ms, last_event_ms=last_event_ms)
-        raw_seq, pos = _read_uvarint(data, pos)
-        state.next_seq = None if raw_seq == 0 else raw_seq - 1
-        pos = _decode_history(data, pos, strings, state.history, touched_ms)
-        version = data[0]
-        count, pos = _read_uvarint(data, pos)
-        for _ in range(count):
-            if version >= 3:
-                run = _U64.unpack_from(data, pos)[0]
-                pos += 8
-                window, pos = _read_uvarint(data, pos)
-                remaining, pos = _read_uvarint(data, pos)
-                guard = Guard(window, remaining)
-                flag = data[pos]
-                pos += 1
-                if flag:
-                    index, pos = _read_uvarint(data, pos)
-                    sig, result = struct.unpack_from("<QQ", data, pos)
-                    pos += 16
-                    guard.first = (strings[index] or "", sig, result)
-                    guard.broken = flag == 2
-            else:  # versions 1-2: the run as text and every result fed to the guard
-                index, pos = _read_uvarint(data, pos)
-                run = run_key(strings[index])
-                window, pos = _read_uvarint(data, pos)
-                remaining, pos = _read_uvarint(data, pos)
-                seen_count, pos = _read_uvarint(data, pos)
-                guard = Guard(window, remaining)
-                for _ in range(seen_count):
-                    index, pos = _read_uvarint(data, pos)
-                    sig, result = struct.unpack_from("<QQ", data, pos)
-                    pos += 16
-                    triple = (strings[index] or "", sig, result)
-                    if guard.first is None:
-                        guard.first = triple
-                    elif triple != guard.first:
-                        guard.broken = True
-            state.guards[run] = guard
-        count, pos = _read_uvarint(data, pos)
-        for _ in range(count):
-            key = _U64.unpack_from(data, pos)[0]
-            pos += 8
-            if version >= 3:
-                owner = _U64.unpack_from(data, pos)[0]
-                pos += 8
-            else:
-                index, pos = _read_uvarint(data, pos)
-                owner = run_key(strings[index])
-            bucket, pos = _read_uvarint(data, pos)
-            state.warnings[key] = (owner, bucket)
-        count, pos = _read_uvarint(data, pos)
-        for _ in range(count):
-            state.seen_ids.append(_U64.unpack_from(data, pos)[0])
-            pos += 8
-        pos = _decode_decisions(data, pos, strings, state.decisions)
-        state.verdict_floor, pos = _read_uvarint(data, pos)
-        count, pos = _read_uvarint(data, pos)
-        for _ in range(count):
-            seq, pos = _read_uvarint(data, pos)
-            length, pos = _read_uvarint(data, pos)
-            state.parked[seq] = input_event_adapter.validate_json(bytes(view[pos : pos + length]))
-            pos += length
-        count, pos = _read_uvarint(data, pos)
-        for _ in range(count):
-            first, pos = _read_uvarint(data, pos)
-            span, pos = _read_uvarint(data, pos)
-            state.skipped.append((first, first + span))
-        if version >= 3:
-            state.incarnation = _U64.unpack_from(data, pos)[0]
-            pos += 8
-            count, pos = _read_uvarint(data, pos)
-            for _ in range(count):
-                incarnation = _U64.unpack_from(data, pos)[0]
-                next_seq, pos = _read_uvarint(data, pos + 8)
-                state.retired.append((incarnation, next_seq))
-            count, pos = _read_uvarint(data, pos)
-            for _ in range(count):
-                length, pos = _read_uvarint(data, pos)
-                state.pending.append(
-                    input_event_adapter.validate_json(bytes(view[pos : pos + length]))
-                )
-                pos += length
-            if pos < len(data):
-                state.rules, pos = decode_rule_state(data, pos, _read_uvarint)
-        if pos != len(data):
-            raise ValueError(f"session state has {len(data) - pos} trailing bytes")
-        return state
+        """The state in ``data``; ValueError if the bytes are truncated or corrupt."""
+        return _codec.decode(data)
 
     @staticmethod
     def idle_stamps(data: bytes) -> tuple[int, int]:
-        """``(touched_ms, last_event_ms)`` of serialised state without decoding the rest.
+        return _codec.idle_stamps(data)
 
-        Idle expiry reads these for every session on every scan.
-        """
-        touched_ms = _I64.unpack_from(data, 1)[0]
-        last_event_ms = _I64.unpack_from(data, 9)[0] if data[0] >= 2 else 0
-        return touched_ms, last_event_ms
+    def fit(self, cap: int) -> bytes:
+        """The state's bytes within ``cap``, shedding the oldest evidence (state_codec.fit)."""
+        return _codec.fit(self, cap)
 
 
-def _uvarint(out: bytearray, value: int) -> None:
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
-def _svarint(out: bytearray, value: int) -> None:
-    _uvarint(out, (value << 1) if value >= 0 else ((-value) << 1) - 1)
-
-
-def _read_uvarint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-
-
-def _read_svarint(data: bytes, pos: int) -> tuple[int, int]:
-    raw, pos = _read_uvarint(data, pos)
-    return (raw >> 1) if not raw & 1 else -((raw + 1) >> 1), pos
-
-
-def _encode_history(
-    out: bytearray,
-    history: list[Record],
-    strings: dict[str, int],
-    ref: Callable[[str | None], int],
-    base_ts: int,
-) -> None:
-    """The history column by column: one struct call per column, not per record.
-
-    Most of a state's bytes and of its encoding time are here, and the adapter
-    encodes every touched session once per batch.
-    """
-    count = len(history)
-    _uvarint(out, count)
-    if not count:
-        return
-    for text in {rec.tool for rec in history} | {rec.run for rec in history}:
-        ref(text)
-    tools = [strings[rec.tool] + 1 for rec in history]
-    runs = [0 if rec.run is None else strings[rec.run] + 1 for rec in history]
-    times = [rec.ts for rec in history]
-    deltas = [b - a for a, b in pairwise(times)]
-    low, high = (min(deltas), max(deltas)) if deltas else (0, 0)
-    if low >= 0 and high < 2**16:
-        ts_flag, ts_code = 0, "H"
-    elif low >= -(2**31) and high < 2**31:
-        ts_flag, ts_code = _TS_INT32, "i"
-    else:
-        ts_flag, ts_code = _TS_INT64, "q"
-    flags = (_WIDE_REFS if len(strings) > 254 else 0) | ts_flag
-    ref_code = "H" if flags & _WIDE_REFS else "B"
-    out.append(flags)
-    out += struct.pack(f"<{count}{ref_code}", *tools)
-    out += struct.pack(f"<{count}{ref_code}", *runs)
-    out += struct.pack(f"<{count}Q", *[rec.sig for rec in history])
-    out += struct.pack(f"<{count}Q", *[rec.result for rec in history])
-    _svarint(out, times[0] - base_ts)
-    out += struct.pack(f"<{count - 1}{ts_code}", *deltas)
-    # Pending call ids and unknown-tool names are rare: (index, value) pairs.
-    pending = [(index, rec.call) for index, rec in enumerate(history) if rec.call]
-    _uvarint(out, len(pending))
-    for index, call in pending:
-        _uvarint(out, index)
-        out += _U32.pack(call)
-    unknown = [(index, rec.unknown) for index, rec in enumerate(history) if rec.unknown is not None]
-    _uvarint(out, len(unknown))
-    for index, name in unknown:
-        _uvarint(out, index)
-        _uvarint(out, ref(name))
-
-
-def _decode_history(
-    data: bytes, pos: int, strings: list[str | None], history: list[Record], base_ts: int
-) -> int:
-    count, pos = _read_uvarint(data, pos)
-    if not count:
-        return pos
-    flags = data[pos]
-    pos += 1
-    ref_code = "H" if flags & _WIDE_REFS else "B"
-    ref_size = 2 if flags & _WIDE_REFS else 1
-    tools = struct.unpack_from(f"<{count}{ref_code}", data, pos)
-    pos += count * ref_size
-    runs = struct.unpack_from(f"<{count}{ref_code}", data, pos)
-    pos += count * ref_size
-    sigs = struct.unpack_from(f"<{count}Q", data, pos)
-    pos += count * 8
-    results = struct.unpack_from(f"<{count}Q", data, pos)
-    pos += count * 8
-    first_delta, pos = _read_svarint(data, pos)
-    ts_code, ts_size = (
-        ("q", 8) if flags & _TS_INT64 else ("i", 4) if flags & _TS_INT32 else ("H", 2)
-    )
-    deltas = struct.unpack_from(f"<{count - 1}{ts_code}", data, pos)
-    pos += (count - 1) * ts_size
-    times = accumulate(deltas, initial=base_ts + first_delta)
-    history.extend(
-        Record(strings[tool] or "", sig, strings[run], 0, result, None, ts)
-        for tool, run, sig, result, ts in zip(tools, runs, sigs, results, times, strict=False)
-    )
-    pending, pos = _read_uvarint(data, pos)
-    for _ in range(pending):
-        index, pos = _read_uvarint(data, pos)
-        history[-count + index].call = _U32.unpack_from(data, pos)[0]
-        pos += 4
-    unknown, pos = _read_uvarint(data, pos)
-    for _ in range(unknown):
-        index, pos = _read_uvarint(data, pos)
-        name, pos = _read_uvarint(data, pos)
-        history[-count + index].unknown = strings[name]
-    return pos
-
-
-def _encode_decisions(
-    out: bytearray, decisions: list[Decision], ref: Callable[[str | None], int]
-) -> None:
-    """Column by column, like the history: one struct call per column."""
-    count = len(decisions)
-    _uvarint(out, count)
-    if not count:
-        return
-    counts = [d.count for d in decisions]
-    wide = max(counts) > 0xFFFF
-    out.append(1 if wide else 0)
-    out += struct.pack(f"<{count}I", *[d.event for d in decisions])
-    out += bytes(d.action for d in decisions)
-    out += bytes(d.detector for d in decisions)
-    out += struct.pack(f"<{count}{'I' if wide else 'H'}", *counts)
-    out += struct.pack(f"<{count}q", *[d.seq for d in decisions])
-    details = [(index, d.detail) for index, d in enumerate(decisions) if d.detail is not None]
-    _uvarint(out, len(details))
-    for index, detail in details:
-        _uvarint(out, index)
-        _uvarint(out, ref(detail))
-
-
-def _decode_decisions(
-    data: bytes, pos: int, strings: list[str | None], decisions: list[Decision]
-) -> int:
-    count, pos = _read_uvarint(data, pos)
-    if not count:
-        return pos
-    wide = data[pos]
-    pos += 1
-    events = struct.unpack_from(f"<{count}I", data, pos)
-    pos += 4 * count
-    actions = data[pos : pos + count]
-    detectors = data[pos + count : pos + 2 * count]
-    pos += 2 * count
-    counts = struct.unpack_from(f"<{count}{'I' if wide else 'H'}", data, pos)
-    pos += (4 if wide else 2) * count
-    seqs = struct.unpack_from(f"<{count}q", data, pos)
-    pos += 8 * count
-    decisions.extend(map(Decision, events, actions, detectors, counts, [None] * count, seqs))
-    details, pos = _read_uvarint(data, pos)
-    for _ in range(details):
-        index, pos = _read_uvarint(data, pos)
-        ref, pos = _read_uvarint(data, pos)
-        decisions[-count + index].detail = strings[ref]
-    return pos
+# Last: the codec builds on the classes above. (Not imported inside the methods: an
+# import statement there costs more than encoding a small state.)
+from streams.engine import state_codec as _codec  # noqa: E402

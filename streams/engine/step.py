@@ -1,14 +1,16 @@
-"""The engine: ``step(state, event, now_ms) -> (state, outputs)``, a fold of a session's events.
+"""The engine, a fold of a session's events:
+``Engine.step(state, event, now_ms, watermark_ms=None) -> (state, outputs)``.
 
-No I/O, no clock (``now_ms`` is passed in and only stamps ``decided_ts``), no globals.
-The step applies events in ``seq`` order (parking early ones), ignores duplicates,
-and dispatches each applied event to the detectors, the history and the guard.
+No I/O, no clock (``now_ms``, the worker's time, is passed in: it stamps
+``decided_ts`` and the session's idle clock), no globals. The step applies events in
+``seq`` order (parking early ones), ignores duplicates, and dispatches each applied
+event to the detectors, the history and the guard. It changes the state it is given
+in place (copying a state per event would cost as much as the step).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -18,10 +20,12 @@ from schemas.events import (
     Action,
     Compaction,
     Detector,
+    InputEvent,
     Level,
     RunEnded,
     ToolCall,
     ToolResult,
+    unvalidated,
 )
 from streams.engine.config import ConfigResolver, ResolvedConfig
 from streams.engine.detectors import Detection, detect, guard_message, message_for
@@ -29,19 +33,24 @@ from streams.engine.fingerprint import (
     action_of,
     args_hash,
     digest,
-    fold,
+    hash32,
+    hash64,
     is_known_poll,
     result_fingerprint,
     result_token,
     signature,
     unknown_tool_name,
 )
-from streams.engine.outputs import LoopEvent, Verdict
+from streams.engine.outputs import (
+    LoopEvent,
+    Notice,
+    Output,
+    Rejection,
+    Verdict,
+)
 from streams.engine.rule_config import ResolvedRules
 from streams.engine.rules import Judgement, RuleBook
 from streams.engine.state import (
-    ACTIONS,
-    DETECTORS,
     MAX_DECISIONS,
     MAX_GUARDS,
     MAX_RETIRED_INCARNATIONS,
@@ -49,7 +58,6 @@ from streams.engine.state import (
     MAX_WARNING_KEYS,
     Decision,
     Guard,
-    InputEventT,
     Record,
     SessionState,
     incarnation_key,
@@ -68,36 +76,16 @@ MAX_LOOP_EVENT_ARGS_BYTES = 65_536
 #: Resolved configs rendered into loop events, kept by value (bounded).
 _CONFIG_DICT_CACHE = 1_024
 
+# Every field of an output is set: one frozenset for them all (the models are frozen).
+_VERDICT_FIELDS = frozenset(Verdict.model_fields)
+_LOOP_EVENT_FIELDS = frozenset(LoopEvent.model_fields)
+
 _LEVEL_OF_ACTION: dict[Action, Level] = {
     "allow": "none",
     "warn": "warning",
     "block": "critical",
     "abort": "critical",
 }
-_ACTION_CODE = {name: code for code, name in enumerate(ACTIONS)}
-_DETECTOR_CODE = {name: code for code, name in enumerate(DETECTORS)}
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """A valid event the engine cannot apply (e.g. a result for a call it never saw)."""
-
-    code: str
-    reason: str
-    event: InputEventT
-
-
-@dataclass(frozen=True, slots=True)
-class Notice:
-    """Something worth a log line (the engine itself never logs)."""
-
-    level: str
-    message: str
-    session_key: str
-    run_id: str | None
-
-
-Output = Verdict | LoopEvent | Rejection | Notice
 
 
 def run_scope(run_id: str | None) -> str | None:
@@ -150,11 +138,17 @@ class Engine:
     def step(
         self,
         state: SessionState | None,
-        event: InputEventT,
+        event: InputEvent,
         now_ms: int,
         watermark_ms: int | None = None,
     ) -> tuple[SessionState, list[Output]]:
-        """Apply one event of a session; return the new state and what to publish.
+        """Apply one event of a session; return its state and what to publish.
+
+        ``state`` is changed in place and returned (a new one when it is None). If
+        the step raises, ``state`` may be partly changed: a caller that goes on with
+        the session must go back to its state before the event, as
+        streams.processor.SessionFold does (it keeps the last good state bytes and
+        the events applied since, and rebuilds from them).
 
         ``watermark_ms`` is the event time up to which every input the session's
         events can come from has been read (None: no input is behind, e.g. one
@@ -166,7 +160,7 @@ class Engine:
         outputs: list[Output] = []
         seq = event.seq
         if seq is None:
-            event_hash = fold(event.event_id)
+            event_hash = hash64(event.event_id)
             if event_hash in state.seen_ids:
                 self._redeliver(state, event, now_ms, outputs)
                 return state, outputs
@@ -200,7 +194,8 @@ class Engine:
         else:
             self._apply(state, event, now_ms, outputs)
             state.next_seq = seq + 1
-            self._drain(state, now_ms, outputs)
+            if state.parked:
+                self._drain(state, now_ms, outputs)
         if state.pending:
             self._open_pending(state, now_ms, watermark_ms, outputs)
         return state, outputs
@@ -227,7 +222,7 @@ class Engine:
     def _other_seq_space(
         self,
         state: SessionState,
-        event: InputEventT,
+        event: InputEvent,
         incarnation: int,
         now_ms: int,
         watermark_ms: int | None,
@@ -301,7 +296,7 @@ class Engine:
             if state.parked:
                 self._release_gaps(state, now_ms, watermark_ms, outputs)
 
-    def _at_rest(self, event: InputEventT) -> InputEventT:
+    def _at_rest(self, event: InputEvent) -> InputEvent:
         """The event as the engine keeps it while it waits: raw args and results replaced
         by their tokens (nothing raw at rest), with everything applying it needs."""
         # model_construct: every value comes from a validated event, so no validation
@@ -401,7 +396,7 @@ class Engine:
     def _redeliver(
         self,
         state: SessionState,
-        event: InputEventT,
+        event: InputEvent,
         now_ms: int,
         outputs: list[Output],
         *,
@@ -414,11 +409,11 @@ class Engine:
         """
         if not isinstance(event, ToolCall):
             return
-        event_hash = fold(event.event_id) & 0xFFFFFFFF
+        event_hash = hash32(event.event_id)
         for decision in state.decisions:
             if decision.event == event_hash:
-                action = ACTIONS[decision.action]
-                detector = DETECTORS[decision.detector]
+                action = decision.action
+                detector = decision.detector
                 level: Level = _LEVEL_OF_ACTION[action]
                 message = (
                     None
@@ -430,28 +425,28 @@ class Engine:
                 outputs.append(
                     self._verdict(
                         event,
-                        action,
-                        level,
-                        detector,
-                        decision.count,
-                        message,
-                        self._args_token(event),
-                        decision.detail if detector == "ping_pong" else None,
                         now_ms,
+                        action=action,
+                        level=level,
+                        detector=detector,
+                        count=decision.count,
+                        message=message,
+                        args_token=self._args_token(event),
+                        paired=decision.detail if detector == "ping_pong" else None,
                     )
                 )
                 return
         if vouch_allow and event.seq is not None and event.seq >= state.verdict_floor:
             outputs.append(
                 self._verdict(
-                    event, "allow", "none", None, 0, None, self._args_token(event), None, now_ms
+                    event, now_ms, action="allow", level="none", args_token=self._args_token(event)
                 )
             )
 
     # -- applying events -------------------------------------------------------------
 
     def _apply(
-        self, state: SessionState, event: InputEventT, now_ms: int, outputs: list[Output]
+        self, state: SessionState, event: InputEvent, now_ms: int, outputs: list[Output]
     ) -> None:
         _touch(state, event, now_ms)
         if isinstance(event, ToolCall):
@@ -497,7 +492,7 @@ class Engine:
         if rules is not None:  # issue 14: exempt tools are never judged, others may have thresholds
             if tool in rules.exempt:
                 outputs.append(
-                    self._verdict(event, "allow", "none", None, 0, None, token, None, now_ms)
+                    self._verdict(event, now_ms, action="allow", level="none", args_token=token)
                 )
                 return
             config = rules.for_tool(config, tool)
@@ -515,7 +510,7 @@ class Engine:
             detection, enforce = judgement.detection, judgement.enforce
         critical = detection is not None and detection.level == "critical"
         if config.recording_on and not (critical and enforce):
-            call_hash = fold(event.call_id) & 0xFFFFFFFF if event.call_id else 0
+            call_hash = hash32(event.call_id) if event.call_id else 0
             state.append(Record(tool, sig, run, call_hash, 0, None, event.ts), config.history_size)
 
         action: Action
@@ -528,14 +523,24 @@ class Engine:
             level, detector, count = detection.level, detection.detector, detection.count
             message, paired = detection.message, detection.paired_tool_name
         outputs.append(
-            self._verdict(event, action, level, detector, count, message, token, paired, now_ms)
+            self._verdict(
+                event,
+                now_ms,
+                action=action,
+                level=level,
+                detector=detector,
+                count=count,
+                message=message,
+                args_token=token,
+                paired=paired,
+            )
         )
         if action != "allow":
             state.decisions.append(
                 Decision(
-                    fold(event.event_id) & 0xFFFFFFFF,
-                    _ACTION_CODE[action],
-                    _DETECTOR_CODE[detector],
+                    hash32(event.event_id),
+                    action,
+                    detector,
                     count,
                     detection.detail if detection is not None else None,
                     -1 if event.seq is None else event.seq,
@@ -589,12 +594,11 @@ class Engine:
             return  # no result at all, or the loop detector's own block: nothing recorded
         result = result_fingerprint(token)
         run = run_scope(event.run_id)
-        call_hash = fold(event.call_id) & 0xFFFFFFFF if event.call_id else 0
+        call_hash = hash32(event.call_id) if event.call_id else 0
 
         history = state.history
         sig = signature(tool, self._args_token(event)) if event.has_args else 0
-        matched: Record | None = None
-        for rec in reversed(history):
+        for back, rec in enumerate(reversed(history)):
             if (
                 rec.run == run
                 and not rec.result
@@ -602,24 +606,21 @@ class Engine:
                 and (not call_hash or rec.call == call_hash)
                 and (not sig or rec.sig == sig)
             ):
-                matched = rec
+                # The call's record takes the result; call 0: nothing can match it again.
+                history[~back] = Record(tool, rec.sig, run, 0, result, unknown, rec.ts)
+                sig = rec.sig
                 break
-        if matched is not None:
-            matched.result = result
-            matched.unknown = unknown
-            matched.call = 0  # nothing can match on it any more
-            sig = matched.sig
-        elif not sig:
-            outputs.append(
-                Rejection(
-                    "orphan_result",
-                    f"tool_result for call {event.call_id!r} carries no args and no pending "
-                    "call with that id is in the session history",
-                    event,
-                )
-            )
-            return
         else:
+            if not sig:
+                outputs.append(
+                    Rejection(
+                        "orphan_result",
+                        f"tool_result for call {event.call_id!r} carries no args and no "
+                        "pending call with that id is in the session history",
+                        event,
+                    )
+                )
+                return
             state.append(Record(tool, sig, run, 0, result, unknown, event.ts), config.history_size)
 
         guard_key = run_key(run)
@@ -642,14 +643,13 @@ class Engine:
                 outputs.append(
                     self._verdict(
                         event,
-                        "abort",
-                        "critical",
-                        "compaction_loop_persisted",
-                        repeats,
-                        message,
-                        token,
-                        None,
                         now_ms,
+                        action="abort",
+                        level="critical",
+                        detector="compaction_loop_persisted",
+                        count=repeats,
+                        message=message,
+                        args_token=token,
                     )
                 )
             outputs.append(
@@ -701,37 +701,28 @@ class Engine:
     def _verdict(
         self,
         event: ToolCall | ToolResult,
+        now_ms: int,
+        *,
         action: Action,
         level: Level,
-        detector: Detector | None,
-        count: int,
-        message: str | None,
         args_token: str | None,
-        paired: str | None,
-        now_ms: int,
+        detector: Detector | None = None,
+        count: int = 0,
+        message: str | None = None,
+        paired: str | None = None,
     ) -> Verdict:
-        session = event.key
-        return Verdict(
-            verdict_id=verdict_id(
-                session, event.run_id, event.call_id, action, event.incarnation
-            ),
-            session_key=session,
-            run_id=event.run_id,
-            agent_id=event.agent_id,
-            call_id=event.call_id,
-            seq=event.seq,
-            incarnation=event.incarnation,
-            tool_name=event.tool_name,
-            action=action,
-            level=level,
-            detector=detector,
-            count=count,
-            message=message,
-            args_hash=args_token,
-            paired_tool_name=paired,
-            event_ts=event.ts,
-            decided_ts=now_ms,
+        """The verdict on ``event`` (a call, or the result that tripped a guard)."""
+        # In the model's field order: the order of the published JSON.
+        values = _judgement(
+            "verdict",
+            "verdict_id",
+            verdict_id(event.key, event.run_id, event.call_id, action, event.incarnation),
+            event, event.call_id, event.tool_name, action, level, detector, count, message,
+            args_token, paired,
         )
+        values["event_ts"] = event.ts
+        values["decided_ts"] = now_ms
+        return unvalidated(Verdict, values, _VERDICT_FIELDS)
 
     def _config_dict(self, config: ResolvedConfig) -> dict[str, Any]:
         """The config as loop events show it; cached by value (resolved configs are
@@ -747,7 +738,7 @@ class Engine:
 
     def _loop_event(
         self,
-        event: InputEventT,
+        event: InputEvent,
         config: ResolvedConfig,
         *,
         action: Action,
@@ -764,34 +755,26 @@ class Engine:
         args: Any = None,
         enforced: bool | None = None,
     ) -> LoopEvent:
-        session = event.key
-        return LoopEvent(
-            event_id=digest(
-                f"{session}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode(
+        # In the model's field order: the order of the published JSON.
+        values = _judgement(
+            "loop_event",
+            "event_id",
+            digest(
+                f"{event.key}\x1f{event.event_id}\x1f{detector}\x1f{count}".encode(
                     "utf-8", "surrogatepass"
                 )
             ),
-            session_key=session,
-            run_id=event.run_id,
-            agent_id=event.agent_id,
-            call_id=call_id,
-            seq=event.seq,
-            incarnation=event.incarnation,
-            tool_name=tool_name,
-            action=action,
-            level=level,
-            detector=detector,
-            count=count,
-            message=message,
-            args_hash=args_token,
-            paired_tool_name=paired,
-            warning_key=warning_key,
-            config=self._config_dict(config),
-            enforced=self.resolver.enforce if enforced is None else enforced,
-            args=args,
-            event_ts=event.ts,
-            decided_ts=now_ms,
+            event, call_id, tool_name, action, level, detector, count, message, args_token,
+            paired,
         )
+        values["warning_key"] = warning_key
+        values["config"] = self._config_dict(config)
+        values["enforced"] = self.resolver.enforce if enforced is None else enforced
+        values["args"] = args
+        values["fleet"] = None  # only the fleet breaker's own event has it (never written null)
+        values["event_ts"] = event.ts
+        values["decided_ts"] = now_ms
+        return unvalidated(LoopEvent, values, _LOOP_EVENT_FIELDS)
 
     def _apply_rules(
         self,
@@ -820,8 +803,14 @@ class Engine:
         if ending.enforced:
             outputs.append(
                 self._verdict(
-                    event, "abort", "critical", ending.detector, ending.count, ending.message,
-                    token, None, now_ms,
+                    event,
+                    now_ms,
+                    action="abort",
+                    level="critical",
+                    detector=ending.detector,
+                    count=ending.count,
+                    message=ending.message,
+                    args_token=token,
                 )
             )
         if ending.detector == "tool_loop_run_ended":  # a cap's own loop event says abort
@@ -858,7 +847,7 @@ class Engine:
 
     # -- offline use -----------------------------------------------------------------
 
-    def replay(self, events: Iterable[InputEventT]) -> list[Output]:
+    def replay(self, events: Iterable[InputEvent]) -> list[Output]:
         """Run events through per-session states, using each event's time as the clock."""
         states: dict[str, SessionState] = {}
         outputs: list[Output] = []
@@ -869,7 +858,44 @@ class Engine:
         return outputs
 
 
-def _touch(state: SessionState, event: InputEventT, now_ms: int) -> None:
+def _judgement(
+    kind: str,
+    id_field: str,
+    output_id: str,
+    event: InputEvent,
+    call_id: str | None,
+    tool_name: str | None,
+    action: Action,
+    level: Level,
+    detector: Detector | None,
+    count: int,
+    message: str | None,
+    args_token: str | None,
+    paired: str | None,
+) -> dict[str, Any]:
+    """The first fields of a verdict or a loop event (those they share), in their
+    models' order: one dict display, which costs less than filling a dict key by key."""
+    return {
+        "type": kind,
+        id_field: output_id,
+        "session_key": event.key,
+        "run_id": event.run_id,
+        "agent_id": event.agent_id,
+        "call_id": call_id,
+        "seq": event.seq,
+        "incarnation": event.incarnation,
+        "tool_name": tool_name,
+        "action": action,
+        "level": level,
+        "detector": detector,
+        "count": count,
+        "message": message,
+        "args_hash": args_token,
+        "paired_tool_name": paired,
+    }
+
+
+def _touch(state: SessionState, event: InputEvent, now_ms: int) -> None:
     """Stamp the session active, in worker time and in event time (idle expiry).
 
     A gateway clock running ahead counts as now: a future ``ts`` must not keep a
@@ -882,7 +908,7 @@ def _touch(state: SessionState, event: InputEventT, now_ms: int) -> None:
 
 
 def _waited_event_time(
-    parked: Iterable[InputEventT], watermark_ms: int | None, now_ms: int
+    parked: Iterable[InputEvent], watermark_ms: int | None, now_ms: int
 ) -> int:
     """How long, in event time, the input has moved on since the first parked event.
 
@@ -894,7 +920,7 @@ def _waited_event_time(
     return reached - min(times)
 
 
-def _set_fields(event: InputEventT, drop: tuple[str, ...]) -> dict[str, Any]:
+def _set_fields(event: InputEvent, drop: tuple[str, ...]) -> dict[str, Any]:
     """The fields the gateway set on ``event`` (what its JSON carried), less ``drop``."""
     values = event.__dict__
     return {name: values[name] for name in event.model_fields_set if name not in drop}
@@ -915,7 +941,7 @@ def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:
 
 def _warning_rises(state: SessionState, detection: Detection, run: str | None) -> bool:
     """Publish a warning once per bucket of 10 per warning key (OpenClaw's de-dup)."""
-    key = fold(detection.warning_key)
+    key = hash64(detection.warning_key)
     bucket = detection.count // WARNING_BUCKET_SIZE
     last = state.warnings.get(key)
     if bucket <= (last[1] if last is not None else 0):

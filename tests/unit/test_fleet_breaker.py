@@ -5,7 +5,6 @@ board every worker reads. The end-to-end test is tests/integration/test_fleet_br
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import orjson
@@ -16,7 +15,7 @@ from schemas.events import LoopEvent as WireLoopEvent
 from schemas.events import ToolStrike
 from streams.config_check import describe_rules
 from streams.engine import Engine
-from streams.engine.fingerprint import fold
+from streams.engine.fingerprint import hash64
 from streams.engine.fleet import ToolBreaker, overlay, strikes
 from streams.engine.step import verdict_id
 from streams.fleet_breaker import (
@@ -160,7 +159,8 @@ def test_criticals_unknown_tool_streaks_and_failure_identities_strike_their_tool
     kinds = [("generic_repeat", "warning"), ("unknown_tool_repeat", "warning"),
              ("repeated_failure", "warning"), ("fleet_tool_breaker", "critical"),
              ("cycle", "critical")]
-    events = [dataclasses.replace(critical, detector=d, level=level) for d, level in kinds]
+    events = [critical.model_copy(update={"detector": d, "level": level})
+              for d, level in kinds]
     assert [(e.detector, e.level) for e in strikes(events)] == [
         ("unknown_tool_repeat", "warning"), ("repeated_failure", "warning"),
         ("cycle", "critical")]
@@ -189,7 +189,7 @@ def test_the_processor_sends_strikes_only_when_the_breaker_is_configured() -> No
             if topic == "strikes"]
     assert [(key, s.tool_name, s.detector, s.ts) for key, s in sent] == [
         (b"exec", "exec", "generic_repeat", T0 + 5)]
-    assert sent[0][1].session == f"{fold('sess-1'):016x}"
+    assert sent[0][1].session == f"{hash64('sess-1'):016x}"
     late_clock = SessionProcessor(engine(), ("calls", "results", "compactions"),
                                   OutputTopics("verdicts", "loops", "dead", "strikes"),
                                   DictStore(), _NoOffsets(), clock=lambda: T0 + 2)
@@ -293,7 +293,7 @@ def test_the_breaker_publishes_its_state_and_one_loop_event_per_trip() -> None:
 
     def strike(session: str, ts: int) -> list[tuple[str, bytes | None, bytes]]:
         value = orjson.dumps({"type": "tool_strike", "tool_name": "exec", "detector":
-                              "generic_repeat", "session": f"{fold(session):016x}", "ts": ts})
+                              "generic_repeat", "session": f"{hash64(session):016x}", "ts": ts})
         return judge.on_strike(value, T0 + 99)
 
     assert strike("a", T0) == [] and strike("b", T0 + 1) == []
@@ -324,5 +324,5 @@ def test_a_shadow_breaker_says_so_in_its_loop_event() -> None:
     for n, session in enumerate("abc"):
         messages = judge.on_strike(orjson.dumps({
             "tool_name": "exec", "detector": "repeated_failure",
-            "session": f"{fold(session):016x}", "ts": T0 + n}), T0)
+            "session": f"{hash64(session):016x}", "ts": T0 + n}), T0)
     assert WireLoopEvent.model_validate_json(messages[-1][2]).enforced is False

@@ -1,8 +1,8 @@
-"""The engine's output dataclasses serialise to JSON that the wire models accept."""
+"""The engine's verdicts and loop events are the wire models, published in their field order."""
 
 from __future__ import annotations
 
-import dataclasses
+import orjson
 
 from schemas import LoopEvent as WireLoopEvent
 from schemas import Verdict as WireVerdict
@@ -11,12 +11,8 @@ from streams.engine import Engine, LoopEvent, Verdict
 from tests.unit.conftest import call, result
 
 
-def test_output_fields_match_the_wire_models() -> None:
-    assert {f.name for f in dataclasses.fields(Verdict)} == set(WireVerdict.model_fields)
-    # ``fleet`` is only on the fleet breaker's own loop event, which the engine never
-    # builds (streams.fleet_breaker does): a session's loop events stay byte-identical.
-    fields = set(WireLoopEvent.model_fields) - {"fleet"}
-    assert {f.name for f in dataclasses.fields(LoopEvent)} == fields
+def test_the_engine_outputs_are_the_wire_models() -> None:
+    assert Verdict is WireVerdict and LoopEvent is WireLoopEvent
 
 
 def test_engine_outputs_validate_against_the_wire_models() -> None:
@@ -40,6 +36,12 @@ def test_engine_outputs_validate_against_the_wire_models() -> None:
     outputs = engine.replay(events)
     kinds = set()
     for output in outputs:
+        if isinstance(output, Verdict | LoopEvent):
+            # every field, in the model's order, as pydantic itself would write it; a
+            # loop event's ``fleet`` only on the fleet breaker's own event
+            fields = [name for name in type(output).model_fields if name != "fleet"]
+            assert list(orjson.loads(output.to_json())) == fields
+            assert output.to_json() == output.model_dump_json(exclude={"fleet"}).encode()
         if isinstance(output, Verdict):
             parsed = WireVerdict.model_validate_json(output.to_json())
             assert parsed.action == output.action and parsed.message == output.message
@@ -49,3 +51,17 @@ def test_engine_outputs_validate_against_the_wire_models() -> None:
             assert parsed_event.detector == output.detector
             kinds.add("loop_event")
     assert kinds == {"allow", "warn", "block", "loop_event"}
+
+
+def test_a_loop_event_with_fleet_carries_it() -> None:
+    event = WireLoopEvent.model_validate_json(
+        b'{"type":"loop_event","event_id":"e","session_key":"fleet","run_id":null,'
+        b'"agent_id":null,"call_id":null,"seq":null,"tool_name":"exec","action":"warn",'
+        b'"level":"warning","detector":"fleet_tool_breaker","count":20,"message":"m",'
+        b'"args_hash":null,"warning_key":null,"config":{},"fleet":{"sessions":20,'
+        b'"window_seconds":300,"since_ts":1,"until_ts":2},"event_ts":1,"decided_ts":1}'
+    )
+    assert orjson.loads(event.to_json())["fleet"] == {
+        "sessions": 20, "window_seconds": 300, "since_ts": 1, "until_ts": 2
+    }
+    assert event.to_json() == event.model_dump_json().encode()

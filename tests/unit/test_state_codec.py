@@ -1,0 +1,154 @@
+"""Session state bytes: every format version reads, damaged bytes fail only with ValueError."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, get_args
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import input_event_adapter, parse_config
+from schemas.events import Action, Detector
+from streams.engine import Engine, SessionState
+from streams.engine import state_codec as codec
+from streams.engine.rule_state import RuleState
+from tests.unit.conftest import call, compaction, result
+from tests.unit.test_properties import build, ops_strategy
+
+
+def _states() -> list[bytes]:
+    """States with something in every section: history, guards, warnings, decisions,
+    parked and pending events, retired incarnations, skipped gaps, unknown tools."""
+    engine = Engine(
+        parse_config(
+            {
+                "tools": {
+                    "loopDetection": {
+                        "enabled": True,
+                        "warningThreshold": 2,
+                        "criticalThreshold": 3,
+                    }
+                }
+            }
+        ),
+        gap_timeout_ms=10,
+    )
+    state: SessionState | None = None
+    events: list[Any] = []
+    for seq in range(0, 8, 2):
+        events += [
+            call("exec", {"command": "ls"}, call_id=f"c{seq}", seq=seq, ts=seq),
+            result(
+                "exec",
+                {"command": "ls"},
+                call_id=f"c{seq}",
+                seq=seq + 1,
+                ts=seq,
+                error="Unknown tool: ghost",
+            ),
+        ]
+    events += [
+        compaction(seq=8, ts=9),  # arms a guard
+        call("read", {"p": 1}, call_id="late", seq=12, ts=20),
+    ]  # parked: a gap
+    states = []
+    for event in events:
+        state, _ = engine.step(state, event, event.ts)
+        states.append(state.to_bytes())
+    # A restarted gateway's first call waits while the input is not read up to it.
+    restart = input_event_adapter.validate_python(
+        {
+            "type": "tool_call",
+            "event_id": "restart",
+            "session_key": "s1",
+            "run_id": "r1",
+            "incarnation": "g2",
+            "seq": 0,
+            "ts": 30,
+            "call_id": "x",
+            "tool_name": "read",
+            "args": {"p": 2},
+        }
+    )
+    state, _ = engine.step(state, restart, 30, watermark_ms=0)
+    states.append(state.to_bytes())
+    # The opt-in rules' trailer (issue 14) after everything else.
+    state.rules = RuleState()
+    state.rules.tally(7).calls = 3
+    state.rules.note_failure((7, 11), 13)
+    state.rules.session_cost = 0.25
+    states.append(state.to_bytes())
+    return states
+
+
+STATES = _states()
+
+
+def test_every_section_round_trips() -> None:
+    for data in STATES:
+        assert codec.encode(codec.decode(data)) == data
+    last = codec.decode(STATES[-1])  # the sample reaches every section
+    assert last.history and last.guards and last.decisions and last.parked and last.pending
+    assert any(record.unknown for record in last.history) and last.rules is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(STATES), st.data())
+def test_truncated_state_raises_value_error(data: bytes, draw: Any) -> None:
+    cut = draw.draw(st.integers(0, len(data) - 1), label="cut")
+    with pytest.raises(ValueError):
+        codec.decode(data[:cut])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(STATES), st.data())
+def test_corrupt_state_decodes_or_raises_value_error(data: bytes, draw: Any) -> None:
+    damaged = bytearray(data)
+    for _ in range(draw.draw(st.integers(1, 4), label="damages")):
+        at = draw.draw(st.integers(1, len(damaged) - 1), label="at")
+        damaged[at] = draw.draw(st.integers(0, 255), label="byte")
+    with contextlib.suppress(ValueError):
+        codec.decode(bytes(damaged))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([1, 2, 3]), st.binary(max_size=200))
+def test_arbitrary_bytes_decode_or_raise_value_error(version: int, tail: bytes) -> None:
+    with contextlib.suppress(ValueError):
+        codec.decode(bytes((version,)) + tail)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops_strategy, st.booleans())
+def test_engine_states_round_trip_through_the_codec(ops: Any, with_seq: bool) -> None:
+    engine = Engine(parse_config({"tools": {"loopDetection": {"enabled": True}}}))
+    state = SessionState()
+    for event in build(ops, with_seq=with_seq):
+        state, _ = engine.step(state, event, event.ts)
+        data = codec.encode(state)
+        assert codec.encode(codec.decode(data)) == data
+
+
+def test_the_string_table_is_in_order_of_first_use() -> None:
+    """Equal states give equal bytes in every process (no hash order in the table)."""
+    engine = Engine()
+    state: SessionState | None = None
+    for tool in ("zeta", "alpha", "mid"):
+        state, _ = engine.step(state, call(tool, {}), 1)
+    assert state is not None
+    data = codec.encode(state)
+    assert data.index(b"zeta") < data.index(b"alpha") < data.index(b"mid")
+
+
+def test_the_persisted_enums_name_every_action_and_detector() -> None:
+    assert set(codec.ACTIONS) == set(get_args(Action))
+    assert set(codec.DETECTORS) == {None, *get_args(Detector)}
+
+
+def test_unknown_format_version_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown session state format"):
+        codec.decode(bytes((9,)) + STATES[0][1:])
+    with pytest.raises(ValueError):
+        codec.decode(b"")
