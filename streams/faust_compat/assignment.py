@@ -10,6 +10,7 @@ from streams.faust_compat.producer import size_buffer_for_batches
 from streams.faust_compat.recovery import (
     give_back_fetches_across_rebalances,
     ignore_phantom_gaps,
+    keep_commits_on_seek,
     keep_queues_on_redundant_resume,
 )
 
@@ -36,4 +37,5 @@ def prepare_consumer(
     keep_queues_on_redundant_resume(app)
     ignore_phantom_gaps(app, inputs)
     give_back_fetches_across_rebalances(app)
+    keep_commits_on_seek(app)
     size_buffer_for_batches(app, batch_max)

@@ -240,3 +240,42 @@ def recovery_progress(app: faust.App) -> int | None:
     if not recovery.in_recovery:
         return None
     return int(sum(offset for offset in recovery.active_offsets.values() if offset is not None))
+
+
+def keep_commits_on_seek(app: faust.App) -> None:
+    """A seek to the committed offsets never goes back past a commit of our own.
+
+    Found by ``tests/reliability/test_restart_backlog.py`` (commits stopped for good
+    after a restart). ``Consumer.perform_seek`` looks the committed offsets up from
+    the broker, one partition at a time, while input already flows and the commit
+    timer runs; when a commit of ours lands during the lookup, the stale answer then
+    overwrites ``Consumer._committed_offset`` *below* it. The re-fetched records
+    between the two are dropped as already read, so they are never acknowledged
+    again, and ``_new_offset`` refuses to commit past a head that is more than one
+    offset above ``_committed_offset``: no commit ever again, for that partition.
+    Here the lookup's answer is the later of the broker's and our own: every offset
+    below a commit of ours was judged and its outputs flushed before it was committed.
+    """
+    consumer: Any = app.consumer
+    if getattr(consumer, _PATCHED_SEEK, False):
+        return
+    consumer.seek_to_committed = latest_commits(
+        consumer.seek_to_committed, consumer._committed_offset
+    )
+    setattr(consumer, _PATCHED_SEEK, True)
+
+
+_PATCHED_SEEK = "_loopfuse_commits_kept_on_seek"
+
+
+def latest_commits(seek_to_committed: Any, ours: Any) -> Any:
+    """Wrap ``seek_to_committed()``: each offset the later of its answer and ``ours``."""
+
+    async def seek() -> Any:
+        found = await seek_to_committed()
+        return {
+            tp: offset if offset is None or (ours.get(tp) or 0) <= offset else ours[tp]
+            for tp, offset in found.items()
+        }
+
+    return seek

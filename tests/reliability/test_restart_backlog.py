@@ -103,9 +103,10 @@ async def test_a_restart_onto_a_backlog_judges_every_waiting_event(
 async def _wait_committed(bootstrap: str, settings: dict[str, str]) -> None:
     """Until the group's committed offsets reach every input record on the broker."""
     deadline = time.monotonic() + 20
-    while any((await input_lag(bootstrap, settings, idle=0.3)).values()):
+    while any((lag := await input_lag(bootstrap, settings, idle=0.3)).values()):
         if time.monotonic() > deadline:
-            raise AssertionError("the worker did not commit its input within 20 s")
+            behind = {f"{tp.topic}[{tp.partition}]": n for tp, n in lag.items() if n}
+            raise AssertionError(f"the worker did not commit its input within 20 s: {behind}")
         await asyncio.sleep(0.1)
 
 

@@ -85,3 +85,29 @@ def test_the_operators_only_web_driver_mounts_no_faust_view() -> None:
     assert driver.__name__ == "OperatorsOnlyWeb"
     assert not (driver.default_blueprints or driver.production_blueprints
                 or driver.debug_blueprints or driver.optional_blueprints)
+
+
+async def test_a_seek_to_the_committed_offsets_never_goes_back_past_our_own_commit() -> None:
+    from faust.types import TP
+
+    from streams.faust_compat.recovery import latest_commits
+
+    ours: dict[TP, int | None] = {TP("in", 0): 40}
+
+    async def broker_lookup() -> dict[TP, int | None]:
+        # the lookup is on its way while the commit timer commits offset 52 of ours
+        ours[TP("in", 1)] = 52
+        return {TP("in", 0): 45, TP("in", 1): 30, TP("in", 2): None}
+
+    found = await latest_commits(broker_lookup, ours)()
+    # partition 0: the broker is ahead (another worker's commit, say); partition 1: our
+    # commit landed during the lookup; partition 2: nothing committed anywhere
+    assert found == {TP("in", 0): 45, TP("in", 1): 52, TP("in", 2): None}
+
+
+def test_perform_seek_takes_committed_offsets_from_seek_to_committed() -> None:
+    from faust.transport.consumer import Consumer
+
+    source = inspect.getsource(Consumer.perform_seek)
+    assert "await self.seek_to_committed()" in source
+    assert "self._committed_offset.update(" in source
