@@ -6,9 +6,8 @@ import orjson
 
 from schemas import LoopEvent as WireLoopEvent
 from schemas import Verdict as WireVerdict
-from schemas import parse_config
-from streams.engine import Engine, LoopEvent, Verdict
-from tests.unit.conftest import call, result
+from streams.engine import LoopEvent, Verdict
+from tests.unit.conftest import call, engine_with, result
 
 
 def test_the_engine_outputs_are_the_wire_models() -> None:
@@ -16,19 +15,7 @@ def test_the_engine_outputs_are_the_wire_models() -> None:
 
 
 def test_engine_outputs_validate_against_the_wire_models() -> None:
-    engine = Engine(
-        parse_config(
-            {
-                "tools": {
-                    "loopDetection": {
-                        "enabled": True,
-                        "warningThreshold": 2,
-                        "criticalThreshold": 3,
-                    }
-                }
-            }
-        )
-    )
+    engine = engine_with(warningThreshold=2, criticalThreshold=3)
     events = []
     for i in range(4):
         events.append(call("exec", {"command": "ls"}, call_id=f"c{i}"))

@@ -14,7 +14,7 @@ from schemas.events import Action, Detector
 from streams.engine import Engine, SessionState
 from streams.engine import state_codec as codec
 from streams.engine.rule_state import RuleState
-from tests.unit.conftest import call, compaction, result
+from tests.unit.conftest import call, compaction, engine_with, loop_config, result
 from tests.unit.test_properties import build, ops_strategy
 
 
@@ -22,18 +22,7 @@ def _states() -> list[bytes]:
     """States with something in every section: history, guards, warnings, decisions,
     parked and pending events, retired incarnations, skipped gaps, unknown tools."""
     engine = Engine(
-        parse_config(
-            {
-                "tools": {
-                    "loopDetection": {
-                        "enabled": True,
-                        "warningThreshold": 2,
-                        "criticalThreshold": 3,
-                    }
-                }
-            }
-        ),
-        gap_timeout_ms=10,
+        parse_config(loop_config(warningThreshold=2, criticalThreshold=3)), gap_timeout_ms=10
     )
     state: SessionState | None = None
     events: list[Any] = []
@@ -123,7 +112,7 @@ def test_arbitrary_bytes_decode_or_raise_value_error(version: int, tail: bytes) 
 @settings(max_examples=100, deadline=None)
 @given(ops_strategy, st.booleans())
 def test_engine_states_round_trip_through_the_codec(ops: Any, with_seq: bool) -> None:
-    engine = Engine(parse_config({"tools": {"loopDetection": {"enabled": True}}}))
+    engine = engine_with()
     state = SessionState()
     for event in build(ops, with_seq=with_seq):
         state, _ = engine.step(state, event, event.ts)
