@@ -13,6 +13,7 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -166,7 +167,7 @@ async def test_faust_recovery_highwaters_use_fetch(kafka_bootstrap: str) -> None
 
 
 async def test_faust_worker_recovers_every_update_of_a_batched_changelog(
-    kafka_bootstrap: str,
+    kafka_bootstrap: str, tmp_path: Path,
 ) -> None:
     """End to end: a changelog written as one batch of 100 is fully recovered.
 
@@ -178,6 +179,7 @@ async def test_faust_worker_recovers_every_update_of_a_batched_changelog(
         app_id,
         broker=f"kafka://{kafka_bootstrap}",
         store="memory://",
+        datadir=str(tmp_path),  # not the checkout
         web_enabled=False,
         topic_partitions=1,
         # Tansu makes every group join wait half the session timeout.
