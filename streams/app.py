@@ -26,7 +26,7 @@ from streams.faust_compat.tables import FaustSessionStore, session_table
 from streams.faust_compat.web import operators_only_web
 from streams.fleet_breaker import install_fleet_breaker
 from streams.metrics import Metrics
-from streams.processor import InputRecord, Limits, OutputTopics, SessionProcessor
+from streams.processor import Limits, OutputTopics, SessionProcessor
 from streams.settings import Settings
 from streams.topics import SESSION_TABLE, Readiness
 
@@ -96,11 +96,9 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     async def judge_events(stream: faust.Stream) -> None:
         # Whole fetches, not the stream's events one by one (faust_compat.delivery).
         while True:
-            batch = await fetches.take()
-            records = [InputRecord(m.topic, m.partition, m.offset, m.key, m.value)
-                       for m in batch]
+            batch = await fetches.take()  # aiokafka ConsumerRecords
             try:
-                messages = processor.process(records)
+                messages = processor.process(batch)
             except Exception:
                 # Input cannot get here (each event is isolated); a bug can. Stop rather
                 # than go on past the batch: nothing of it is acknowledged, so nothing

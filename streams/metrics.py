@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 
@@ -57,18 +55,24 @@ class Metrics:
             registry=r,
         )
 
-        # Labelled children by (metric, labels): ``Counter.labels`` takes a lock and
-        # builds a key per call, a visible cost once per event. Label values are
-        # enumerations (event types, actions, detectors, reasons), so this stays small.
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # Counts by (metric, labels) since the last render: ``Counter.labels`` takes a
+        # lock and builds a key per call, and ``inc`` takes another lock - a visible
+        # cost once per event. Label values are enumerations (event types, actions,
+        # detectors, reasons), so this stays small; a scrape adds them up.
+        self._pending: dict[tuple[Counter, tuple[str, ...]], int] = {}
 
     def inc(self, counter: Counter, *labels: str) -> None:
-        """``counter.labels(*labels).inc()``, with the child looked up once."""
-        key = (id(counter), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = counter.labels(*labels)
-        child.inc()
+        """``counter.labels(*labels).inc()``, added to the counter at the next render."""
+        key = (counter, labels)
+        pending = self._pending
+        pending[key] = pending.get(key, 0) + 1
+
+    def flush(self) -> None:
+        """Add the counts of :meth:`inc` to their counters."""
+        pending, self._pending = self._pending, {}
+        for (counter, labels), count in pending.items():
+            counter.labels(*labels).inc(count)
 
     def render(self) -> bytes:
+        self.flush()
         return generate_latest(self.registry)

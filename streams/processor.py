@@ -409,9 +409,29 @@ class InputOffsets(Protocol):
         """Wall time (ms) of the consumer's last fetch answer."""
 
 
+class Record(Protocol):
+    """One input message as the processor reads it: an aiokafka ``ConsumerRecord``
+    in the worker, an :class:`InputRecord` in tests and tools."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class InputRecord:
-    """One input message as the processor sees it (no Kafka or Faust type)."""
+    """One input message built by hand (tests, tools): no Kafka or Faust type."""
 
     topic: str
     partition: int
@@ -531,7 +551,7 @@ class SessionProcessor:
 
     # -- batches -------------------------------------------------------------------------
 
-    def process(self, records: Sequence[InputRecord]) -> list[Message]:
+    def process(self, records: Sequence[Record]) -> list[Message]:
         """One batch in, the messages to publish out; the store written.
 
         Poison isolation: whatever fails for one event - its bytes, its key, the

@@ -35,7 +35,7 @@ def prepare_consumer(
     install_fast_delivery(app)
     fetches.install()
     keep_queues_on_redundant_resume(app)
-    ignore_phantom_gaps(app, inputs)
+    ignore_phantom_gaps(app, inputs, fetches.delivered)
     give_back_fetches_across_rebalances(app)
     keep_commits_on_seek(app)
     size_buffer_for_batches(app, batch_max)

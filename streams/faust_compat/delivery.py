@@ -24,7 +24,10 @@ import asyncio
 from typing import Any
 
 import faust
+from faust.types import TP
+from faust.types.tuples import ack_lock
 from mode.services import WaitResults
+from mode.utils.futures import notify
 
 _INSTALLED = "_loopfuse_fast_delivery"
 
@@ -60,23 +63,48 @@ def install_fast_delivery(app: faust.App) -> None:
     setattr(consumer, _INSTALLED, True)
 
 
-class FetchBatches:
-    """Input messages handed to an agent a fetch at a time, not message by message.
+class _BatchInFlight:
+    """Stands in Faust's set of unacknowledged messages for a batch being judged.
 
-    Faust delivers every fetched message through its conductor, a channel queue and
+    A revocation (and a stop) waits in ``Consumer.wait_empty`` until that set is
+    empty, reading ``acked`` and ``refcount`` of each member: one stand-in per batch
+    makes it wait for the batch in progress, as Faust waits for its own messages.
+    """
+
+    __slots__ = ("__weakref__", "acked", "refcount", "size")
+
+    def __init__(self, size: int) -> None:
+        self.acked = False
+        self.refcount = 1
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"<batch of {self.size} input messages being judged>"
+
+
+class FetchBatches:
+    """Input records handed to an agent a fetch at a time, not message by message.
+
+    Faust delivers every fetched message through its fetch loop (read offsets, a
+    ``ConsumerMessage``, sensors, ``wait_first``), its conductor, a channel queue and
     stream iteration - a dozen coroutine hops per message - and ``take_events``
     waits up to ``within`` for a batch to fill, though the fetch that brought the
-    messages is already complete. Here the consumer's delivery callback appends the
-    input topics' messages to a buffer, and the agent takes everything buffered at
-    once (at most ``max_batch``): a batch is what the last fetches brought, with no
-    wait for more.
+    messages is already complete. Here the input topics' records are taken out of
+    each fetch's answer as a whole (``Consumer._wait_next_records``, before Faust's
+    fetch loop iterates it), with the bookkeeping Faust's loop does per message done
+    once per partition: the read offset, gaps (offsets with no record), and the
+    flow-control and generation checks. The agent takes everything buffered at once
+    (at most ``max_batch``): a batch is what the last fetches brought, with no wait
+    for more. The records are aiokafka's ``ConsumerRecord``s.
 
     Faust still owns the rest: the consumer group and assignment, seeks, commits
-    (of acknowledged offsets only; :meth:`ack` after a batch's outputs are handed
-    to the producer), rebalances (the buffer is a flow-control queue: a suspension
-    clears it, and every message in it is tracked, so a revocation waits for the
-    batch in progress), tables and recovery. Messages of other topics (changelogs)
-    go Faust's way.
+    (of acknowledged offsets only: :meth:`ack` after a batch's outputs are handed to
+    the producer records the batch's offsets in Faust's acked lists in one step per
+    partition), rebalances (the buffer is a flow-control queue: a suspension clears
+    it; a batch taken and not yet acknowledged is in Faust's unacknowledged set, so a
+    revocation waits for it), tables and recovery. Records of other topics
+    (changelogs) go Faust's way, the callback's (``restore`` applies changelog
+    records during recovery).
     """
 
     def __init__(
@@ -87,10 +115,13 @@ class FetchBatches:
         self.restore = restore
         self.topics = topics
         self.max_batch = max_batch
+        # Last input offset buffered per partition; shared with ignore_phantom_gaps.
+        self.delivered: dict[Any, int] = {}
         self._buffer: list[Any] = []
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        self._in_flight: dict[int, _BatchInFlight] = {}
         # A flow-control queue: clear() is all FlowControlEvent calls on it.
         app.flow_control.manage_queue(self)  # type: ignore[arg-type]
 
@@ -102,28 +133,78 @@ class FetchBatches:
         if getattr(consumer, _FETCH_INSTALLED, False):
             return
         callback = consumer.callback
-        track = consumer.track_message
-        topics, buffer = self.topics, self._buffer
-        restore = self.restore
+        wait_next_records = consumer._wait_next_records
+        topics, restore = self.topics, self.restore
 
         async def deliver(message: Any) -> Any:
-            if message.topic not in topics:
-                if restore is not None and restore.take(message):
-                    return None
-                return await callback(message)
-            track(message)  # pending until acked: a revocation waits for it
-            buffer.append(message)
-            self._ready.set()
-            if len(buffer) >= 4 * self.max_batch:
-                self._room.clear()
-                await self._room.wait()  # back-pressure on the fetch loop
-            return None
+            if message.topic in topics:  # not taken from the fetch (see below): judge it too
+                await self._take(TP(message.topic, message.partition), [message])
+                return None
+            if restore is not None and restore.take(message):
+                return None
+            return await callback(message)
+
+        async def _wait_next_records(timeout: float) -> Any:
+            records, active = await wait_next_records(timeout)
+            if records and consumer.flow_active:
+                mine = [tp for tp in records if tp.topic in topics]
+                if mine:
+                    generation = self.app.consumer_generation_id
+                    buffered = consumer._buffered_partitions
+                    fetched = [(tp, records.pop(tp)) for tp in mine]  # none left for Faust
+                    for tp, batch in fetched:
+                        if not self._current(generation):
+                            break  # a rebalance meanwhile: Faust drops the rest too
+                        if active is None or tp in active or tp in buffered:
+                            await self._take(TP(tp.topic, tp.partition), batch)
+            return records, active
 
         consumer.callback = deliver
+        consumer._wait_next_records = _wait_next_records
         setattr(consumer, _FETCH_INSTALLED, True)
 
+    def _current(self, generation: int) -> bool:
+        """Flow active and no rebalance since ``generation``: records may be buffered."""
+        consumer: Any = self.app.consumer
+        return bool(consumer.flow_active) and (
+            self.app.consumer_generation_id == generation
+        )
+
+    async def _take(self, tp: Any, records: list[Any]) -> None:
+        """Buffer one partition's records of a fetch, in offset order, as Faust's
+        fetch loop would deliver them: records below the read offset are dropped,
+        offsets with no record are a gap (committed as if judged)."""
+        consumer: Any = self.app.consumer
+        generation = self.app.consumer_generation_id
+        read_offset = consumer._read_offset[tp]
+        if read_offset is not None and records[0].offset < read_offset:
+            records = [record for record in records if record.offset >= read_offset]
+            if not records:
+                return
+        last = records[-1].offset
+        if read_offset and (
+            records[0].offset - read_offset > 1 or last - records[0].offset >= len(records)
+        ):
+            previous = read_offset
+            for record in records:
+                if record.offset - previous > 1:
+                    await consumer._add_gap(tp, previous + 1, record.offset)
+                    if not self._current(generation):
+                        return
+                previous = record.offset
+        consumer._read_offset[tp] = last
+        self.delivered[tp] = last
+        self._buffer.extend(records)
+        self._ready.set()
+        if len(self._buffer) >= 4 * self.max_batch:
+            self._room.clear()
+            await self._room.wait()  # back-pressure on the fetch loop
+
     async def take(self) -> list[Any]:
-        """The next batch: every message buffered (at most ``max_batch``); waits for one."""
+        """The next batch: every record buffered (at most ``max_batch``); waits for one.
+
+        The batch is in Faust's unacknowledged set until :meth:`ack`.
+        """
         while not self._buffer:
             self._ready.clear()
             await self._ready.wait()
@@ -131,20 +212,48 @@ class FetchBatches:
         del self._buffer[: self.max_batch]
         if len(self._buffer) < 4 * self.max_batch:
             self._room.set()
+        in_flight = _BatchInFlight(len(batch))
+        self._in_flight[id(batch)] = in_flight
+        self.app.consumer._unacked_messages.add(in_flight)  # type: ignore[attr-defined]
         return batch
 
     def ack(self, batch: list[Any]) -> None:
-        """The batch's outputs are handed to the producer: its offsets may be committed."""
-        ack = self.app.consumer.ack
-        for message in batch:
-            ack(message)
+        """The batch's outputs are handed to the producer: its offsets may be committed.
+
+        What ``Consumer.ack`` does per message, once per partition: offsets at or past
+        the committed one, not acked before, go to the acked list and index that
+        ``Consumer._new_offset`` commits from.
+        """
+        consumer: Any = self.app.consumer
+        offsets: dict[tuple[str, int], list[int]] = {}
+        for record in batch:
+            key = (record.topic, record.partition)
+            partition_offsets = offsets.get(key)
+            if partition_offsets is None:
+                partition_offsets = offsets[key] = []
+            partition_offsets.append(record.offset)
+        with ack_lock:
+            for (topic, partition), acked_now in offsets.items():
+                tp = TP(topic, partition)
+                committed = consumer._committed_offset[tp]
+                if committed is not None:
+                    acked_now = [offset for offset in acked_now if offset >= committed]
+                index = consumer._acked_index[tp]
+                fresh = [offset for offset in acked_now if offset not in index]
+                index.update(fresh)
+                consumer._acked[tp].extend(fresh)
+                consumer._n_acked += len(fresh)
+            notify(consumer._waiting_for_ack)
+        in_flight = self._in_flight.pop(id(batch), None)
+        if in_flight is not None:
+            in_flight.acked = True
+            consumer._unacked_messages.discard(in_flight)
 
     def clear(self) -> None:
         """Flow control suspended (a rebalance): drop what was not taken yet.
 
-        Those messages are fetched again from the committed offsets by whoever owns
-        their partitions next; dropping them untracks them too (the consumer keeps
-        unacked messages in a weak set).
+        Those records are fetched again from the committed offsets by whoever owns
+        their partitions next.
         """
         self._buffer.clear()
         self._room.set()

@@ -64,7 +64,9 @@ def keep_queues_on_redundant_resume(app: faust.App) -> None:
     setattr(flow_control, _PATCHED, True)
 
 
-def ignore_phantom_gaps(app: faust.App, topics: frozenset[str] | set[str]) -> None:
+def ignore_phantom_gaps(
+    app: faust.App, topics: frozenset[str] | set[str], delivered: dict[Any, int] | None = None
+) -> None:
     """Count an offset of ``topics`` as a gap only if no message with it was delivered.
 
     Faust's fetch loop calls ``Consumer._add_gap(tp, r + 1, offset)`` when a
@@ -73,13 +75,16 @@ def ignore_phantom_gaps(app: faust.App, topics: frozenset[str] | set[str]) -> No
     with no record (transaction markers, compaction) but wrong when ``r`` was
     reset below messages that were delivered and are still waiting in a queue.
     So the gap starts after the last offset actually delivered, which this
-    tracks by wrapping the consumer's delivery callback. Call before the
-    consumer's fetcher starts (the fetch loop binds the callback once).
+    tracks by wrapping the consumer's delivery callback. ``delivered`` (last offset
+    delivered per partition) is shared with whatever delivers input past the callback
+    (:class:`streams.faust_compat.delivery.FetchBatches` hands whole fetches over).
+    Call before the consumer's fetcher starts (the fetch loop binds the callback once).
     """
     consumer: Any = app.consumer
     if getattr(consumer, _PATCHED, False):
         return
-    delivered: dict[Any, int] = {}
+    if delivered is None:
+        delivered = {}
     callback = consumer.callback
     add_gap = consumer._add_gap
 

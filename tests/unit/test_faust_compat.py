@@ -61,6 +61,18 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
         assert f"self.{attribute} =" in recovery_init, attribute
     assert "offset > seen_offset" in inspect.getsource(Recovery)  # in _slurp_changelogs
     assert "value - 1" in inspect.getsource(Recovery._build_highwaters)  # the last offset
+    # delivery: whole fetches taken from _wait_next_records before Faust's loop,
+    # with the per-partition bookkeeping Faust's loop and ack keep per message
+    assert "await self._wait_next_records(timeout)" in inspect.getsource(Consumer.getmany)
+    consumer_init = inspect.getsource(Consumer.__init__)
+    for attribute in ("_read_offset", "_acked", "_acked_index", "_unacked_messages",
+                      "_waiting_for_ack", "_buffered_partitions"):
+        assert f"self.{attribute} =" in consumer_init, attribute
+    assert Consumer._n_acked == 0
+    assert "message.acked" in inspect.getsource(Consumer._clean_unacked_messages)
+    ack = inspect.getsource(Consumer.ack)
+    assert "acked_index.add(offset)" in ack and "acked_for_tp.append(offset)" in ack
+    assert "offset >= r_offset" in inspect.getsource(Consumer._drain_messages)
     # consumer: committed offsets kept per partition, the consumer thread's aiokafka
     # consumer, its fetch wait and last fetch answer time
     assert "_committed_offset" in inspect.getsource(Consumer.__init__)

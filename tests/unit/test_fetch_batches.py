@@ -1,0 +1,168 @@
+"""FetchBatches' bookkeeping, on a stand-in for Faust's consumer and flow control.
+
+The hand-off takes a fetch's input records as a whole and does, once per partition,
+what Faust's fetch loop and ``Consumer.ack`` do per message: read offsets, gaps,
+the acked lists commits come from, and the unacknowledged set a revocation waits
+on. The end-to-end proofs are the worker tests and the chaos runs; these pin each
+rule against what Faust itself would have done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+from weakref import WeakSet
+
+from faust.types import TP
+from mode.utils.queues import FlowControlEvent
+
+from streams.faust_compat.delivery import FetchBatches
+
+
+@dataclass(frozen=True)
+class Record:  # the fields of aiokafka's ConsumerRecord the hand-off reads
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None = b"k"
+    value: bytes | None = b"{}"
+
+
+@dataclass
+class StandInConsumer:
+    """The attributes of faust.transport.consumer.Consumer the hand-off uses."""
+
+    fetches: list[dict[Any, list[Record]]] = field(default_factory=list)
+    flow_active: bool = True
+    gaps: list[tuple[TP, int, int]] = field(default_factory=list)
+    given_to_faust: list[Any] = field(default_factory=list)
+    _read_offset: defaultdict[TP, int | None] = field(
+        default_factory=lambda: defaultdict(lambda: None)
+    )
+    _committed_offset: defaultdict[TP, int | None] = field(
+        default_factory=lambda: defaultdict(lambda: None)
+    )
+    _acked: defaultdict[TP, list[int]] = field(default_factory=lambda: defaultdict(list))
+    _acked_index: defaultdict[TP, set[int]] = field(default_factory=lambda: defaultdict(set))
+    _n_acked: int = 0
+    _unacked_messages: WeakSet[Any] = field(default_factory=WeakSet)
+    _waiting_for_ack: Any = None
+    _buffered_partitions: set[TP] = field(default_factory=set)
+
+    async def _wait_next_records(self, timeout: float) -> tuple[dict[Any, Any], set[TP] | None]:
+        return self.fetches.pop(0), None
+
+    async def callback(self, message: Any) -> None:
+        self.given_to_faust.append(message)
+
+    async def _add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
+        self.gaps.append((tp, offset_from, offset_to))
+
+
+def installed(consumer: StandInConsumer, max_batch: int = 100) -> FetchBatches:
+    app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(),
+                          consumer_generation_id=1)
+    fetches = FetchBatches(app, frozenset({"calls"}), max_batch)  # type: ignore[arg-type]
+    fetches.install()
+    return fetches
+
+
+def records(partition: int, *offsets: int, topic: str = "calls") -> list[Record]:
+    return [Record(topic, partition, offset) for offset in offsets]
+
+
+CALLS0, CALLS1 = TP("calls", 0), TP("calls", 1)
+
+
+def test_a_fetch_reaches_the_agent_whole_and_other_topics_go_faust_s_way() -> None:
+    async def scenario() -> None:
+        changelog = TP("changelog", 0)
+        consumer = StandInConsumer(fetches=[{
+            CALLS0: records(0, 0, 1, 2), CALLS1: records(1, 5, 6),
+            changelog: records(0, 9, topic="changelog"),
+        }])
+        fetches = installed(consumer)
+        left, _ = await consumer._wait_next_records(1.0)
+        assert list(left) == [changelog]  # Faust's loop iterates what is left
+        batch = await fetches.take()
+        assert [(r.partition, r.offset) for r in batch] == [(0, 0), (0, 1), (0, 2), (1, 5), (1, 6)]
+        assert consumer._read_offset[CALLS0] == 2 and consumer._read_offset[CALLS1] == 6
+        assert fetches.delivered == {CALLS0: 2, CALLS1: 6}
+
+    asyncio.run(scenario())
+
+
+def test_records_below_the_read_offset_are_dropped_and_missing_offsets_are_gaps() -> None:
+    async def scenario() -> None:
+        consumer = StandInConsumer(fetches=[{CALLS0: records(0, 3, 4, 5, 8, 9, 12)}])
+        consumer._read_offset[CALLS0] = 4  # Faust keeps offsets >= its read offset
+        fetches = installed(consumer)
+        await consumer._wait_next_records(1.0)
+        batch = await fetches.take()
+        assert [r.offset for r in batch] == [4, 5, 8, 9, 12]
+        # As Faust's loop: _add_gap(tp, previous + 1, offset) for every hole.
+        assert consumer.gaps == [(CALLS0, 6, 8), (CALLS0, 10, 12)]
+
+    asyncio.run(scenario())
+
+
+def test_nothing_is_taken_while_flow_is_stopped() -> None:
+    async def scenario() -> None:
+        consumer = StandInConsumer(fetches=[{CALLS0: records(0, 0, 1)}], flow_active=False)
+        fetches = installed(consumer)
+        left, _ = await consumer._wait_next_records(1.0)
+        assert CALLS0 in left  # Faust's loop drops them (flow stopped): fetched again later
+        assert not fetches._buffer and consumer._read_offset[CALLS0] is None
+
+    asyncio.run(scenario())
+
+
+def test_ack_records_the_batch_as_faust_s_ack_would_and_releases_a_revocation() -> None:
+    async def scenario() -> None:
+        consumer = StandInConsumer(fetches=[{CALLS0: records(0, 7, 8, 9), CALLS1: records(1, 0)}])
+        consumer._committed_offset[CALLS0] = 8  # 7 was committed meanwhile (a seek back)
+        consumer._acked_index[CALLS1].add(0)  # acked before
+        fetches = installed(consumer)
+        await consumer._wait_next_records(1.0)
+        batch = await fetches.take()
+        # A revocation waits (Consumer.wait_empty) while the batch is being judged.
+        assert len(consumer._unacked_messages) == 1
+        [in_flight] = list(consumer._unacked_messages)
+        assert not in_flight.acked
+        fetches.ack(batch)
+        assert consumer._acked[CALLS0] == [8, 9] and consumer._acked_index[CALLS0] == {8, 9}
+        assert consumer._acked[CALLS1] == []
+        assert consumer._n_acked == 2
+        assert in_flight.acked and len(consumer._unacked_messages) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_full_buffer_holds_the_fetch_loop_until_the_agent_takes() -> None:
+    async def scenario() -> None:
+        consumer = StandInConsumer(fetches=[{CALLS0: records(0, *range(8))}])
+        fetches = installed(consumer, max_batch=2)
+        fetching = asyncio.create_task(consumer._wait_next_records(1.0))
+        await asyncio.sleep(0.01)
+        assert not fetching.done()  # 8 buffered >= 4 batches of 2: back-pressure
+        assert len(await fetches.take()) == 2
+        await asyncio.wait_for(fetching, 1.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_suspension_drops_what_was_not_taken() -> None:
+    async def scenario() -> None:
+        consumer = StandInConsumer(fetches=[{CALLS0: records(0, 0, 1)}])
+        fetches = installed(consumer)
+        await consumer._wait_next_records(1.0)
+        fetches.clear()  # what FlowControlEvent.suspend calls on its queues
+        taking = asyncio.create_task(fetches.take())
+        await asyncio.sleep(0.01)
+        assert not taking.done()
+        taking.cancel()
+
+    asyncio.run(scenario())
