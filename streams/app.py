@@ -20,7 +20,7 @@ from streams.faust_compat.assignment import prepare_consumer
 from streams.faust_compat.consumer import FaustInputOffsets, owned_inputs
 from streams.faust_compat.delivery import FetchBatches
 from streams.faust_compat.end_offsets import install_end_offset_workaround
-from streams.faust_compat.producer import drain_table_writes, send_retrying, track_buffer_hand_off
+from streams.faust_compat.producer import send_retrying, send_table_writes
 from streams.faust_compat.recovery import ChangelogRestore
 from streams.faust_compat.tables import FaustSessionStore, session_table
 from streams.faust_compat.web import operators_only_web
@@ -58,7 +58,6 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         web_port=settings.web_port, web_in_thread=False,
         key_serializer="raw", value_serializer="raw",
     )
-    track_buffer_hand_off()
     if settings.embedded_broker:
         install_end_offset_workaround(app)
 
@@ -71,11 +70,12 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         gap_timeout_ms=int(settings.sequence_gap_timeout_seconds * 1000),
     )
     board = install_fleet_breaker(app, settings, engine)  # None: no fleetBreaker configured
+    store = FaustSessionStore(table, settings.topic_tool_calls)
     processor = SessionProcessor(
         engine, settings.input_topics,
         OutputTopics(settings.topic_verdicts, settings.topic_loop_events,
                      settings.topic_dead_letters, board and settings.topic_tool_strikes),
-        FaustSessionStore(table, settings.topic_tool_calls), FaustInputOffsets(app),
+        store, FaustInputOffsets(app),
         limits=Limits(settings.max_session_state_bytes, settings.producer_max_request_size,
                       settings.dead_letter_original_bytes, settings.max_identifier_bytes),
         max_event_bytes=settings.max_event_bytes,
@@ -85,6 +85,14 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     inputs = app.topic(*settings.input_topics, key_serializer="raw", value_serializer="raw",
                        partitions=settings.partitions)
     readiness = Readiness(app, settings, fleet_breaker=board is not None)
+
+    async def publish(messages: list[tuple[str, bytes | None, bytes]]) -> None:
+        """Hand messages, and the table writes made with them, to the producer; a
+        broker problem is retried, never skipped. Called right after the processor,
+        with no await between: the writes taken are exactly that call's."""
+        writes = store.take_writes()
+        await send_retrying(app, messages)
+        await send_table_writes(app, table, writes)
 
     def owned() -> list[tuple[str, int]]:
         return owned_inputs(app, settings.input_topics)
@@ -105,11 +113,8 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
                 # is committed and a restarted worker judges it again.
                 log.critical("a batch failed outside event isolation: exit 70", exc_info=True)
                 os._exit(70)
-            await send_retrying(app, messages)  # a broker problem is retried, never skipped
+            await publish(messages)
             # At-least-once: Faust commits acked offsets only after producer.flush().
-            # Table writes detour through Faust's ProducerBuffer: drain it into
-            # aiokafka, then acknowledge the batch.
-            await drain_table_writes(app)
             fetches.ack(batch)
 
     @app.timer(0.25, name="release_waiting_sessions")
@@ -117,17 +122,18 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         # A restarted gateway's first call waits for the input to move on, and the
         # gateway sends nothing else until it has the verdict: no batch would come.
         if processor.waiting and not (app.rebalancing or app.in_recovery):
-            await send_retrying(app, processor.release_waiting())
+            await publish(processor.release_waiting())
 
     @app.timer(settings.idle_scan_interval_seconds, name="expire_idle_sessions")
     async def expire_idle_sessions() -> None:
         if not (app.rebalancing or app.in_recovery or not app.tables.recovery.completed.is_set()):
             processor.expire_idle({partition for _, partition in owned()})
+            await publish([])  # the tombstones
 
     @app.on_partitions_assigned.connect
     async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
         prepare_consumer(app, fetches, frozenset(settings.input_topics),
-                         fetch_max_wait_ms=settings.fetch_max_wait_ms, batch_max=settings.batch_max)
+                         fetch_max_wait_ms=settings.fetch_max_wait_ms)
         processor.assigned(range(settings.partitions))
 
     async def _recovered() -> None:

@@ -6,7 +6,6 @@ import faust
 
 from streams.faust_compat.consumer import tune_fetch_wait
 from streams.faust_compat.delivery import FetchBatches, install_fast_delivery
-from streams.faust_compat.producer import size_buffer_for_batches
 from streams.faust_compat.recovery import (
     give_back_fetches_across_rebalances,
     ignore_phantom_gaps,
@@ -21,7 +20,6 @@ def prepare_consumer(
     inputs: frozenset[str],
     *,
     fetch_max_wait_ms: int,
-    batch_max: int,
 ) -> None:
     """Install every consumer-side workaround (each idempotent), in the order they need.
 
@@ -38,4 +36,3 @@ def prepare_consumer(
     ignore_phantom_gaps(app, inputs, fetches.delivered)
     give_back_fetches_across_rebalances(app)
     keep_commits_on_seek(app)
-    size_buffer_for_batches(app, batch_max)

@@ -1,12 +1,11 @@
-"""The producer side: table writes handed to aiokafka before a batch is acknowledged.
+"""The producer side: a batch's messages and table writes handed to aiokafka.
 
-Faust (0.15.3) sends table writes through its ``ProducerBuffer``, whose flush gives
-up after 100 ms without progress and whose size counts only messages still queued:
-the one its background task has taken off the queue is invisible until aiokafka has
-it. So ``buffer.size == 0`` alone let a batch be acked (its offsets committed, the
-worker killed) while its last changelog record was still in that hand-off (found by
-the chaos test). :func:`track_buffer_hand_off` makes the hand-off visible and
-:func:`drain_table_writes` waits for it.
+Everything a batch causes - verdicts, loop events, dead letters and its changelog
+records - is handed to aiokafka's producer before the batch is acknowledged, and
+Faust flushes that producer before it commits. Table writes used to go through
+Faust's ``ProducerBuffer``, whose size hid the record in hand-off to aiokafka (a
+batch was once acked before its last changelog record, found by the chaos test);
+they now bypass it (``tables.FaustSessionStore``, :func:`send_table_writes`).
 """
 
 from __future__ import annotations
@@ -17,53 +16,9 @@ from typing import Any
 
 import faust
 from aiokafka.errors import KafkaError
-from faust.transport.producer import ProducerBuffer
+from faust.types import TP
 
 log = logging.getLogger("loopfuse.worker")
-
-_IN_FLIGHT = "_loopfuse_in_flight"
-
-
-def track_buffer_hand_off() -> None:
-    """Count, per ProducerBuffer, messages between its queue and aiokafka (idempotent).
-
-    Patched on the class before any producer starts, because the buffer's
-    background task binds ``_send_pending`` once when it starts.
-    """
-    original = ProducerBuffer._send_pending
-    if getattr(original, "_loopfuse_tracked", False):
-        return
-
-    async def _send_pending(self: ProducerBuffer, fut: Any) -> None:
-        setattr(self, _IN_FLIGHT, getattr(self, _IN_FLIGHT, 0) + 1)
-        try:
-            await original(self, fut)
-        finally:
-            setattr(self, _IN_FLIGHT, getattr(self, _IN_FLIGHT) - 1)
-
-    _send_pending._loopfuse_tracked = True  # type: ignore[attr-defined]
-    ProducerBuffer._send_pending = _send_pending  # type: ignore[method-assign]
-
-
-async def drain_table_writes(app: faust.App) -> None:
-    """Hand every table write queued so far to aiokafka (see the module docstring)."""
-    buffer = app.producer.buffer
-    while buffer.size or getattr(buffer, _IN_FLIGHT, 0):
-        if buffer.size:
-            await buffer.flush()
-        else:
-            await asyncio.sleep(0.001)
-
-
-def size_buffer_for_batches(app: faust.App, batch_max: int) -> None:
-    """Room for one batch of table writes in Faust's producer buffer.
-
-    Each batch writes every session it touched once and drains the buffer before it
-    is acknowledged, so the buffer holds at most one batch of writes. Faust's
-    threshold of 100 would make the consumer stop and flush (and log "producer
-    buffer full") in every batch.
-    """
-    app.producer.buffer.max_messages = max(100, 2 * batch_max)
 
 
 async def send_retrying(app: faust.App, messages: list[tuple[str, bytes | None, bytes]]) -> None:
@@ -84,6 +39,39 @@ async def send_retrying(app: faust.App, messages: list[tuple[str, bytes | None, 
                 log.warning("cannot hand a message to the producer (%r); retrying", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+async def send_table_writes(
+    app: faust.App, table: faust.Table[bytes, bytes], writes: list[tuple[int, bytes, bytes | None]]
+) -> None:
+    """Hand a batch's changelog records to the producer, retried like its messages.
+
+    Each sent record's offset is kept in the table's store once the broker has it
+    (what Faust's ``Collection._on_changelog_sent`` does, at-least-once): RocksDB
+    recovery reads the changelog from there.
+    """
+    if not writes:
+        return
+    send = app.producer.send
+    topic = table.changelog_topic.get_topic_name()
+    store = table.data
+
+    def persisted(sent: asyncio.Future[Any]) -> None:
+        if not sent.cancelled() and sent.exception() is None:
+            metadata = sent.result()
+            store.set_persisted_offset(TP(metadata.topic, metadata.partition), metadata.offset)
+
+    for partition, key, value in writes:
+        delay = 0.1
+        while True:
+            try:
+                sent = await send(topic, key, value, partition, None, None)
+                break
+            except (KafkaError, OSError) as exc:
+                log.warning("cannot hand a table write to the producer (%r); retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        sent.add_done_callback(persisted)  # type: ignore[attr-defined]
 
 
 async def broker_metadata(app: faust.App, timeout: float = 2.0) -> Any:

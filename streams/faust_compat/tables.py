@@ -46,6 +46,17 @@ def session_table(
     return table
 
 
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """What ``Table.on_key_set``/``on_key_del`` read of ``send_changelog``'s answer."""
+
+    message: _Message
+
+
+#: (partition, key, value) of a changelog record to send; value None: a tombstone.
+ChangelogWrite = tuple[int, bytes, bytes | None]
+
+
 class FaustSessionStore:
     """Session states in a Faust table, written to the right changelog partition.
 
@@ -55,12 +66,37 @@ class FaustSessionStore:
     stream iteration, so each write runs with a stand-in event of the key's own
     partition (all of a session's messages share one partition number), which is
     exactly what Faust would have used.
+
+    The changelog records are queued here (the table's ``send_changelog``) rather
+    than sent through Faust's ``ProducerBuffer`` - a queue, a background task and a
+    ``FutureMessage`` per write, which the worker then had to drain before
+    acknowledging a batch. The worker sends :meth:`take_writes` with the batch's
+    other messages (``producer.send_table_writes``), which also records each write's
+    offset in the store as Faust's ``_on_changelog_sent`` does (RocksDB recovery
+    starts after it).
     """
 
     def __init__(self, table: faust.Table[bytes, bytes], source_topic: str) -> None:
         self.table = table
         self.source_topic = source_topic
         self._stand_ins: dict[int, _PartitionOnly] = {}
+        self._writes: list[ChangelogWrite] = []
+        changelog = table.changelog_topic.get_topic_name()
+
+        def send_changelog(
+            partition: int | None, key: Any, value: Any, key_serializer: Any = None,
+            value_serializer: Any = None,
+        ) -> _Queued:
+            assert partition is not None  # partition_for_key: the stand-in event's
+            self._writes.append((partition, key, value))
+            return _Queued(_Message(changelog, partition))
+
+        table.send_changelog = send_changelog  # type: ignore[method-assign,assignment]
+
+    def take_writes(self) -> list[ChangelogWrite]:
+        """The changelog records of the writes since the last call, in order."""
+        writes, self._writes = self._writes, []
+        return writes
 
     def _as_partition(self, partition: int) -> None:
         stand_in = self._stand_ins.get(partition)

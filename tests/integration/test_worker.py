@@ -23,7 +23,13 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from schemas import input_event_adapter, load_config
 from streams.engine import Engine
 from streams.worker_process import WorkerProcess, input_topic_for, topic_settings, unique_topics
-from tests.support.harness import Collector, expected_verdicts, produce, without_clock
+from tests.support.harness import (
+    Collector,
+    expected_verdicts,
+    produce,
+    read_all,
+    without_clock,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -277,6 +283,44 @@ async def test_a_restart_onto_a_written_changelog_restores_every_session(
     assert got == expected
     # Without its history each probe would be allowed: every one is warned or blocked.
     assert {v["action"] for v in got.values()} == {"warn", "block"}
+
+
+async def test_a_rocksdb_worker_keeps_the_offset_of_each_partition_s_last_changelog_write(
+    worker_factory: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A RocksDB store keeps, per partition, the offset of the last changelog record
+    the worker wrote (faust_compat.producer.send_table_writes does what Faust's
+    ``_on_changelog_sent`` did): a restart reads the changelog only from there."""
+    from rocksdict import AccessType, Options, Rdict
+
+    worker = worker_factory(store="rocksdb://")
+    t = worker.topics
+    events = [e | {"session_key": f"kept-{n}", "event_id": f"{n}-{e['event_id']}"}
+              for n in range(12) for e in lines("polling_loop.jsonl")]
+    calls = sum(1 for e in events if e["type"] == "tool_call")
+    worker.start()
+    worker.wait_ready()
+    async with Collector(kafka_bootstrap, [t["verdicts"]]) as out:
+        await produce(kafka_bootstrap, encoded(worker, events))
+        await out.wait_for("every verdict", lambda: len(out.of(t["verdicts"])) >= calls)
+    assert worker.send(signal.SIGTERM) == 0  # a clean stop: every write acknowledged
+
+    changelog = f"{worker.env['LOOPFUSE_APP_ID']}-sessions-changelog"
+    written: dict[int, int] = {}
+    for partition, offset, _, _ in await read_all(kafka_bootstrap, changelog, 4):
+        written[partition] = max(offset, written.get(partition, -1))
+    assert len(written) > 1  # the sessions spread over partitions
+    kept: dict[int, int] = {}
+    for path in (tmp_path / "data").rglob("sessions-*.db"):
+        db = Rdict(str(path), options=Options(raw_mode=True),
+                   access_type=AccessType.read_only())
+        try:
+            offset = db.get(b"__faust\0offset__")
+        finally:
+            db.close()
+        if offset is not None:
+            kept[int(path.name.removesuffix(".db").rsplit("-", 1)[1])] = int(offset)
+    assert kept == written
 
 
 def order(verdict: dict[str, Any]) -> tuple[str, int]:

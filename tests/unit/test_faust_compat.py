@@ -30,17 +30,20 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
     from aiokafka.consumer.consumer import AIOKafkaConsumer
     from aiokafka.consumer.fetcher import Fetcher
     from faust.streams import _current_event
+    from faust.tables.base import Collection
+    from faust.tables.table import Table
     from faust.transport.consumer import Consumer
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-    from faust.transport.producer import ProducerBuffer
     from faust.web.base import Web
     from faust.web.drivers import DRIVERS
     from mode.utils.queues import FlowControlEvent
 
-    # producer: the hand-off task, its size, flush and threshold
-    assert inspect.iscoroutinefunction(ProducerBuffer._send_pending)
-    assert {"size", "flush"} <= set(dir(ProducerBuffer))
-    assert "max_messages" in inspect.getsource(ProducerBuffer)
+    # tables: changelog records go through send_changelog (queued by the store), and
+    # a sent record's offset is kept in the store as _on_changelog_sent keeps it
+    assert "self.send_changelog(" in inspect.getsource(Table.on_key_set)
+    assert "self.send_changelog(" in inspect.getsource(Table.on_key_del)
+    assert "fut.message.partition" in inspect.getsource(Table.on_key_set)
+    assert "self.data.set_persisted_offset(" in inspect.getsource(Collection._on_changelog_sent)
     # recovery: flow control resume, the gap bookkeeping and the delivery callback
     assert callable(FlowControlEvent.resume) and callable(FlowControlEvent.is_active)
     assert inspect.iscoroutinefunction(Consumer._add_gap)
