@@ -21,6 +21,7 @@ interleave with it, and awaiting it directly is equivalent to racing it against
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import faust
@@ -138,7 +139,12 @@ class FetchBatches:
 
         async def deliver(message: Any) -> Any:
             if message.topic in topics:  # not taken from the fetch (see below): judge it too
-                await self._take(TP(message.topic, message.partition), [message])
+                kept = await self._admit(
+                    TP(message.topic, message.partition), [message],
+                    self.app.consumer_generation_id,
+                )
+                if kept is not None:
+                    await self._buffer_fetch([kept])
                 return None
             if restore is not None and restore.take(message):
                 return None
@@ -152,11 +158,15 @@ class FetchBatches:
                     generation = self.app.consumer_generation_id
                     buffered = consumer._buffered_partitions
                     fetched = [(tp, records.pop(tp)) for tp in mine]  # none left for Faust
+                    admitted = []
                     for tp, batch in fetched:
-                        if not self._current(generation):
-                            break  # a rebalance meanwhile: Faust drops the rest too
                         if active is None or tp in active or tp in buffered:
-                            await self._take(TP(tp.topic, tp.partition), batch)
+                            kept = await self._admit(TP(tp.topic, tp.partition), batch, generation)
+                            if kept is None:
+                                break  # a rebalance meanwhile: Faust drops the rest too
+                            admitted.append(kept)
+                    else:
+                        await self._buffer_fetch(admitted)
             return records, active
 
         consumer.callback = deliver
@@ -170,17 +180,19 @@ class FetchBatches:
             self.app.consumer_generation_id == generation
         )
 
-    async def _take(self, tp: Any, records: list[Any]) -> None:
-        """Buffer one partition's records of a fetch, in offset order, as Faust's
-        fetch loop would deliver them: records below the read offset are dropped,
-        offsets with no record are a gap (committed as if judged)."""
+    async def _admit(self, tp: Any, records: list[Any], generation: int) -> list[Any] | None:
+        """One partition's records of a fetch as Faust's fetch loop would deliver them:
+        records below the read offset are dropped, offsets with no record are a gap
+        (committed as if judged). None: a rebalance since ``generation`` (the fetch's):
+        drop the fetch."""
         consumer: Any = self.app.consumer
-        generation = self.app.consumer_generation_id
+        if not self._current(generation):
+            return None
         read_offset = consumer._read_offset[tp]
         if read_offset is not None and records[0].offset < read_offset:
             records = [record for record in records if record.offset >= read_offset]
             if not records:
-                return
+                return records
         last = records[-1].offset
         if read_offset and (
             records[0].offset - read_offset > 1 or last - records[0].offset >= len(records)
@@ -190,12 +202,26 @@ class FetchBatches:
                 if record.offset - previous > 1:
                     await consumer._add_gap(tp, previous + 1, record.offset)
                     if not self._current(generation):
-                        return
+                        return None
                 previous = record.offset
         consumer._read_offset[tp] = last
         self.delivered[tp] = last
-        self._buffer.extend(records)
-        self._ready.set()
+        return records
+
+    async def _buffer_fetch(self, partitions: list[list[Any]]) -> None:
+        """Buffer a fetch's admitted records, the partitions interleaved record by
+        record as Faust's scheduler does: a session's calls and results are on two
+        topics, and a batch cut between them would park the later ones (seq order)."""
+        if len(partitions) == 1:
+            self._buffer.extend(partitions[0])
+        elif partitions:
+            self._buffer.extend(
+                record
+                for record in itertools.chain.from_iterable(itertools.zip_longest(*partitions))
+                if record is not None
+            )
+        if self._buffer:
+            self._ready.set()
         if len(self._buffer) >= 4 * self.max_batch:
             self._room.clear()
             await self._room.wait()  # back-pressure on the fetch loop

@@ -88,9 +88,30 @@ def test_a_fetch_reaches_the_agent_whole_and_other_topics_go_faust_s_way() -> No
         left, _ = await consumer._wait_next_records(1.0)
         assert list(left) == [changelog]  # Faust's loop iterates what is left
         batch = await fetches.take()
-        assert [(r.partition, r.offset) for r in batch] == [(0, 0), (0, 1), (0, 2), (1, 5), (1, 6)]
+        # Partitions interleaved record by record, as Faust's scheduler delivers them
+        # (a session's calls and results are on two topics; see the next test).
+        assert [(r.partition, r.offset) for r in batch] == [(0, 0), (1, 5), (0, 1), (1, 6), (0, 2)]
         assert consumer._read_offset[CALLS0] == 2 and consumer._read_offset[CALLS1] == 6
         assert fetches.delivered == {CALLS0: 2, CALLS1: 6}
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_cut_takes_a_session_s_calls_and_results_together() -> None:
+    async def scenario() -> None:
+        results = TP("results", 0)
+        consumer = StandInConsumer(fetches=[{
+            CALLS0: records(0, *range(4)), results: records(0, *range(4), topic="results"),
+        }])
+        app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(),
+                              consumer_generation_id=1)
+        fetches = FetchBatches(app, frozenset({"calls", "results"}), 4)  # type: ignore[arg-type]
+        fetches.install()
+        await consumer._wait_next_records(1.0)
+        first = await fetches.take()
+        assert [(r.topic, r.offset) for r in first] == [
+            ("calls", 0), ("results", 0), ("calls", 1), ("results", 1)
+        ]
 
     asyncio.run(scenario())
 
