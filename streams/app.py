@@ -20,7 +20,7 @@ from streams.faust_compat.assignment import prepare_consumer
 from streams.faust_compat.consumer import FaustInputOffsets, owned_inputs
 from streams.faust_compat.delivery import FetchBatches
 from streams.faust_compat.end_offsets import install_end_offset_workaround
-from streams.faust_compat.producer import send_retrying, send_table_writes
+from streams.faust_compat.producer import Publisher
 from streams.faust_compat.recovery import ChangelogRestore
 from streams.faust_compat.tables import FaustSessionStore, session_table
 from streams.faust_compat.web import operators_only_web
@@ -86,14 +86,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
                        partitions=settings.partitions)
     readiness = Readiness(app, settings, fleet_breaker=board is not None)
 
-    async def publish(messages: list[tuple[str, bytes | None, bytes]]) -> None:
-        """Hand messages, and the table writes made with them, to the producer; a
-        broker problem is retried, never skipped. Called right after the processor,
-        with no await between: the writes taken are exactly that call's."""
-        writes = store.take_writes()
-        await send_retrying(app, messages)
-        await send_table_writes(app, table, writes)
-
+    publish = Publisher(app, table, store)  # right after each processor call
     def owned() -> list[tuple[str, int]]:
         return owned_inputs(app, settings.input_topics)
 

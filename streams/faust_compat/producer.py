@@ -74,6 +74,23 @@ async def send_table_writes(
         sent.add_done_callback(persisted)  # type: ignore[attr-defined]
 
 
+class Publisher:
+    """Hands a processor call's messages, and the table writes it made, to the producer.
+
+    Await it right after the processor call, with no await between: the writes it
+    takes from the store are exactly that call's, so a batch is acknowledged only
+    once its own writes are with the producer (a timer's call takes its own).
+    """
+
+    def __init__(self, app: faust.App, table: faust.Table[bytes, bytes], store: Any) -> None:
+        self.app, self.table, self.store = app, table, store  # store: FaustSessionStore
+
+    async def __call__(self, messages: list[tuple[str, bytes | None, bytes]]) -> None:
+        writes = self.store.take_writes()
+        await send_retrying(self.app, messages)  # a broker problem is retried, never skipped
+        await send_table_writes(self.app, self.table, writes)
+
+
 async def broker_metadata(app: faust.App, timeout: float = 2.0) -> Any:
     """The cluster's metadata (aiokafka ClusterMetadata), None when the broker does not answer.
 
