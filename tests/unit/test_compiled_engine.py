@@ -1,0 +1,72 @@
+"""The mypyc-compiled engine judges exactly as the pure one (streams.compiled_engine).
+
+Both run tests/support/engine_corpus.py in a subprocess of their own: the pure
+engine from this checkout, the compiled one from a build in pytest's cache (kept
+while the engine's sources are unchanged; building takes about a minute on two
+cores). Verdicts, loop events, rejections, notices and state bytes must be equal
+line for line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streams import compiled_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _compiled_tree(cache_dir: Path) -> Path:
+    """A copy of the engine's sources with the compiled engine built beside them."""
+    tree = cache_dir / "tree"
+    engine_dir = tree / "streams" / "engine"
+    stamp = engine_dir / compiled_engine.STAMP
+    # The schemas are not compiled: always today's.
+    shutil.rmtree(tree / "schemas", ignore_errors=True)
+    shutil.copytree(ROOT / "schemas", tree / "schemas",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    fresh = compiled_engine.source_digest(ROOT / "streams" / "engine")
+    if stamp.exists() and stamp.read_text().strip() == fresh:
+        return tree
+    shutil.rmtree(tree / "streams", ignore_errors=True)
+    shutil.copytree(ROOT / "streams" / "engine", engine_dir,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd",
+                                                  compiled_engine.STAMP))
+    for name in ("__init__.py", "compiled_engine.py"):
+        shutil.copy2(ROOT / "streams" / name, tree / "streams" / name)
+    compiled_engine.build(tree)
+    return tree
+
+
+def _corpus_run(pythonpath: list[Path], out: Path, *, pure: bool) -> list[bytes]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, pythonpath))}
+    env.pop(compiled_engine.PURE_ENV, None)
+    if pure:
+        env[compiled_engine.PURE_ENV] = "1"
+    subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "tests.support.engine_corpus",
+         str(out)], env=env, cwd=ROOT, check=True, timeout=300,
+    )
+    return out.read_bytes().splitlines()
+
+
+@pytest.mark.timeout(600)
+def test_the_compiled_engine_gives_the_pure_engines_outputs_and_states(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    missing = compiled_engine.compiler_missing()
+    if missing is not None:
+        pytest.skip(f"cannot build the compiled engine here: {missing}")
+    tree = _compiled_tree(request.config.cache.mkdir("compiled-engine"))
+    pure = _corpus_run([ROOT], tmp_path / "pure.txt", pure=True)
+    compiled = _corpus_run([tree, ROOT], tmp_path / "compiled.txt", pure=False)
+    assert (pure[0], compiled[0]) == (b"pure", b"compiled")
+    assert len(pure) > 5_000
+    for index, (expected, got) in enumerate(zip(pure[1:], compiled[1:], strict=True), 1):
+        assert got == expected, f"line {index} differs"
