@@ -45,13 +45,15 @@ def _compiled_tree(cache_dir: Path) -> Path:
 
 
 def _corpus_run(pythonpath: list[Path], out: Path, *, pure: bool) -> list[bytes]:
+    """The corpus's lines from the engine that ``pythonpath[0]`` holds (run from
+    there: ``-m`` puts the working directory first on the path)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, pythonpath))}
     env.pop(compiled_engine.PURE_ENV, None)
     if pure:
         env[compiled_engine.PURE_ENV] = "1"
     subprocess.run(
         [sys.executable, "-W", "error::RuntimeWarning", "-m", "tests.support.engine_corpus",
-         str(out)], env=env, cwd=ROOT, check=True, timeout=300,
+         str(out)], env=env, cwd=pythonpath[0], check=True, timeout=300,
     )
     return out.read_bytes().splitlines()
 
