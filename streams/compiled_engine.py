@@ -116,6 +116,8 @@ def compiler_missing() -> str | None:
         return f"no Python headers ({include} not found)"
     if importlib.util.find_spec("mypyc") is None:
         return "mypyc is not installed (it comes with mypy: pip install mypy)"
+    if importlib.util.find_spec("setuptools") is None:
+        return "setuptools is not installed (mypyc builds with it)"
     return None
 
 
