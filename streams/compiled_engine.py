@@ -89,16 +89,18 @@ def select(engine_dir: Path = ENGINE_DIR) -> bool:
     Called before any engine module is imported. Without a build (the usual case)
     this looks for one file per module and returns.
     """
-    if not _built_modules(engine_dir):
+    built_modules = _built_modules(engine_dir)
+    if not built_modules:
         return False
     if os.environ.get(PURE_ENV, "") in ("", "0"):
         stamp = engine_dir / STAMP
         built = stamp.read_text().strip() if stamp.exists() else None
-        if built == source_digest(engine_dir):
+        # All or nothing: compiled modules rely on each other's native classes.
+        if built == source_digest(engine_dir) and len(built_modules) == len(MODULES):
             return True
         warnings.warn(
-            "the compiled engine does not match its sources; using the pure engine "
-            "(./dev build-engine builds it again)",
+            "the compiled engine is incomplete or does not match its sources; using the "
+            "pure engine (./dev build-engine builds it again)",
             RuntimeWarning,
             stacklevel=2,
         )
