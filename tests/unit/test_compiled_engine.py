@@ -91,10 +91,13 @@ def test_a_build_that_no_longer_matches_its_sources_gives_way_to_the_pure_engine
     tree = shutil.copytree(_compiled_or_skip(request), tmp_path / "tree")
     probe = "import streams.engine as e, streams.engine.step as s; print(e.COMPILED, s.__file__)"
 
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env.pop(compiled_engine.PURE_ENV, None)
+
     def engine_in_use() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-c", probe], cwd=tree, capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONPATH": str(tree)},
+            env=env,
         )
 
     assert engine_in_use().stdout.startswith("True ")
