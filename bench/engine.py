@@ -13,23 +13,31 @@ ping-pong, unknown tool, loop after compaction); args of realistic sizes and som
 
     python bench/engine.py [--sessions 2000] [--calls 60] [--seed 1] [--rounds 3]
 
-The last line is
-``engine_events_per_s=<float> state_bytes_per_session=<int> ratio_to_orjson=<float>``.
+The engine measured is the one the process imports: the compiled one when
+``./dev build-engine`` built it, else the pure one. With a build, the pure engine's
+figures (``LOOPFUSE_PURE_ENGINE=1``, in a subprocess) are printed too.
+
+The last line is ``engine_events_per_s=<float> state_bytes_per_session=<int>
+ratio_to_orjson=<float> engine=<compiled|pure>``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
 import orjson
 
 from schemas import decode_event, parse_config
-from streams.engine import Engine, SessionState
+from streams.compiled_engine import PURE_ENV
+from streams.engine import COMPILED, Engine, SessionState
 from streams.replay import replay_lines
 
 TOOLS = ["read", "write", "exec", "web_search", "web_fetch", "browser", "memory_search"]
@@ -248,6 +256,8 @@ def main() -> None:
     )
     opts = parser.parse_args()
 
+    kind = "compiled" if COMPILED else "pure"
+    print(f"engine: {kind}")
     config = parse_config({"tools": {"loopDetection": {"enabled": True}}})
     raw = build_workload(opts.sessions, opts.calls, opts.seed)
     mean_size = statistics.fmean(len(line) for line in raw)
@@ -303,9 +313,18 @@ def main() -> None:
         f"state bytes per session (history {history_size}): median {median_size}, "
         f"max {sizes[-1]}; encode {encode_us:.1f} us + decode {decode_us:.1f} us"
     )
+    if COMPILED:  # the pure engine on the same workload, for comparison
+        pure = subprocess.run(
+            [sys.executable, *sys.argv], env={**os.environ, PURE_ENV: "1"},
+            capture_output=True, text=True, check=True,
+        ).stdout.splitlines()
+        summaries = ("offline path /", "decode+validate", "engine step", "state bytes", "engine_")
+        for line in pure:
+            if line.startswith(summaries):
+                print(f"pure engine: {line}")
     print(
         f"engine_events_per_s={rate:.1f} state_bytes_per_session={median_size} "
-        f"ratio_to_orjson={ratio:.3f}"
+        f"ratio_to_orjson={ratio:.3f} engine={kind}"
     )
 
 

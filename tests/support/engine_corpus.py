@@ -1,0 +1,108 @@
+"""Everything the engine produces on a fixed corpus, as lines: the compiled-vs-pure check.
+
+    python -m tests.support.engine_corpus OUT
+
+Writes to OUT, one line each: which engine ran, then per corpus every output of every
+step (verdicts and loop events as their published JSON, rejections and notices as
+their fields), every session's final state bytes and those bytes decoded and encoded
+again. tests/unit/test_compiled_engine.py runs it under both engines and compares.
+
+The corpus: the examples (each with its config), the test fixtures, and the
+benchmark's workload with deliveries out of order, duplicated and lost, so that
+parking, gaps and redeliveries run too.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.engine import build_workload
+from schemas import DetectionConfigFile, decode_event, load_config, parse_config
+from schemas.decode import EventRejected
+from schemas.events import InputEvent
+from streams.engine import COMPILED, Engine, LoopEvent, Notice, Rejection, SessionState, Verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _disorderly(lines: list[bytes], seed: int) -> list[bytes]:
+    """The lines with some neighbours swapped, some repeated and some left out."""
+    rng = random.Random(seed)
+    out = list(lines)
+    for index in range(len(out) - 1):
+        if rng.random() < 0.05:
+            out[index], out[index + 1] = out[index + 1], out[index]
+    kept: list[bytes] = []
+    for line in out:
+        roll = rng.random()
+        if roll < 0.01:
+            continue  # lost: a gap the engine gives up on
+        kept.append(line)
+        if roll > 0.98:
+            kept.append(line)  # redelivered
+    return kept
+
+
+def corpora() -> list[tuple[str, DetectionConfigFile, list[bytes]]]:
+    enabled = parse_config({"tools": {"loopDetection": {"enabled": True}}})
+    found = []
+    for events in sorted((ROOT / "examples" / "rules").glob("*.jsonl")):
+        config = load_config(events.with_suffix(".json5"))
+        found.append((events.name, config, events.read_bytes().splitlines()))
+    small = load_config(ROOT / "tests" / "fixtures" / "small.json5")
+    for name in ("compaction_loop", "polling_loop", "malformed"):
+        lines = (ROOT / "tests" / "fixtures" / f"{name}.jsonl").read_bytes().splitlines()
+        found.append((name, small, lines))
+    workload = build_workload(60, 40, 7)
+    found.append(("workload", enabled, workload))
+    found.append(("workload, disorderly", enabled, _disorderly(workload, 7)))
+    return found
+
+
+def _line(output: Any) -> bytes:
+    if isinstance(output, Verdict | LoopEvent):
+        return output.to_json()
+    if isinstance(output, Rejection):
+        return orjson.dumps(["rejection", output.code, output.reason, output.event.event_id])
+    if isinstance(output, Notice):
+        return orjson.dumps(["notice", output.level, output.message, output.session_key])
+    raise TypeError(f"unexpected output {output!r}")
+
+
+def run(lines: list[bytes], config: DetectionConfigFile) -> list[bytes]:
+    engine = Engine(config, max_parked=16, gap_timeout_ms=5_000)
+    states: dict[str, SessionState] = {}
+    out: list[bytes] = []
+    for raw in lines:
+        try:
+            event: InputEvent = decode_event(raw)
+        except EventRejected as exc:
+            out.append(orjson.dumps(["dead_letter", exc.code]))
+            continue
+        key = event.key
+        states[key], outputs = engine.step(states.get(key), event, event.ts, event.ts - 1_000)
+        out.extend(map(_line, outputs))
+    for key, state in sorted(states.items()):
+        for output in engine.release(state, state.touched_ms + 60_000, None):
+            out.append(_line(output))
+        data = state.to_bytes()
+        out.append(orjson.dumps(["state", key, data.hex()]))
+        out.append(orjson.dumps(["again", key, SessionState.from_bytes(data).to_bytes().hex()]))
+    return out
+
+
+def main() -> None:
+    lines = [b"compiled" if COMPILED else b"pure"]
+    for name, config, events in corpora():
+        lines.append(orjson.dumps(["corpus", name, len(events)]))
+        lines.extend(run(events, config))
+    Path(sys.argv[1]).write_bytes(b"\n".join(lines) + b"\n")
+
+
+if __name__ == "__main__":
+    main()
