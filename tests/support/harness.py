@@ -482,15 +482,23 @@ async def committed_lag(
         ends = await end_offsets(consumer, tps)
     finally:
         await consumer.stop()
+    committed = await committed_offsets(bootstrap, group, tps)
+    return {tp: end - committed[tp] for tp, end in ends.items()}
+
+
+async def committed_offsets(
+    bootstrap: str, group: str, tps: Sequence[TopicPartition]
+) -> dict[TopicPartition, int]:
+    """``group``'s committed offset of each of ``tps`` (0 where it has none)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
+        # Without explicit partitions Tansu's answer fails to decode (architecture.md).
         committed = await admin.list_consumer_group_offsets(group, partitions=list(tps))
     finally:
         await admin.close()
     # No entry, or -1: nothing committed yet, which means offset 0.
-    start = {tp: max(offset.offset, 0) for tp, offset in committed.items()}
-    return {tp: end - start.get(tp, 0) for tp, end in ends.items()}
+    return {tp: max(committed[tp].offset, 0) if tp in committed else 0 for tp in tps}
 
 
 async def input_lag(bootstrap: str, settings: dict[str, str]) -> dict[TopicPartition, int]:
