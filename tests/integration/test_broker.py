@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from streams.broker import (
     find_tansu,
     free_port,
 )
+from tests.support.harness import unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -55,7 +55,7 @@ def _port_closed(host: str, port: int) -> bool:
 
 
 async def _round_trip(bootstrap: str) -> None:
-    topic = f"lf-broker-{uuid.uuid4().hex[:12]}"
+    topic = unique("lf-broker")
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:

@@ -10,7 +10,6 @@ These tests pass on Apache Kafka too (where both ways agree).
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -27,12 +26,9 @@ from streams.faust_compat.end_offsets import (
     fetch_end_offsets,
     install_end_offset_workaround,
 )
+from tests.support.harness import unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-def _unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
 async def _create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
@@ -73,7 +69,7 @@ async def test_batch_of_100_has_end_offset_100(
     kafka_broker_kind: str,
     record_property: Callable[[str, object], None],
 ) -> None:
-    topic = _unique("lf-endoff")
+    topic = unique("lf-endoff")
     await _create_topic(kafka_bootstrap, topic)
     await _produce_batch(kafka_bootstrap, topic, 100)
     tp = TopicPartition(topic, 0)
@@ -95,7 +91,7 @@ async def test_batch_of_100_has_end_offset_100(
 
 
 async def test_several_batches_partitions_and_untouched_positions(kafka_bootstrap: str) -> None:
-    topic = _unique("lf-endoff-multi")
+    topic = unique("lf-endoff-multi")
     await _create_topic(kafka_bootstrap, topic, partitions=3)
     await _produce_batch(kafka_bootstrap, topic, 100, partition=0)
     await _produce_batch(kafka_bootstrap, topic, 50, partition=0)
@@ -118,7 +114,7 @@ async def test_several_batches_partitions_and_untouched_positions(kafka_bootstra
 
 def _faust_app(bootstrap: str) -> faust.App:
     return faust.App(
-        _unique("lf-endoff-app"),
+        unique("lf-endoff-app"),
         broker=f"kafka://{bootstrap}",
         store="memory://",
         web_enabled=False,
@@ -132,7 +128,7 @@ async def test_faust_recovery_highwaters_use_fetch(kafka_bootstrap: str) -> None
     Only the consumer thread is started: no worker, no group join (nothing is
     subscribed), so this takes milliseconds.
     """
-    topic = _unique("lf-endoff-faust")
+    topic = unique("lf-endoff-faust")
     await _create_topic(kafka_bootstrap, topic)
     await _produce_batch(kafka_bootstrap, topic, 100)
     tp = TP(topic, 0)
@@ -174,7 +170,7 @@ async def test_faust_worker_recovers_every_update_of_a_batched_changelog(
     Without the workaround, on Tansu, recovery believes the changelog ends at
     offset 1 and the table comes back with 1 key out of 100 (measured).
     """
-    app_id = _unique("lf-recover")
+    app_id = unique("lf-recover")
     app = faust.App(
         app_id,
         broker=f"kafka://{kafka_bootstrap}",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,12 +21,13 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
 from streams.faust_compat.recovery import keep_undelivered_records
+from tests.support.harness import unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
 async def _topic(bootstrap: str, partitions: int) -> str:
-    name = f"giveback-{uuid.uuid4().hex[:12]}"
+    name = unique("giveback")
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:

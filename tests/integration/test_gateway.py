@@ -19,19 +19,18 @@ import pytest
 from schemas import Verdict
 from streams.gateway import GatewayClient, Topics, blocked_tool_result
 from streams.worker_process import REPO_ROOT, WorkerProcess
-from tests.support.harness import unique, worker_settings
+from tests.support.harness import Collector, new_topics, unique, worker_settings
 
 pytestmark = pytest.mark.timeout(180)
 
-CONFIG = REPO_ROOT / "tests" / "fixtures" / "small.json5"  # warning 3, critical 5
 SAME = {"content": [{"type": "text", "text": "error: still broken"}]}
 
 
-def _topics() -> Topics:
-    suffix = uuid.uuid4().hex[:8]
-    return Topics(
-        f"calls-{suffix}", f"results-{suffix}", f"compactions-{suffix}", f"verdicts-{suffix}"
-    )
+def _topics(roles: dict[str, str] | None = None) -> Topics:
+    """The gateway's four topics of ``roles`` (fresh ones when not given)."""
+    roles = roles or new_topics()
+    return Topics(roles["tool_calls"], roles["tool_results"], roles["compactions"],
+                  roles["verdicts"])
 
 
 async def _unread_topics(bootstrap: str) -> Topics:
@@ -53,18 +52,11 @@ def worker(
     kafka_bootstrap: str, kafka_broker_kind: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[WorkerProcess, Topics]]:
     """One worker for the module, on topics of its own."""
-    topics = _topics()
+    roles = new_topics()
+    topics = _topics(roles)
     tmp = tmp_path_factory.mktemp("gateway")
-    roles = {
-        "tool_calls": topics.tool_calls,
-        "tool_results": topics.tool_results,
-        "compactions": topics.compactions,
-        "verdicts": topics.verdicts,
-        "loop_events": f"loops-{topics.verdicts}",
-        "dead_letters": f"dead-{topics.verdicts}",
-    }
     settings = worker_settings(kafka_bootstrap, kafka_broker_kind, roles, unique("gw-test"),
-                               tmp / "data", config_file=CONFIG)
+                               tmp / "data")
     process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
     try:
         process.wait_ready(90)
@@ -371,8 +363,8 @@ async def test_a_verdict_that_does_not_match_the_pending_call_is_dropped(
     topics = await _unread_topics(kafka_bootstrap)  # only the forged verdict will come
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
-    async with GatewayClient(
-        kafka_bootstrap, topics=topics, timeout=3.0, fail_policy="closed"
+    async with Collector(kafka_bootstrap, [topics.tool_calls]) as calls, GatewayClient(
+        kafka_bootstrap, topics=topics, timeout=5.0, fail_policy="closed"
     ) as gateway:
         session = gateway.session("s-forged", run_id="r")
         call_id = "c-1"
@@ -385,7 +377,9 @@ async def test_a_verdict_that_does_not_match_the_pending_call_is_dropped(
         }
         checking = asyncio.ensure_future(session.check("exec", {"command": "rm -rf /"},
                                                        call_id=call_id))
-        await asyncio.sleep(0.5)
+        # Forged while the call waits: published, so its verdict is pending.
+        await calls.wait_for("the call published", lambda: calls.of(topics.tool_calls), 4)
+        assert not checking.done()
         await producer.send_and_wait(topics.verdicts, orjson.dumps(forged), key=b"s-forged")
         verdict = await checking
     await producer.stop()

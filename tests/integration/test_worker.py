@@ -7,11 +7,9 @@ the worker must publish exactly what the engine decides, crash or no crash.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,20 +20,26 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from schemas import input_event_adapter, load_config
 from streams.engine import Engine
-from streams.worker_process import WorkerProcess, input_topic_for, topic_settings, unique_topics
+from streams.worker_process import WorkerProcess
 from tests.support.harness import (
+    CONFIG,
+    ROOT,
     Collector,
+    encode,
     expected_verdicts,
+    new_topics,
     produce,
     read_all,
+    settle,
+    unique,
     without_clock,
+    worker_committed,
+    worker_settings,
 )
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
-CONFIG = FIXTURES / "small.json5"  # warningThreshold 3, criticalThreshold 5
 POLL_MESSAGE = (
     "CRITICAL: Called process with identical arguments and no progress 5 times. "
     "This appears to be a stuck polling loop. Session execution blocked to prevent "
@@ -44,34 +48,19 @@ POLL_MESSAGE = (
 
 
 class Worker(WorkerProcess):
-    """A worker on topics of its own, so tests share the session broker safely."""
+    """A worker on topics and a consumer group of its own, so tests share the session
+    broker safely; ``settings`` are what settle() and worker_committed() read."""
 
     def __init__(self, bootstrap: str, kind: str, tmp: Path, **overrides: Any) -> None:
-        self.topics = unique_topics("test")
-        suffix = uuid.uuid4().hex[:8]
-        super().__init__(
-            {
-                "bootstrap_servers": bootstrap,
-                "embedded_broker": str(kind == "tansu").lower(),
-                "app_id": f"loopfuse-test-{suffix}",
-                "store": "memory://",
-                "data_dir": str(tmp / "data"),
-                "config_file": str(CONFIG),
-                "broker_session_timeout": "6",
-                "broker_heartbeat_interval": "1",
-                "fetch_max_wait_ms": "10",
-                **topic_settings(self.topics),
-                **{key: str(value) for key, value in overrides.items()},
-            },
-            log_path=tmp / f"worker-{suffix}.log",
+        self.topics = new_topics()
+        self.settings = worker_settings(
+            bootstrap, kind, self.topics, unique("loopfuse-test"), tmp / "data", **overrides
         )
+        super().__init__(self.settings, log_path=tmp / f"{self.settings['app_id']}.log")
 
     def get(self, path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}{path}", timeout=5) as resp:
             return str(resp.read().decode())
-
-    def topic_of(self, event: dict[str, Any]) -> str:
-        return input_topic_for(self.topics, event)
 
 
 @pytest.fixture
@@ -110,10 +99,6 @@ def healthy_session(key: str, n: int) -> list[dict[str, Any]]:
     return events
 
 
-def encoded(worker: Worker, events: list[dict[str, Any]]) -> list[tuple[str, bytes | None, bytes | None]]:
-    return [(worker.topic_of(e), e["session_key"].encode(), orjson.dumps(e)) for e in events]
-
-
 # -- tests ----------------------------------------------------------------------------
 
 
@@ -140,12 +125,13 @@ async def test_verdicts_loop_events_and_dead_letters(
     after = {"type": "tool_call", "event_id": "after-garbage", "session_key": "bad",
              "call_id": "c1", "tool_name": "exec", "args": {"cmd": "ls"}, "ts": 1}
     async with Collector(kafka_bootstrap, [t["verdicts"], t["loop_events"], t["dead_letters"]]) as out:
-        await produce(kafka_bootstrap, encoded(worker, looping) + healthy_msgs + garbage)
+        await produce(kafka_bootstrap, encode(worker.topics, looping) + healthy_msgs + garbage)
         await produce(kafka_bootstrap, [(t["tool_calls"], b"bad", orjson.dumps(after))])
         want = len(expected_verdicts(looping)) + len(expected_verdicts(healthy)) + 1
         await out.wait_for("verdicts", lambda: len(out.of(t["verdicts"])) >= want)
         await out.wait_for("dead letters", lambda: len(out.of(t["dead_letters"])) >= len(garbage))
         await out.wait_for("a loop event", lambda: out.of(t["loop_events"]))
+        await settle(out, kafka_bootstrap, worker.settings)  # exactly these, nothing more
         metrics = worker.get("/metrics")
 
     by_session: dict[str, list[dict[str, Any]]] = {}
@@ -213,19 +199,20 @@ async def test_restart_after_sigkill_gives_the_verdicts_of_an_uninterrupted_run(
     worker.start()
     worker.wait_ready()
     async with Collector(kafka_bootstrap, [t["verdicts"]]) as out:
-        await produce(kafka_bootstrap, encoded(worker, first))
+        await produce(kafka_bootstrap, encode(worker.topics, first))
         await out.wait_for("first verdicts", lambda: len(out.of(t["verdicts"])) >= 12)
-        await asyncio.sleep(1.5)  # offsets committed: the state must come from the changelog
-        await produce(kafka_bootstrap, encoded(worker, second))
+        # Committed: after the kill, these sessions' state must come from the changelog.
+        await worker_committed(kafka_bootstrap, worker.settings)
+        await produce(kafka_bootstrap, encode(worker.topics, second))
         await out.wait_for("some later verdict", lambda: len(out.of(t["verdicts"])) > 12)
         assert worker.send(signal.SIGKILL) == -signal.SIGKILL
 
         worker.start()
         worker.wait_ready()
-        await produce(kafka_bootstrap, encoded(worker, third))
+        await produce(kafka_bootstrap, encode(worker.topics, third))
         distinct = lambda: {v["verdict_id"] for v in out.of(t["verdicts"])}  # noqa: E731
         await out.wait_for("all verdicts", lambda: len(distinct()) >= len(expected))
-        await asyncio.sleep(0.5)  # anything extra (a wrong verdict) would show up now
+        await settle(out, kafka_bootstrap, worker.settings)  # anything extra (a wrong verdict)
 
     got: dict[str, dict[str, Any]] = {}
     for verdict in out.of(t["verdicts"]):
@@ -273,8 +260,9 @@ async def test_a_restart_onto_a_written_changelog_restores_every_session(
     worker.start()
     worker.wait_ready()  # recovered
     async with Collector(kafka_bootstrap, [t["verdicts"]]) as out:
-        await produce(kafka_bootstrap, encoded(worker, probes))
+        await produce(kafka_bootstrap, encode(worker.topics, probes))
         await out.wait_for("a verdict per probe", lambda: len(out.of(t["verdicts"])) >= 300)
+        await settle(out, kafka_bootstrap, worker.settings)  # anything extra (a wrong verdict)
     expected = {
         key: expected_verdicts([*events, probe])[-1]
         for (key, events), probe in zip(history.items(), probes, strict=True)
@@ -301,7 +289,7 @@ async def test_a_rocksdb_worker_keeps_the_offset_of_each_partition_s_last_change
     worker.start()
     worker.wait_ready()
     async with Collector(kafka_bootstrap, [t["verdicts"]]) as out:
-        await produce(kafka_bootstrap, encoded(worker, events))
+        await produce(kafka_bootstrap, encode(worker.topics, events))
         await out.wait_for("every verdict", lambda: len(out.of(t["verdicts"])) >= calls)
     assert worker.send(signal.SIGTERM) == 0  # a clean stop: every write acknowledged
 
@@ -376,6 +364,7 @@ async def test_a_seq_gap_is_given_up_once_later_events_span_the_gap_timeout(
         await out.wait_for("a sequence_gap loop event", lambda: out.of(t["loop_events"]))
         await produce(kafka_bootstrap, [(t["tool_calls"], b"gappy", orjson.dumps(lost))])
         await out.wait_for("the late call's verdict", lambda: len(out.of(t["verdicts"])) >= 3)
+        await settle(out, kafka_bootstrap, worker.settings)  # a second gap event would show
     assert [v["call_id"] for v in out.of(t["verdicts"])] == ["c1", "c2", "c0"]
     (gap,) = out.of(t["loop_events"])
     assert (gap["detector"], gap["count"]) == ("sequence_gap", 1)

@@ -7,12 +7,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from streams.worker_process import REPO_ROOT, topic_settings, unique_topics
+from streams.worker_process import REPO_ROOT
+from tests.support.harness import new_topics, unique, worker_settings
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
 
@@ -33,16 +33,9 @@ def _alive(pid: int) -> bool:
 def test_a_worker_dies_with_the_process_that_started_it(
     kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path
 ) -> None:
-    settings = {
-        "bootstrap_servers": kafka_bootstrap,
-        "embedded_broker": str(kafka_broker_kind == "tansu").lower(),
-        "app_id": f"orphan-{uuid.uuid4().hex[:8]}",
-        "store": "memory://",
-        "data_dir": str(tmp_path),
-        "broker_session_timeout": "6",
-        "broker_heartbeat_interval": "1",
-        **topic_settings(unique_topics("orphan")),
-    }
+    settings = worker_settings(
+        kafka_bootstrap, kafka_broker_kind, new_topics(), unique("orphan"), tmp_path
+    )
     # The parent starts a worker, waits until it is ready, prints its pid and dies
     # without stopping it.
     parent = textwrap.dedent(

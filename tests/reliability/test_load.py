@@ -31,12 +31,14 @@ from streams.worker_process import WorkerProcess
 from tests.support.harness import (
     LONG,
     _session_events,
+    consumed_to_end,
     http_get,
     new_topics,
     read_all,
     rss_kb,
     topic_of,
     unique,
+    worker_committed,
     worker_settings,
 )
 
@@ -244,7 +246,10 @@ async def test_sustained_load_keeps_memory_and_table_bounded(
         while counter.verdicts - counter.aborts < fleet.tool_calls and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         caught_up_s = time.monotonic() - t0 - produce_s
-        await asyncio.sleep(0.5)
+        # Every table write of the load is on the changelog (a commit follows them),
+        # and the tail has read it all.
+        await worker_committed(kafka_bootstrap, settings, 60)
+        await consumed_to_end(tail.consumer)
         live_at_end = len(tail.live)
         # Everything idle now: within TTL + a few scans every session is expired.
         deadline = time.monotonic() + TTL + 15

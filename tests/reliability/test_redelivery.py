@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
 from streams.worker_process import WorkerProcess
 from tests.support.harness import (
     Collector,
+    committed_offsets,
     compare,
     encode,
     expected_verdicts,
@@ -65,19 +65,6 @@ def unsequenced(prefix: str, n_sessions: int, steps: int) -> list[dict[str, Any]
     for n, e in enumerate(events):
         e["ts"] = 1_790_000_000_000 + n
     return events
-
-
-async def committed_offsets(
-    bootstrap: str, group: str, tps: list[TopicPartition]
-) -> dict[TopicPartition, int]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        # Without explicit partitions Tansu's answer fails to decode (architecture.md).
-        offsets = await admin.list_consumer_group_offsets(group, partitions=tps)
-    finally:
-        await admin.close()
-    return {tp: meta.offset for tp, meta in offsets.items()}
 
 
 class FaustNamedAssignor(RoundRobinPartitionAssignor):
@@ -158,6 +145,7 @@ async def test_duplicates_and_offset_rewind_change_no_verdict(
                 kafka_bootstrap, encode(topics, part_a) + calls_topic(encode(topics, noseq_a))
             )
             await out.wait_for("verdicts of part A", lambda: have(expected_a), 90)
+            await settle(out, kafka_bootstrap, settings)
             n_a = len(verdicts())
 
             # 1. duplicates: a random third of part A again (same event_id / seq)
@@ -168,7 +156,7 @@ async def test_duplicates_and_offset_rewind_change_no_verdict(
             await produce(
                 kafka_bootstrap, encode(topics, dups) + calls_topic(encode(topics, noseq_dups))
             )
-            await asyncio.sleep(3.0)
+            await settle(out, kafka_bootstrap, settings)  # every duplicate judged
             n_dup = len(verdicts()) - n_a
             print(
                 f"redelivery: part A {len(part_a) + len(noseq_a)} events -> {n_a} verdicts; "

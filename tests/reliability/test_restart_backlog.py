@@ -12,9 +12,7 @@ flight while the offsets are looked up: exactly what this test builds, three tim
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -27,11 +25,11 @@ from tests.support.harness import (
     encode,
     expected_verdicts,
     generate,
-    input_lag,
     new_topics,
     produce,
     settle,
     unique,
+    worker_committed,
     worker_settings,
 )
 
@@ -86,7 +84,7 @@ async def test_a_restart_onto_a_backlog_judges_every_waiting_event(
                 if number < len(pieces):
                     # Killed once its input is committed: the next start recovers the
                     # table from the changelog and resumes from the committed offsets.
-                    await _wait_committed(kafka_bootstrap, settings)
+                    await worker_committed(kafka_bootstrap, settings, 20)
                     assert worker.send(signal.SIGKILL) == -signal.SIGKILL
             await settle(out, kafka_bootstrap, settings)  # anything extra (a wrong verdict)
             delivered = out.of(topics["verdicts"])
@@ -98,16 +96,6 @@ async def test_a_restart_onto_a_backlog_judges_every_waiting_event(
     assert comparison.ok, "\n".join(comparison.examples)
     # Nothing was lost, so no gap may have been given up on either.
     assert gaps == [], gaps[:3]
-
-
-async def _wait_committed(bootstrap: str, settings: dict[str, str]) -> None:
-    """Until the group's committed offsets reach every input record on the broker."""
-    deadline = time.monotonic() + 20
-    while any((lag := await input_lag(bootstrap, settings, idle=0.3)).values()):
-        if time.monotonic() > deadline:
-            behind = {f"{tp.topic}[{tp.partition}]": n for tp, n in lag.items() if n}
-            raise AssertionError(f"the worker did not commit its input within 20 s: {behind}")
-        await asyncio.sleep(0.1)
 
 
 async def _create_inputs(bootstrap: str, topics: dict[str, str]) -> None:

@@ -3,19 +3,16 @@ ways to know (never guess by waiting) that the breaker is done and every board h
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import murmur2
 
 from streams.worker_process import WorkerProcess
-from tests.support.harness import Collector, http_get, new_topics, read_all
+from tests.support.harness import Collector, http_get, new_topics, wait_committed
 
 
 def fleet_topics() -> dict[str, str]:
@@ -68,24 +65,8 @@ async def strikes_committed(
     """Until the breaker agent has committed every strike on the topic (its state and
     loop events are sent before it takes the next strike, and commits follow a flush)."""
     topic = settings["topic_tool_strikes"]
-    deadline = time.monotonic() + 60
-    while True:
-        ends: dict[Any, int] = {}
-        for partition, offset, _, _ in await read_all(bootstrap, topic, partitions, idle=0.3):
-            ends[partition] = max(ends.get(partition, 0), offset + 1)
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            tps = [TopicPartition(topic, p) for p in ends]
-            committed = await admin.list_consumer_group_offsets(settings["app_id"], partitions=tps)
-        finally:
-            await admin.close()
-        behind = {tp.partition: ends[tp.partition] - (committed[tp].offset if tp in committed
-                                                       else 0) for tp in tps}
-        if ends and not any(behind.values()):
-            return
-        assert time.monotonic() < deadline, f"strikes not committed: {behind}"
-        await asyncio.sleep(0.2)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    await wait_committed(bootstrap, settings["app_id"], tps, 60, what="strikes")
 
 
 def tools_broken(worker: WorkerProcess) -> float:

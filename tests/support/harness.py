@@ -394,22 +394,8 @@ class Collector:
 
     async def read_to_end(self, timeout: float = 30.0) -> None:
         """Wait until every record now on the topics has been read into ``records``."""
-        from streams.faust_compat.end_offsets import fetch_end_offsets
-
         assert self.consumer is not None
-        deadline = time.monotonic() + timeout
-        while not self.consumer.assignment():
-            if time.monotonic() > deadline:
-                raise AssertionError("the collector got no partitions")
-            await asyncio.sleep(0.05)
-        tps = list(self.consumer.assignment())
-        # end offsets from a Fetch answer: Tansu's ListOffsets is unreliable
-        ends = await fetch_end_offsets(self.consumer, tps)
-        for tp in tps:
-            while await self.consumer.position(tp) < ends[tp]:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{tp} not read to its end ({ends[tp]})")
-                await asyncio.sleep(0.05)
+        await consumed_to_end(self.consumer, timeout)
 
     async def wait_for(self, what: str, done: Callable[[], bool], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -419,11 +405,38 @@ class Collector:
             await asyncio.sleep(0.1)
 
 
+async def end_offsets(
+    consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition]
+) -> dict[TopicPartition, int]:
+    """High watermarks from a Fetch answer: Tansu's ListOffsets(latest) is wrong after
+    multi-record batches (see streams.faust_compat.end_offsets)."""
+    from streams.faust_compat.end_offsets import fetch_end_offsets
+
+    return await fetch_end_offsets(consumer, tps)
+
+
+async def consumed_to_end(consumer: AIOKafkaConsumer, timeout: float = 30.0) -> None:
+    """Wait until ``consumer`` (reading in a task of its own) has read every record now
+    on its assigned partitions: its positions reach the end offsets taken at the call."""
+    deadline = time.monotonic() + timeout
+    while not consumer.assignment():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no partitions assigned of {consumer.subscription()}")
+        await asyncio.sleep(0.05)
+    tps = list(consumer.assignment())
+    ends = await end_offsets(consumer, tps)
+    for tp in tps:
+        while await consumer.position(tp) < ends[tp]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{tp} not read to its end ({ends[tp]})")
+            await asyncio.sleep(0.05)
+
+
 async def read_all(
-    bootstrap: str, topic: str, partitions: int, *, idle: float = 1.0
+    bootstrap: str, topic: str, partitions: int, timeout: float = 60.0
 ) -> list[tuple[int, int, bytes | None, bytes | None]]:
-    """Every record of ``topic`` now: (partition, offset, key, value); stops after ``idle``
-    seconds without new records once the high watermarks are reached."""
+    """Every record of ``topic`` now: (partition, offset, key, value), read until each
+    partition's position reaches the end offset it had when the reading started."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=20
     )
@@ -433,39 +446,89 @@ async def read_all(
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        last = time.monotonic()
-        while time.monotonic() - last < idle:
-            batches = await consumer.getmany(timeout_ms=100)
+        ends = await end_offsets(consumer, tps)
+        deadline = time.monotonic() + timeout
+        behind = [tp for tp in tps if ends[tp] > 0]
+        while behind:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{topic} not read to its ends {ends}")
+            batches = await consumer.getmany(*behind, timeout_ms=100)
             for tp, records in batches.items():
                 out.extend((tp.partition, r.offset, r.key, r.value) for r in records)
-                last = time.monotonic()
+            behind = [tp for tp in behind if await consumer.position(tp) < ends[tp]]
     finally:
         await consumer.stop()
     return out
 
 
-async def input_lag(
-    bootstrap: str, settings: dict[str, str], *, idle: float = 1.0
-) -> dict[TopicPartition, int]:
-    """Per input topic-partition of a worker: records on the broker minus the group's
-    committed offset (Tansu's ListOffsets(latest) is unreliable, see streams.faust_compat.end_offsets, so
-    the ends come from reading the records; offsets start at 0)."""
+INPUT_ROLES = ("tool_calls", "tool_results", "compactions")
+
+
+def input_partitions(settings: dict[str, str]) -> list[TopicPartition]:
+    """Every partition of a worker's input topics (``partitions`` each, default 4)."""
     parts = int(settings.get("partitions", "4"))
-    ends: dict[TopicPartition, int] = {}
-    for role in ("tool_calls", "tool_results", "compactions"):
-        topic = settings[f"topic_{role}"]
-        for partition, offset, _, _ in await read_all(bootstrap, topic, parts, idle=idle):
-            tp = TopicPartition(topic, partition)
-            ends[tp] = max(ends.get(tp, 0), offset + 1)
+    return [
+        TopicPartition(settings[f"topic_{role}"], p) for role in INPUT_ROLES for p in range(parts)
+    ]
+
+
+async def committed_lag(
+    bootstrap: str, group: str, tps: Sequence[TopicPartition]
+) -> dict[TopicPartition, int]:
+    """Per topic-partition: its end offset minus ``group``'s committed offset."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        ends = await end_offsets(consumer, tps)
+    finally:
+        await consumer.stop()
+    committed = await committed_offsets(bootstrap, group, tps)
+    return {tp: end - committed[tp] for tp, end in ends.items()}
+
+
+async def committed_offsets(
+    bootstrap: str, group: str, tps: Sequence[TopicPartition]
+) -> dict[TopicPartition, int]:
+    """``group``'s committed offset of each of ``tps`` (0 where it has none)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        committed = await admin.list_consumer_group_offsets(
-            settings["app_id"], partitions=list(ends)
-        )
+        # Without explicit partitions Tansu's answer fails to decode (architecture.md).
+        committed = await admin.list_consumer_group_offsets(group, partitions=list(tps))
     finally:
         await admin.close()
-    return {tp: end - (committed[tp].offset if tp in committed else 0) for tp, end in ends.items()}
+    # No entry, or -1: nothing committed yet, which means offset 0.
+    return {tp: max(committed[tp].offset, 0) if tp in committed else 0 for tp in tps}
+
+
+async def input_lag(bootstrap: str, settings: dict[str, str]) -> dict[TopicPartition, int]:
+    """Per input topic-partition of a worker: records on the broker not yet committed
+    by the worker's group."""
+    return await committed_lag(bootstrap, settings["app_id"], input_partitions(settings))
+
+
+async def wait_committed(
+    bootstrap: str,
+    group: str,
+    tps: Sequence[TopicPartition],
+    timeout: float = 120.0,
+    what: str = "input",
+) -> None:
+    """Until ``group``'s committed offsets reach the end offsets of ``tps``."""
+    deadline = time.monotonic() + timeout
+    while any((lag := await committed_lag(bootstrap, group, tps)).values()):
+        if time.monotonic() > deadline:
+            behind = {f"{tp.topic}[{tp.partition}]": n for tp, n in lag.items() if n}
+            raise AssertionError(f"{what} not committed to its end in {timeout:.0f} s: {behind}")
+        await asyncio.sleep(0.2)
+
+
+async def worker_committed(
+    bootstrap: str, settings: dict[str, str], timeout: float = 120.0
+) -> None:
+    """Until the worker's group has committed every input record now on the broker: each
+    one judged, and its outputs and table writes acknowledged (a commit follows them)."""
+    await wait_committed(bootstrap, settings["app_id"], input_partitions(settings), timeout)
 
 
 def live_keys(records: Iterable[tuple[int, int, bytes | None, bytes | None]]) -> set[bytes]:
@@ -484,11 +547,5 @@ async def settle(
     the worker's group (its outputs are flushed before a commit), then every output
     record read. Instead of sleeping and assuming nothing more will come."""
     deadline = time.monotonic() + timeout
-    while True:
-        lag = await input_lag(bootstrap, settings, idle=0.3)
-        if not any(lag.values()):
-            break
-        if time.monotonic() > deadline:
-            raise AssertionError(f"input not committed to its end: {lag}")
-        await asyncio.sleep(0.2)
+    await worker_committed(bootstrap, settings, timeout)
     await out.read_to_end(max(5.0, deadline - time.monotonic()))
