@@ -197,12 +197,36 @@ def _encode_history(out: bytearray, history: list[Record], base_ts: int) -> dict
     return refs
 
 
+#: The JSON of events at rest (parked or pending), by identity: a session keeps them
+#: across many checkpoints, and dumping each again at every one made a backlog with
+#: parked events quadratic (a worker reading calls ahead of results parks hundreds).
+#: Events at rest are never changed in place (Engine._at_rest builds them), and each
+#: entry holds its event, so an id is not reused while its entry is here.
+_AT_REST_JSON: dict[int, tuple[InputEvent, bytes]] = {}
+_AT_REST_JSON_MAX: Final = 20_000
+
+
+def _event_json(event: InputEvent) -> bytes:
+    cached = _AT_REST_JSON.get(id(event))
+    if cached is not None and cached[0] is event:
+        return cached[1]
+    data = event.model_dump_json(exclude_unset=True).encode()
+    _remember_json(event, data)
+    return data
+
+
+def _remember_json(event: InputEvent, data: bytes) -> None:
+    if len(_AT_REST_JSON) >= _AT_REST_JSON_MAX:
+        _AT_REST_JSON.clear()  # a bound, not an LRU: refilled by the next checkpoints
+    _AT_REST_JSON[id(event)] = (event, data)
+
+
 def _encode_waiting(out: bytearray, state: SessionState) -> None:
     """Parked events, skipped seq ranges, the incarnation, retired ones, pending events."""
     _uvarint(out, len(state.parked))
     for seq, event in state.parked.items():
         _uvarint(out, seq)
-        _blob(out, event.model_dump_json(exclude_unset=True).encode())
+        _blob(out, _event_json(event))
     _uvarint(out, len(state.skipped))
     for first_seq, last_seq in state.skipped:
         _uvarint(out, first_seq)
@@ -214,7 +238,7 @@ def _encode_waiting(out: bytearray, state: SessionState) -> None:
         _uvarint(out, next_seq)
     _uvarint(out, len(state.pending))
     for event in state.pending:
-        _blob(out, event.model_dump_json(exclude_unset=True).encode())
+        _blob(out, _event_json(event))
 
 
 def _encode_decisions(
@@ -514,7 +538,10 @@ def _read_decisions(
 def _read_event(data: bytes, pos: int) -> tuple[InputEvent, int]:
     """An event waiting on a gap or a restart (kept as its JSON, fingerprints only)."""
     length, pos = _read_count(data, pos)
-    return input_event_adapter.validate_json(data[pos : pos + length]), pos + length
+    text = data[pos : pos + length]
+    event = input_event_adapter.validate_json(text)
+    _remember_json(event, text)  # encoded again as read
+    return event, pos + length
 
 
 def _ref(strings: list[str | None], index: int) -> str | None:
