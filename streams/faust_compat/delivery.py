@@ -21,7 +21,11 @@ interleave with it, and awaiting it directly is equivalent to racing it against
 from __future__ import annotations
 
 import asyncio
+import collections
+import heapq
 import itertools
+import math
+import time
 from typing import Any
 
 import faust
@@ -123,6 +127,7 @@ class FetchBatches:
         self._room = asyncio.Event()
         self._room.set()
         self._in_flight: dict[int, _BatchInFlight] = {}
+        self.alignment = TopicAlignment(app, topics, hold_max=4 * max_batch)
         # A flow-control queue: clear() is all FlowControlEvent calls on it.
         app.flow_control.manage_queue(self)  # type: ignore[arg-type]
 
@@ -161,12 +166,15 @@ class FetchBatches:
                     admitted = []
                     for tp, batch in fetched:
                         if active is None or tp in active or tp in buffered:
-                            kept = await self._admit(TP(tp.topic, tp.partition), batch, generation)
+                            tp = TP(tp.topic, tp.partition)
+                            kept = await self._admit(tp, batch, generation)
                             if kept is None:
                                 break  # a rebalance meanwhile: Faust drops the rest too
-                            admitted.append(kept)
+                            admitted.append((tp, kept))
                     else:
-                        await self._buffer_fetch(admitted)
+                        await self._buffer_fetch(self.alignment.release(admitted))
+            elif self.alignment.holding and consumer.flow_active:
+                await self._buffer_fetch(self.alignment.release([]))
             return records, active
 
         consumer.callback = deliver
@@ -209,9 +217,8 @@ class FetchBatches:
         return records
 
     async def _buffer_fetch(self, partitions: list[list[Any]]) -> None:
-        """Buffer a fetch's admitted records, the partitions interleaved record by
-        record as Faust's scheduler does: a session's calls and results are on two
-        topics, and a batch cut between them would park the later ones (seq order)."""
+        """Buffer records to judge, the lists interleaved record by record as Faust's
+        scheduler does (a batch cut must not take one partition's records only)."""
         if len(partitions) == 1:
             self._buffer.extend(partitions[0])
         elif partitions:
@@ -282,7 +289,119 @@ class FetchBatches:
         their partitions next.
         """
         self._buffer.clear()
+        self.alignment.clear()
         self._room.set()
+
+
+class TopicAlignment:
+    """Input records of one partition number released across topics in time order.
+
+    A session's calls and results are on two topics (co-partitioned). On a backlog
+    the consumer fetches each partition up to a byte bound, so the topic of small
+    records (calls) runs ahead of the other by more with every fetch; the engine
+    then parks the calls until their results come (seq order), keeping and
+    re-encoding hundreds of parked events per session (bench: a 40k-event backlog
+    judged at half the speed of a 20k one). So, as Kafka Streams picks the record
+    with the lowest timestamp across a task's partitions, records are held while a
+    sibling partition (same number, another input topic) still has records on the
+    broker that this worker has not fetched, and released, merged by timestamp, up
+    to the last timestamp every such sibling has been fetched to.
+
+    Holding only orders what the engine would order anyway: a record is held at
+    most ``hold_seconds``, and a partition number holds at most ``hold_max``
+    records; past either, everything held is released as it came.
+    """
+
+    def __init__(
+        self, app: faust.App, topics: frozenset[str], hold_max: int, hold_seconds: float = 0.1
+    ) -> None:
+        self.app = app
+        self.topics = sorted(topics)
+        self.hold_max = hold_max
+        self.hold_seconds = hold_seconds
+        self._held: dict[int, dict[str, collections.deque[Any]]] = {}
+        self._since: dict[int, float] = {}
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def release(self, admitted: list[tuple[Any, list[Any]]]) -> list[list[Any]]:
+        """Take a fetch's admitted records (per partition, in offset order); return
+        what may be judged now, per partition number in timestamp order."""
+        if len(self.topics) < 2:
+            return [records for _, records in admitted]
+        now = time.monotonic()
+        for tp, records in admitted:
+            group = self._held.get(tp.partition)
+            if group is None:
+                group = self._held[tp.partition] = {}
+                self._since[tp.partition] = now
+            queue = group.get(tp.topic)
+            if queue is None:
+                group[tp.topic] = collections.deque(records)
+            else:
+                queue.extend(records)
+        out = []
+        for partition in list(self._held):
+            released = self._release_group(partition, now)
+            if released:
+                out.append(released)
+        return out
+
+    def _release_group(self, partition: int, now: float) -> list[Any]:
+        group = self._held[partition]
+        if (
+            now - self._since[partition] >= self.hold_seconds
+            or sum(map(len, group.values())) >= self.hold_max
+        ):
+            horizon = math.inf  # held long enough, or too many: as they came
+        else:
+            # Only a sibling with records still on the broker bounds the others: one
+            # fetched to its end sends nothing later than what is held.
+            horizon = math.inf
+            for topic in self.topics:
+                if self._unfetched(TP(topic, partition)):
+                    queue = group.get(topic)
+                    if not queue:
+                        return []  # wait for its next fetch
+                    horizon = min(horizon, queue[-1].timestamp)
+        parts = []
+        for queue in group.values():
+            part = []
+            while queue and queue[0].timestamp <= horizon:
+                part.append(queue.popleft())
+            if part:
+                parts.append(part)
+        if not any(group.values()):
+            del self._held[partition], self._since[partition]
+        else:
+            self._since[partition] = now  # what is left was held since this release
+        if len(parts) == 1:
+            return parts[0]
+        # Each partition's offset order is kept (merge only interleaves).
+        return list(heapq.merge(*parts, key=_timestamp))
+
+    def _unfetched(self, tp: Any) -> bool:
+        """Whether ``tp`` has records on the broker past what this worker fetched."""
+        consumer: Any = self.app.consumer
+        try:
+            highwater = consumer.highwater(tp)
+        except Exception:  # not assigned (any more): nothing to wait for
+            return False
+        if highwater is None:
+            return False
+        read = consumer._read_offset[tp]
+        position = read + 1 if read is not None else consumer._committed_offset[tp] or 0
+        return bool(highwater > position)
+
+    def clear(self) -> None:
+        self._held.clear()
+        self._since.clear()
+
+
+def _timestamp(record: Any) -> int:
+    return record.timestamp  # type: ignore[no-any-return]
 
 
 _FETCH_INSTALLED = "_loopfuse_fetch_batches"

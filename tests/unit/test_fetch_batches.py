@@ -29,6 +29,7 @@ class Record:  # the fields of aiokafka's ConsumerRecord the hand-off reads
     offset: int
     key: bytes | None = b"k"
     value: bytes | None = b"{}"
+    timestamp: int = 0  # ms, the producer's CreateTime
 
 
 @dataclass
@@ -51,6 +52,10 @@ class StandInConsumer:
     _unacked_messages: WeakSet[Any] = field(default_factory=WeakSet)
     _waiting_for_ack: Any = None
     _buffered_partitions: set[TP] = field(default_factory=set)
+    highwaters: dict[TP, int] = field(default_factory=dict)
+
+    def highwater(self, tp: TP) -> int | None:
+        return self.highwaters.get(tp)
 
     async def _wait_next_records(self, timeout: float) -> tuple[dict[Any, Any], set[TP] | None]:
         return self.fetches.pop(0), None
@@ -72,6 +77,19 @@ def installed(consumer: StandInConsumer, max_batch: int = 100) -> FetchBatches:
 
 def records(partition: int, *offsets: int, topic: str = "calls") -> list[Record]:
     return [Record(topic, partition, offset) for offset in offsets]
+
+
+def timed(topic: str, *stamps: int, first: int = 0) -> list[Record]:
+    """Records of partition 0 of ``topic`` at offsets first.., produced at ``stamps``."""
+    return [Record(topic, 0, first + n, timestamp=ts) for n, ts in enumerate(stamps)]
+
+
+def two_topics(consumer: StandInConsumer) -> FetchBatches:
+    app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(),
+                          consumer_generation_id=1)
+    fetches = FetchBatches(app, frozenset({"calls", "results"}), 100)  # type: ignore[arg-type]
+    fetches.install()
+    return fetches
 
 
 CALLS0, CALLS1 = TP("calls", 0), TP("calls", 1)
@@ -97,21 +115,66 @@ def test_a_fetch_reaches_the_agent_whole_and_other_topics_go_faust_s_way() -> No
     asyncio.run(scenario())
 
 
-def test_a_batch_cut_takes_a_session_s_calls_and_results_together() -> None:
+RESULTS0 = TP("results", 0)
+
+
+def test_calls_and_results_are_judged_in_the_order_they_were_produced() -> None:
     async def scenario() -> None:
-        results = TP("results", 0)
         consumer = StandInConsumer(fetches=[{
-            CALLS0: records(0, *range(4)), results: records(0, *range(4), topic="results"),
+            CALLS0: timed("calls", 10, 30, 50), RESULTS0: timed("results", 20, 40, 60),
         }])
-        app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(),
-                              consumer_generation_id=1)
-        fetches = FetchBatches(app, frozenset({"calls", "results"}), 4)  # type: ignore[arg-type]
-        fetches.install()
+        fetches = two_topics(consumer)
+        await consumer._wait_next_records(1.0)
+        batch = await fetches.take()
+        assert [(r.topic, r.timestamp) for r in batch] == [
+            ("calls", 10), ("results", 20), ("calls", 30), ("results", 40),
+            ("calls", 50), ("results", 60),
+        ]
+
+    asyncio.run(scenario())
+
+
+def test_calls_fetched_ahead_wait_for_the_results_still_on_the_broker() -> None:
+    """The backlog case: a fetch brings calls further than results (a byte bound per
+    partition); the later calls wait for the next fetch instead of being parked."""
+    async def scenario() -> None:
+        consumer = StandInConsumer(fetches=[
+            {CALLS0: timed("calls", 10, 30, 50, 70), RESULTS0: timed("results", 20)},
+            {RESULTS0: timed("results", 40, 60, 80, first=1)},
+        ])
+        consumer.highwaters = {CALLS0: 4, RESULTS0: 4}  # results 1..3 not fetched yet
+        fetches = two_topics(consumer)
         await consumer._wait_next_records(1.0)
         first = await fetches.take()
-        assert [(r.topic, r.offset) for r in first] == [
-            ("calls", 0), ("results", 0), ("calls", 1), ("results", 1)
+        # Up to the last result fetched; calls 30.. wait (results 1..3 are unfetched).
+        assert [(r.topic, r.timestamp) for r in first] == [("calls", 10), ("results", 20)]
+        await consumer._wait_next_records(1.0)
+        second = await fetches.take()
+        assert [(r.topic, r.timestamp) for r in second] == [
+            ("calls", 30), ("results", 40), ("calls", 50), ("results", 60),
+            ("calls", 70), ("results", 80),
         ]
+        assert not fetches.alignment.holding
+
+    asyncio.run(scenario())
+
+
+def test_records_are_held_only_while_a_sibling_has_unfetched_records_and_not_for_long() -> None:
+    async def scenario() -> None:
+        consumer = StandInConsumer(fetches=[
+            {CALLS0: timed("calls", 10, 30)}, {CALLS0: timed("calls", 50, first=2)}, {},
+        ])
+        consumer.highwaters = {CALLS0: 2, RESULTS0: 0}  # nothing on the results topic
+        fetches = two_topics(consumer)
+        await consumer._wait_next_records(1.0)
+        assert [r.timestamp for r in await fetches.take()] == [10, 30]  # not held
+        consumer.highwaters[RESULTS0] = 5  # results arrive on the broker, not fetched
+        fetches.alignment.hold_seconds = 0.05
+        await consumer._wait_next_records(1.0)
+        assert fetches.alignment.holding and not fetches._buffer
+        await asyncio.sleep(0.06)
+        await consumer._wait_next_records(1.0)  # an empty fetch after the hold bound
+        assert [r.timestamp for r in await fetches.take()] == [50]
 
     asyncio.run(scenario())
 
