@@ -157,23 +157,24 @@ class FetchBatches:
 
         async def _wait_next_records(timeout: float) -> Any:
             records, active = await wait_next_records(timeout)
-            if records and consumer.flow_active:
-                mine = [tp for tp in records if tp.topic in topics]
-                if mine:
-                    generation = self.app.consumer_generation_id
-                    buffered = consumer._buffered_partitions
-                    fetched = [(tp, records.pop(tp)) for tp in mine]  # none left for Faust
-                    admitted = []
-                    for tp, batch in fetched:
-                        if active is None or tp in active or tp in buffered:
-                            tp = TP(tp.topic, tp.partition)
-                            kept = await self._admit(tp, batch, generation)
-                            if kept is None:
-                                break  # a rebalance meanwhile: Faust drops the rest too
-                            admitted.append((tp, kept))
-                    else:
-                        await self._buffer_fetch(self.alignment.release(admitted))
-            elif self.alignment.holding and consumer.flow_active:
+            if not consumer.flow_active:
+                return records, active  # Faust drops them too: fetched again after the resume
+            mine = [tp for tp in records or () if tp.topic in topics]
+            if mine:
+                generation = self.app.consumer_generation_id
+                buffered = consumer._buffered_partitions
+                fetched = [(tp, records.pop(tp)) for tp in mine]  # none left for Faust
+                admitted = []
+                for tp, batch in fetched:
+                    if active is None or tp in active or tp in buffered:
+                        tp = TP(tp.topic, tp.partition)
+                        kept = await self._admit(tp, batch, generation)
+                        if kept is None:
+                            break  # a rebalance meanwhile: Faust drops the rest too
+                        admitted.append((tp, kept))
+                else:
+                    await self._buffer_fetch(self.alignment.release(admitted))
+            elif self.alignment.holding:  # every fetch answer, so the hold bound is kept
                 await self._buffer_fetch(self.alignment.release([]))
             return records, active
 
