@@ -273,7 +273,10 @@ class FetchBatches:
                 if committed is not None:
                     acked_now = [offset for offset in acked_now if offset >= committed]
                 index = consumer._acked_index[tp]
-                fresh = [offset for offset in acked_now if offset not in index]
+                # Once each, as Consumer.ack: a batch can hold an offset twice (fetched
+                # again after a seek back), and a duplicate in the acked list breaks
+                # its run of consecutive offsets, so commits crawled an offset at a time.
+                fresh = [offset for offset in dict.fromkeys(acked_now) if offset not in index]
                 index.update(fresh)
                 consumer._acked[tp].extend(fresh)
                 consumer._n_acked += len(fresh)

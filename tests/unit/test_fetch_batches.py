@@ -227,6 +227,25 @@ def test_ack_records_the_batch_as_faust_s_ack_would_and_releases_a_revocation() 
     asyncio.run(scenario())
 
 
+def test_an_offset_judged_twice_in_a_batch_is_acked_once() -> None:
+    """A seek back can bring records again while their first copies still wait: the
+    acked list must hold each offset once, or Faust's commit (which takes the first
+    run of consecutive offsets) advances one offset per commit."""
+    async def scenario() -> None:
+        consumer = StandInConsumer(fetches=[{CALLS0: records(0, 5, 6, 7)},
+                                            {CALLS0: records(0, 5, 6, 7)}])
+        fetches = installed(consumer)
+        await consumer._wait_next_records(1.0)
+        consumer._read_offset[CALLS0] = 5  # what Faust's seek to the committed 5 sets
+        await consumer._wait_next_records(1.0)
+        batch = await fetches.take()
+        assert [r.offset for r in batch] == [5, 6, 7, 5, 6, 7]
+        fetches.ack(batch)
+        assert consumer._acked[CALLS0] == [5, 6, 7] and consumer._n_acked == 3
+
+    asyncio.run(scenario())
+
+
 def test_a_full_buffer_holds_the_fetch_loop_until_the_agent_takes() -> None:
     async def scenario() -> None:
         consumer = StandInConsumer(fetches=[{CALLS0: records(0, *range(8))}])
