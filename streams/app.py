@@ -87,6 +87,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     readiness = Readiness(app, settings, fleet_breaker=board is not None)
 
     publish = Publisher(app, table, store)  # right after each processor call
+
     def owned() -> list[tuple[str, int]]:
         return owned_inputs(app, settings.input_topics)
 
