@@ -311,9 +311,9 @@ class TopicAlignment:
     broker that this worker has not fetched, and released, merged by timestamp, up
     to the last timestamp every such sibling has been fetched to.
 
-    Holding only orders what the engine would order anyway: a record is held at
-    most ``hold_seconds``, and a partition number holds at most ``hold_max``
-    records; past either, everything held is released as it came.
+    Holding only orders what the engine would order anyway: a partition number that
+    has released nothing for ``hold_seconds``, or holds ``hold_max`` records,
+    releases everything it holds as it came.
     """
 
     def __init__(
