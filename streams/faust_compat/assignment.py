@@ -8,7 +8,6 @@ from streams.faust_compat.consumer import tune_fetch_wait
 from streams.faust_compat.delivery import FetchBatches, install_fast_delivery
 from streams.faust_compat.recovery import (
     give_back_fetches_across_rebalances,
-    ignore_phantom_gaps,
     keep_commits_on_seek,
     keep_queues_on_redundant_resume,
 )
@@ -17,7 +16,6 @@ from streams.faust_compat.recovery import (
 def prepare_consumer(
     app: faust.App,
     fetches: FetchBatches,
-    inputs: frozenset[str],
     *,
     fetch_max_wait_ms: int,
 ) -> None:
@@ -26,13 +24,11 @@ def prepare_consumer(
     Called from ``on_partitions_assigned``, i.e. before the fetcher starts (recovery
     starts it after this signal): the fetch loop binds its delivery callback once.
     Without the recovery fixes a restart onto a backlog skipped input and committed
-    it unjudged; ``fetches`` goes before ``ignore_phantom_gaps``, which must see every
-    delivered message.
+    it unjudged.
     """
     tune_fetch_wait(app, fetch_max_wait_ms)
     install_fast_delivery(app)
     fetches.install()
     keep_queues_on_redundant_resume(app)
-    ignore_phantom_gaps(app, inputs, fetches.delivered)
     give_back_fetches_across_rebalances(app)
     keep_commits_on_seek(app)

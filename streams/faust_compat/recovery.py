@@ -22,10 +22,10 @@ The mechanism, in faust-streaming 0.15.3 (``Recovery.on_recovery_completed``):
    offsets count as acknowledged, so the next commit moves past them.
 
 :func:`keep_queues_on_redundant_resume` stops step 4 (a resume that resumes
-nothing drops nothing) and :func:`ignore_phantom_gaps` stops step 5 (only
-offsets the consumer really never delivered count as a gap), each enough to
-stop the loss on its own; with both, a queued message is neither dropped nor
-committed before it is judged.
+nothing drops nothing) and the input's hand-off stops step 5 (only offsets it
+really never delivered count as a gap: ``delivery.FetchBatches._admit``), each
+enough to stop the loss on its own; with both, a queued message is neither
+dropped nor committed before it is judged.
 """
 
 from __future__ import annotations
@@ -62,51 +62,6 @@ def keep_queues_on_redundant_resume(app: faust.App) -> None:
 
     flow_control.resume = resume
     setattr(flow_control, _PATCHED, True)
-
-
-def ignore_phantom_gaps(
-    app: faust.App, topics: frozenset[str] | set[str], delivered: dict[Any, int] | None = None
-) -> None:
-    """Count an offset of ``topics`` as a gap only if no message with it was delivered.
-
-    Faust's fetch loop calls ``Consumer._add_gap(tp, r + 1, offset)`` when a
-    message's offset is more than one past the partition's read offset ``r``;
-    gap offsets are then committed as if processed. That is right for offsets
-    with no record (transaction markers, compaction) but wrong when ``r`` was
-    reset below messages that were delivered and are still waiting in a queue.
-    So the gap starts after the last offset actually delivered, which this
-    tracks by wrapping the consumer's delivery callback. ``delivered`` (last offset
-    delivered per partition) is shared with whatever delivers input past the callback
-    (:class:`streams.faust_compat.delivery.FetchBatches` hands whole fetches over).
-    Call before the consumer's fetcher starts (the fetch loop binds the callback once).
-    """
-    consumer: Any = app.consumer
-    if getattr(consumer, _PATCHED, False):
-        return
-    if delivered is None:
-        delivered = {}
-    callback = consumer.callback
-    add_gap = consumer._add_gap
-
-    async def deliver(message: Any) -> Any:
-        if message.topic in topics:
-            delivered[message.tp] = message.offset
-        return await callback(message)
-
-    async def _add_gap(tp: Any, offset_from: int, offset_to: int) -> None:
-        if tp.topic in topics:
-            last = delivered.get(tp)
-            if last is not None and last + 1 > offset_from:
-                offset_from = last + 1
-            if offset_from >= offset_to:
-                return  # every offset before offset_to was delivered: no gap
-        await add_gap(tp, offset_from, offset_to)
-
-    consumer.callback = deliver
-    consumer._add_gap = _add_gap
-    setattr(consumer, _PATCHED, True)
-
-
 
 
 def give_back_fetches_across_rebalances(app: faust.App) -> None:

@@ -195,6 +195,28 @@ def test_records_below_the_read_offset_are_dropped_and_missing_offsets_are_gaps(
     asyncio.run(scenario())
 
 
+def test_offsets_already_delivered_are_never_a_gap() -> None:
+    """perform_seek resets the read offset to the committed one while records past it
+    were delivered: Faust's loop then counted those offsets as a gap (committed as if
+    judged). Only offsets never delivered are one."""
+    async def scenario() -> None:
+        consumer = StandInConsumer(fetches=[
+            {CALLS0: records(0, *range(869, 1363))},
+            {CALLS0: records(0, 1363, 1364)},
+            {CALLS0: records(0, 1370)},
+        ])
+        fetches = installed(consumer, max_batch=1_000)
+        await consumer._wait_next_records(1.0)
+        consumer._read_offset[CALLS0] = 869  # perform_seek, to the committed offset
+        await consumer._wait_next_records(1.0)
+        assert consumer.gaps == []
+        await consumer._wait_next_records(1.0)  # 1365..1369 were never delivered
+        assert consumer.gaps == [(CALLS0, 1365, 1370)]
+        assert len(await fetches.take()) == 494 + 3
+
+    asyncio.run(scenario())
+
+
 def test_nothing_is_taken_while_flow_is_stopped() -> None:
     async def scenario() -> None:
         consumer = StandInConsumer(fetches=[{CALLS0: records(0, 0, 1)}], flow_active=False)
