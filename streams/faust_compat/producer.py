@@ -28,17 +28,8 @@ async def send_retrying(app: faust.App, messages: list[tuple[str, bytes | None, 
     the broker (or the network), not the input: giving up would let the batch be
     acknowledged without its verdicts.
     """
-    send = app.producer.send
     for topic, key, value in messages:
-        delay = 0.1
-        while True:
-            try:
-                await send(topic, key, value, None, None, None)
-                break
-            except (KafkaError, OSError) as exc:
-                log.warning("cannot hand a message to the producer (%r); retrying", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        await _hand_over(app, topic, key, value, None)
 
 
 async def send_table_writes(
@@ -52,7 +43,6 @@ async def send_table_writes(
     """
     if not writes:
         return
-    send = app.producer.send
     topic = table.changelog_topic.get_topic_name()
     store = table.data
 
@@ -62,16 +52,22 @@ async def send_table_writes(
             store.set_persisted_offset(TP(metadata.topic, metadata.partition), metadata.offset)
 
     for partition, key, value in writes:
-        delay = 0.1
-        while True:
-            try:
-                sent = await send(topic, key, value, partition, None, None)
-                break
-            except (KafkaError, OSError) as exc:
-                log.warning("cannot hand a table write to the producer (%r); retrying", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        sent.add_done_callback(persisted)  # type: ignore[attr-defined]
+        sent = await _hand_over(app, topic, key, value, partition)
+        sent.add_done_callback(persisted)
+
+
+async def _hand_over(
+    app: faust.App, topic: str, key: bytes | None, value: bytes | None, partition: int | None
+) -> asyncio.Future[Any]:
+    """One record into the producer (its delivery future), retried until it is in."""
+    delay = 0.1
+    while True:
+        try:
+            return await app.producer.send(topic, key, value, partition, None, None)  # type: ignore[return-value]
+        except (KafkaError, OSError) as exc:
+            log.warning("cannot hand a record to the producer (%r); retrying", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 class Publisher:
