@@ -95,7 +95,7 @@ class RuleBook:
                                          f"{run or ''}:failure:{tool}:{failure[0]:016x}"),
                               rule.enforced, False))
         if config.detection_on and (rules.cycle is not None or rules.argument_churn is not None):
-            history = state.run_history(run)
+            history = state.run_history(run_key(run))
             if rules.cycle is not None:
                 cycle = _cycle(history, sig, config, rules.cycle.max_period, run)
                 if cycle is not None:

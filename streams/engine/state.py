@@ -55,20 +55,23 @@ def incarnation_key(incarnation: str | None) -> int:
     return xxh3_64_intdigest(incarnation.encode("utf-8", "surrogatepass")) | 1
 
 
-class Record(NamedTuple):
-    """One call (and, once known, its outcome) in the session history.
-
-    Immutable: a result replaces its call's record. A tuple, so that the codec
-    builds and takes apart whole histories column by column in C.
-    """
-
-    tool: str
-    sig: int  # call signature: tool name + args fingerprint, 64-bit
-    run: str | None
-    call: int  # 32-bit hash of the call id while the result is pending, else 0
-    result: int  # 64-bit result fingerprint, 0 = no result yet
-    unknown: str | None  # unknown-tool name carried by the result
-    ts: int  # event time, epoch ms
+# One call (and, once known, its outcome) in the session history. Immutable: a
+# result replaces its call's record. A tuple, which the state codec (msgspec) writes
+# and reads as an array in C. Declared with its field types as values, not as
+# annotations: a mypyc build keeps values but erases annotations (``str | None``
+# became ``type``), and msgspec reads the types from them.
+Record = NamedTuple(  # noqa: UP014 - the functional form, see above
+    "Record",
+    [
+        ("tool", str),
+        ("sig", int),  # call signature: tool name + args fingerprint, 64-bit
+        ("run", int),  # run_key of the (scoped) run id: 0 for none; compared, never shown
+        ("call", int),  # 32-bit hash of the call id while the result is pending, else 0
+        ("result", int),  # 64-bit result fingerprint, 0 = no result yet
+        ("unknown", str | None),  # unknown-tool name carried by the result
+        ("ts", int),  # event time, epoch ms
+    ],
+)
 
 
 @dataclass(slots=True)
@@ -138,8 +141,8 @@ class SessionState:
     pending: list[InputEvent] = field(default_factory=list)
     # What the opt-in rules (issue 14) count; None while no rule touched the session.
     rules: RuleState | None = None
-    # Derived, never serialised: the run ids present in the history (None = recompute).
-    _runs: set[str | None] | None = field(default=None, repr=False, compare=False)
+    # Derived, never serialised: the run keys present in the history (None = recompute).
+    _runs: set[int] | None = field(default=None, repr=False, compare=False)
     # Derived, never serialised: how many records of the history carry each signature.
     _sig_counts: dict[int, int] | None = field(default=None, repr=False, compare=False)
     # Derived, never serialised: about what the parked and pending events take.
@@ -169,8 +172,8 @@ class SessionState:
                 counts[rec.sig] = counts.get(rec.sig, 0) + 1
         return counts.get(sig, 0)
 
-    def run_history(self, run: str | None) -> list[Record]:
-        """The records detection may see: those of the current run."""
+    def run_history(self, run: int) -> list[Record]:
+        """The records detection may see: those of the current run (its run_key)."""
         runs = self._runs
         if runs is None:
             runs = self._runs = {rec.run for rec in self.history}

@@ -8,6 +8,7 @@ import pytest
 
 from schemas import input_event_adapter, parse_config
 from streams.engine import Engine
+from streams.engine.state import run_key
 from tests.unit.conftest import (
     LOOP_BLOCK_RESULT,
     actions,
@@ -403,7 +404,8 @@ def test_history_is_trimmed_oldest_first_across_runs() -> None:
     for event in [call("a", {"i": i}, run="r1") for i in range(3)] + \
                  [call("a", {"i": i}, run="r2") for i in range(3)]:
         state, _ = engine.step(state, event, event.ts)
-    assert [r.run for r in state.history] == ["r1", "r2", "r2", "r2"]
+    r1, r2 = run_key("r1"), run_key("r2")
+    assert [r.run for r in state.history] == [r1, r2, r2, r2]
 
 
 # --- enabled -------------------------------------------------------------------------------------

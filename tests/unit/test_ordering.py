@@ -238,10 +238,16 @@ def test_state_written_before_event_stamps_still_reads() -> None:
     eng = engine()
     state, _ = feed(eng, [call("read", {}, call_id="c0", seq=0, ts=5_000)], now=10_000)
     raw = state.to_bytes()
-    # With no guards and no warnings, format 2 is format 3 without its incarnation
-    # bookkeeping at the end (8-byte incarnation, no retired, nothing pending) ...
-    assert raw[-10:] == bytes(10)
-    v2 = bytes((2,)) + raw[1:-10]
+    # The same state as format 3 wrote it (3eeaf21): with no guards and no warnings,
+    # format 2 is format 3 without its incarnation bookkeeping at the end (8-byte
+    # incarnation, no retired, nothing pending) ...
+    v3 = bytes.fromhex(
+        "0310270000000000008813000000000000020472656164027231020100010284ed6bac475f0d66"
+        "00000000000000008f4e01005d7bfbc5000000000000000000000000000000000000"
+    )
+    assert SessionState.from_bytes(v3).to_bytes() == raw
+    assert v3[-10:] == bytes(10)
+    v2 = bytes((2,)) + v3[1:-10]
     assert SessionState.from_bytes(v2).to_bytes() == raw
     # ... and format 1 is format 2 without the 8-byte event stamp after touched_ms.
     old = bytes((1,)) + v2[1:9] + v2[17:]
