@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import orjson
 
@@ -78,9 +78,13 @@ class Limits:
         return max(0, min(self.dead_letter_original_bytes, self.output_budget - 16_384))
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One message to publish: which output topic, its key and its value."""
+class Outgoing(NamedTuple):
+    """One message to publish: which output topic, its key and its value.
+
+    Immutable like the rest of this module's per-event values, and a tuple: a frozen
+    dataclass sets each field through object.__setattr__, three times the cost of
+    building a tuple, once per event and output.
+    """
 
     kind: OutputKind
     key: bytes | None
@@ -89,9 +93,8 @@ class Outgoing:
     detector: str | None = None  # a verdict's detector (metrics)
 
 
-@dataclass(frozen=True, slots=True)
-class Source:
-    """Where an input came from, for its dead letter."""
+class Source(NamedTuple):
+    """Where an input came from, for its dead letter (a tuple, as Outgoing)."""
 
     topic: str | None = None
     partition: int | None = None
@@ -198,8 +201,7 @@ def tool_strikes(outputs: Sequence[Output]) -> list[Outgoing]:
     ]
 
 
-@dataclass(slots=True)
-class _Applied:
+class _Applied(NamedTuple):
     """One step taken since ``base``: an event (None: a release), with its clocks."""
 
     event: InputEvent | None
