@@ -252,6 +252,4 @@ def plain_event(
         or (args_action is not None and len(args_action) > quick)
     ):
         _check_identifier_sizes(data, max_identifier_bytes)
-    values = dict(defaults)
-    values.update(data)
-    return unvalidated(cls, values, set(data))
+    return unvalidated(cls, {**defaults, **data}, data)
