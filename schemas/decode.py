@@ -127,14 +127,18 @@ def decode_event(
             "not_an_object", f"an event is a JSON object, got {type(data).__name__}"
         )
     # Cheap bound first: nesting can never exceed the number of opening brackets.
+    # (_depth counts a scalar leaf as a level too, so it can say one more than the
+    # brackets: both tests decide, and tests/unit/test_decode.py holds them so.)
     if raw.count(b"{") + raw.count(b"[") > max_depth and _depth(data, max_depth) > max_depth:
         raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")
-    kind = data.get("type")
-    if not isinstance(kind, str) or kind not in _KNOWN_TYPES:
-        raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
+    # A plain event is a tool_call or tool_result, so the type test below would pass
+    # it: the usual event is spared it.
     event: InputEvent | None = plain_event(data, max_identifier_bytes)
     if event is not None:
         return event  # its identifiers are checked already
+    kind = data.get("type")
+    if not isinstance(kind, str) or kind not in _KNOWN_TYPES:
+        raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
     try:
         event = input_event_adapter.validate_python(data)
     except ValidationError as exc:

@@ -208,6 +208,9 @@ _nested = st.recursive(
     st.one_of(st.none(), _nested),
     st.sampled_from([4, 5, 6, 64]),
     st.sampled_from([_LIMIT, _LIMIT + 1, 512]),
+    st.one_of(
+        st.none(), st.sampled_from(["run_ended", "tool", "", 1, ["tool_call"], {"t": 1}])
+    ),
 )
 def test_decode_gives_the_verdict_of_the_models_path(
     base: dict[str, Any],
@@ -216,8 +219,11 @@ def test_decode_gives_the_verdict_of_the_models_path(
     args: Any,
     max_depth: int,
     max_identifier_bytes: int,
+    kind: Any,
 ) -> None:
     data = {**base, **identifiers, **extra}
+    if kind is not None:  # an unknown (or unhashable) type beside everything else
+        data["type"] = kind
     if args is not None and "args" in data:
         data["args"] = args
     raw = orjson.dumps(data)
