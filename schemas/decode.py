@@ -71,16 +71,21 @@ def utf8_size(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def check_identifiers(
-    event: InputEvent, limit: int
-) -> None:
+def check_identifiers(event: InputEvent, limit: int) -> None:
     """Reject an event whose identifiers or tokens are longer than ``limit`` UTF-8 bytes.
 
     They end up in session state, verdicts, loop events and messages: unbounded, one
     event could make a session's state or an output larger than Kafka accepts.
     """
+    # not getattr: a field another event type lacks costs a raise
+    _check_identifier_sizes(event.__dict__, limit)
+
+
+def _check_identifier_sizes(fields: dict[str, Any], limit: int) -> None:
+    """The first identifier of ``fields`` (in IDENTIFIER_FIELDS order) over ``limit``
+    UTF-8 bytes rejects the event; ``fields`` are an event's, or the wire object of a
+    plain event (whose identifiers are the event's)."""
     quick = limit // 4  # a string this short cannot exceed the limit in UTF-8
-    fields = event.__dict__  # not getattr: a field another event type lacks costs a raise
     for name in IDENTIFIER_FIELDS:
         value = fields.get(name)
         if value is not None and len(value) > quick and (size := utf8_size(value)) > limit:
@@ -122,32 +127,37 @@ def decode_event(
             "not_an_object", f"an event is a JSON object, got {type(data).__name__}"
         )
     # Cheap bound first: nesting can never exceed the number of opening brackets.
+    # (_depth counts a scalar leaf as a level too, so it can say one more than the
+    # brackets: both tests decide, and tests/unit/test_decode.py holds them so.)
     if raw.count(b"{") + raw.count(b"[") > max_depth and _depth(data, max_depth) > max_depth:
         raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")
+    # A plain event is a tool_call or tool_result, so the type test below would pass
+    # it: the usual event is spared it.
+    event: InputEvent | None = plain_event(data, max_identifier_bytes)
+    if event is not None:
+        return event  # its identifiers are checked already
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in _KNOWN_TYPES:
         raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
-    event: InputEvent | None = plain_event(data)
-    if event is None:
-        try:
-            event = input_event_adapter.validate_python(data)
-        except ValidationError as exc:
-            raise EventRejected("invalid_event", _describe(exc)) from None
+    try:
+        event = input_event_adapter.validate_python(data)
+    except ValidationError as exc:
+        raise EventRejected("invalid_event", _describe(exc)) from None
     check_identifiers(event, max_identifier_bytes)
     return event
 
 
 # -- tool calls and results with plain fields, without pydantic's validation ---------
 
-_CARRIER_IDS = ("session_key", "run_id", "agent_id", "args_hash", "args_action")
-_RESULT_IDS = (*_CARRIER_IDS, "result_hash", "unknown_tool")
 _CALL_FIELDS = frozenset(ToolCall.model_fields)
 _RESULT_FIELDS = frozenset(ToolResult.model_fields)
 _CALL_DEFAULTS = {name: field.default for name, field in ToolCall.model_fields.items()}
 _RESULT_DEFAULTS = {name: field.default for name, field in ToolResult.model_fields.items()}
 
 
-def plain_event(data: dict[str, Any]) -> ToolCall | ToolResult | None:
+def plain_event(
+    data: dict[str, Any], max_identifier_bytes: int = DEFAULT_MAX_IDENTIFIER_BYTES
+) -> ToolCall | ToolResult | None:
     """The ``tool_call`` or ``tool_result`` that validating ``data`` would give, built
     directly; None when ``data`` is anything but the plain case, which the models
     then validate (and word the rejection of).
@@ -157,23 +167,34 @@ def plain_event(data: dict[str, Any]) -> ToolCall | ToolResult | None:
     int, both in 0 .. 2**53-1; ``error`` a string; the event's exactly-one-of rules
     and its history scope hold. Those are the models' rules for these values, so the
     event is equal to the model's, field for field and in its set fields.
+
+    A plain event with an identifier over ``max_identifier_bytes`` is rejected here,
+    as :func:`check_identifiers` would reject the built event: this function has
+    every identifier in hand already, and the bound is only looked at once the event
+    is otherwise valid (a model's rejection of the same event would come first).
     """
     kind = data.get("type")
     fields: frozenset[str]
     defaults: dict[str, Any]
-    optional: tuple[str, ...]
     cls: type[ToolCall | ToolResult]
     if kind == "tool_call":
-        fields, defaults, optional, cls = _CALL_FIELDS, _CALL_DEFAULTS, _CARRIER_IDS, ToolCall
+        fields, defaults, cls = _CALL_FIELDS, _CALL_DEFAULTS, ToolCall
     elif kind == "tool_result":
-        fields, defaults, optional, cls = (
-            _RESULT_FIELDS, _RESULT_DEFAULTS, _RESULT_IDS, ToolResult
-        )
+        fields, defaults, cls = _RESULT_FIELDS, _RESULT_DEFAULTS, ToolResult
     else:
         return None
     if not fields.issuperset(data):
         return None  # unknown fields: the model drops them, and says nothing of them
-    event_id, call_id, tool_name = data.get("event_id"), data.get("call_id"), data.get("tool_name")
+    # One lookup per field, each value kept: this runs for nearly every event.
+    event_id = data.get("event_id")
+    session_key = data.get("session_key")
+    run_id = data.get("run_id")
+    agent_id = data.get("agent_id")
+    incarnation = data.get("incarnation")
+    call_id = data.get("call_id")
+    tool_name = data.get("tool_name")
+    args_hash = data.get("args_hash")
+    args_action = data.get("args_action")
     if (
         type(event_id) is not str
         or type(call_id) is not str
@@ -182,34 +203,57 @@ def plain_event(data: dict[str, Any]) -> ToolCall | ToolResult | None:
         or not tool_name
     ):
         return None
-    for name in optional:
-        value = data.get(name)
-        if value is not None and type(value) is not str:
-            return None
-    incarnation = data.get("incarnation")
-    if incarnation is not None and (type(incarnation) is not str or not incarnation):
+    # Strings first: the usual value decides each test at its first comparison.
+    if (
+        (type(session_key) is not str and session_key is not None)
+        or (type(run_id) is not str and run_id is not None)
+        or (type(agent_id) is not str and agent_id is not None)
+        or (type(args_hash) is not str and args_hash is not None)
+        or (type(args_action) is not str and args_action is not None)
+        or (incarnation is not None and (type(incarnation) is not str or not incarnation))
+    ):
         return None
     seq, ts = data.get("seq"), data.get("ts")
     if seq is not None and (type(seq) is not int or not 0 <= seq <= MAX_WIRE_INT):
         return None
     if type(ts) is not int or not 0 <= ts <= MAX_WIRE_INT:
         return None  # RFC 3339 text and 10.0 are the model's to convert
-    if not data.get("session_key") and not data.get("run_id"):
+    if not session_key and not run_id:
         return None
     sent_args = "args" in data
-    has_hash = data.get("args_hash") is not None
+    quick = max_identifier_bytes // 4  # a string this short cannot exceed the limit
     if cls is ToolCall:
-        if sent_args == has_hash:
+        if sent_args == (args_hash is not None):
             return None
+        long_result_ids = False
     else:
+        result_hash, unknown_tool = data.get("result_hash"), data.get("unknown_tool")
+        if (type(result_hash) is not str and result_hash is not None) or (
+            type(unknown_tool) is not str and unknown_tool is not None
+        ):
+            return None
         error = data.get("error")
         if error is not None and type(error) is not str:
             return None  # an ErrorDetail object
         if data.get("usage") is not None:
             return None  # a Usage object
-        outcomes = ("result" in data) + (data.get("result_hash") is not None) + (error is not None)
-        if outcomes != 1 or (sent_args and has_hash):
+        outcomes = ("result" in data) + (result_hash is not None) + (error is not None)
+        if outcomes != 1 or (sent_args and args_hash is not None):
             return None
-    values = dict(defaults)
-    values.update(data)
-    return unvalidated(cls, values, set(data))
+        long_result_ids = (result_hash is not None and len(result_hash) > quick) or (
+            unknown_tool is not None and len(unknown_tool) > quick
+        )
+    if (
+        long_result_ids
+        or len(event_id) > quick
+        or len(call_id) > quick
+        or len(tool_name) > quick
+        or (session_key is not None and len(session_key) > quick)
+        or (run_id is not None and len(run_id) > quick)
+        or (agent_id is not None and len(agent_id) > quick)
+        or (incarnation is not None and len(incarnation) > quick)
+        or (args_hash is not None and len(args_hash) > quick)
+        or (args_action is not None and len(args_action) > quick)
+    ):
+        _check_identifier_sizes(data, max_identifier_bytes)
+    return unvalidated(cls, {**defaults, **data}, data)

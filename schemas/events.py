@@ -6,7 +6,7 @@ nowhere else; the engine receives only validated objects.
 
 from __future__ import annotations
 
-from collections.abc import Set as AbstractSet
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -258,11 +258,16 @@ Detector = Literal[
 
 _Model = TypeVar("_Model", bound=BaseModel)
 _new_object = object.__new__
-_set_attribute = object.__setattr__
+# The setters of BaseModel's four slots, bound once: object.__setattr__ would look
+# each one up in the model's class hierarchy first, for every model built.
+_set_values = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def unvalidated(
-    cls: type[_Model], values: dict[str, Any], fields_set: AbstractSet[str]
+    cls: type[_Model], values: dict[str, Any], fields_set: Iterable[str]
 ) -> _Model:
     """A model of ``values`` that the caller has checked, built without validation.
 
@@ -270,15 +275,15 @@ def unvalidated(
     but without its per-field defaults pass: the engine builds one or two models per
     event this way (schemas.decode's plain events, the engine's outputs). The models
     are frozen, so ``fields_set`` may be one frozenset shared by all of them (each
-    model gets a copy).
+    model gets a copy); or the wire object itself, whose keys are the set fields.
     """
     model = _new_object(cls)
-    _set_attribute(model, "__dict__", values)
+    _set_values(model, values)
     # A set of its own (not the caller's shared frozenset): pydantic's model_copy
     # updates it in place.
-    _set_attribute(model, "__pydantic_fields_set__", set(fields_set))
-    _set_attribute(model, "__pydantic_extra__", None)
-    _set_attribute(model, "__pydantic_private__", None)
+    _set_fields_set(model, set(fields_set))
+    _set_extra(model, None)
+    _set_private(model, None)
     return model
 
 
