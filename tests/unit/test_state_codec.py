@@ -143,8 +143,9 @@ def test_engine_states_round_trip_through_the_codec(ops: Any, with_seq: bool) ->
         assert codec.encode(codec.decode(data)) == data
 
 
-def test_the_string_table_is_in_order_of_first_use() -> None:
-    """Equal states give equal bytes in every process (no hash order in the table)."""
+def test_the_bytes_follow_the_history_order() -> None:
+    """Equal states give equal bytes in every process: records in history order,
+    nothing in hash order (format 3's string table was in order of first use)."""
     engine = Engine()
     state: SessionState | None = None
     for tool in ("zeta", "alpha", "mid"):
