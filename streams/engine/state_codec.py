@@ -6,18 +6,19 @@ writer writes the newest. Fingerprints are 64-bit ints. The worker encodes every
 touched session once per batch (and decodes one it has not cached), so the newest
 format is the one cheapest to write and read.
 
-Layout of version 4: a fixed head, then one MessagePack array (msgspec)::
+Layout of version 4: a fixed head, then one MessagePack array written and read by
+msgspec in C (its fields: ``_Body`` below)::
 
     version:u8  touched_ms:i64  last_event_ms:i64
-    [next_seq+1, verdict_floor, incarnation, history, sections, strings, rest]
+    [next_seq+1, verdict_floor, incarnation, history, guards, warnings, seen_ids,
+     decisions, parked, skipped, retired, pending, rules]
 
-``history`` holds one array per record (streams.engine.state.Record: its fields in
-order, the run as its 64-bit key). ``sections`` says which of guards, warnings, seen
-ids, decisions, waiting events and the rules' tallies are in ``rest``, bytes laid
-out as in version 3 (``ref`` = 0 for None, else 1 + index in ``strings``). A state
-with only a history, the common case, is one msgspec call each way. Version 3 wrote
-the history column by column with a string table and varints: about a third of the
-bytes, but about a hundred calls to read or write, which cost four times as much.
+``history`` holds one array per record (streams.engine.state.Record, its fields in
+order, the run as its 64-bit key); a decision's action and detector are indexes
+into ACTIONS and DETECTORS; parked and pending events are their JSON; ``rules`` is
+streams.engine.rule_state's bytes. A state is one msgspec call each way. Version 3
+wrote the history column by column with a string table and varints: about half the
+bytes, but about a hundred calls each way, which cost three times as much.
 
 Layout of version 3 (uvarints unless a width is given)::
 
@@ -251,7 +252,7 @@ def _read_v4(data: bytes) -> tuple[SessionState, int]:
 
 
 def _read_guards(data: bytes, pos: int, strings: list[str | None], state: SessionState) -> int:
-    """Guards keep what decides an abort, runs as hashes (versions 3 and 4)."""
+    """Guards keep what decides an abort, runs as hashes (version 3)."""
     count, pos = _read_count(data, pos)
     for _ in range(count):
         run = _U64.unpack_from(data, pos)[0]
@@ -271,7 +272,7 @@ def _read_guards(data: bytes, pos: int, strings: list[str | None], state: Sessio
 
 
 def _read_warnings(data: bytes, pos: int, state: SessionState) -> int:
-    """Warning buckets, runs as hashes (versions 3 and 4)."""
+    """Warning buckets, runs as hashes (version 3)."""
     count, pos = _read_count(data, pos)
     for _ in range(count):
         key, owner = _TWO_U64.unpack_from(data, pos)
