@@ -497,9 +497,9 @@ class Engine:
                 return
             config = rules.for_tool(config, tool)
         detection: Detection | None = None
-        run_id = run_key(run)  # how the history's records name their run
+        run_hash = run_key(run)  # how the history's records name their run
         if config.detection_on:
-            history = state.run_history(run_id)
+            history = state.run_history(run_hash)
             known_poll = is_known_poll(tool, action_of(event.args, event.args_action))
             recent = state.recent_count(sig, history)
             detection = detect(history, tool, sig, token, known_poll, config, run, recent)
@@ -513,7 +513,7 @@ class Engine:
         if config.recording_on and not (critical and enforce):
             call_hash = hash32(event.call_id) if event.call_id else 0
             state.append(
-                Record(tool, sig, run_id, call_hash, 0, None, event.ts), config.history_size
+                Record(tool, sig, run_hash, call_hash, 0, None, event.ts), config.history_size
             )
 
         action: Action
@@ -596,21 +596,21 @@ class Engine:
         if token is None:
             return  # no result at all, or the loop detector's own block: nothing recorded
         result = result_fingerprint(token)
-        run_id = run_key(run_scope(event.run_id))
+        run_hash = run_key(run_scope(event.run_id))
         call_hash = hash32(event.call_id) if event.call_id else 0
 
         history = state.history
         sig = signature(tool, self._args_token(event)) if event.has_args else 0
         for back, rec in enumerate(reversed(history)):
             if (
-                rec.run == run_id
+                rec.run == run_hash
                 and not rec.result
                 and rec.tool == tool
                 and (not call_hash or rec.call == call_hash)
                 and (not sig or rec.sig == sig)
             ):
                 # The call's record takes the result; call 0: nothing can match it again.
-                history[~back] = Record(tool, rec.sig, run_id, 0, result, unknown, rec.ts)
+                history[~back] = Record(tool, rec.sig, run_hash, 0, result, unknown, rec.ts)
                 sig = rec.sig
                 break
         else:
@@ -624,9 +624,9 @@ class Engine:
                     )
                 )
                 return
-            state.append(Record(tool, sig, run_id, 0, result, unknown, event.ts), config.history_size)
+            state.append(Record(tool, sig, run_hash, 0, result, unknown, event.ts), config.history_size)
 
-        guard_key = run_id
+        guard_key = run_hash  # guards are keyed by run hash too
         guard = state.guards.get(guard_key)
         if guard is None:
             return
