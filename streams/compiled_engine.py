@@ -45,6 +45,10 @@ MODULES = (
     "state_codec",
     "step",
 )
+#: Engine modules that stay Python even in a build: their msgspec Structs, which mypyc
+#: would build without their class options. The compiled modules read those classes,
+#: so a build is of them too (their sources are in its digest).
+PURE_MODULES = ("history",)
 #: The shared library every compiled module's shim loads, inside the package (not a
 #: top-level module, which an editable install would not find).
 GROUP = "streams.engine._compiled"
@@ -56,7 +60,7 @@ PURE_ENV = "LOOPFUSE_PURE_ENGINE"
 def source_digest(engine_dir: Path = ENGINE_DIR) -> str:
     """What a build is of: the compiled modules' sources and the Python it ran on."""
     digest = hashlib.sha256(sys.implementation.cache_tag.encode())
-    for name in MODULES:
+    for name in (*MODULES, *PURE_MODULES):
         digest.update(name.encode())
         digest.update((engine_dir / f"{name}.py").read_bytes())
     return digest.hexdigest()

@@ -9,8 +9,9 @@ from streams.compiled_engine import select as _select
 COMPILED: bool = _select()  # before any engine module is imported
 
 from streams.engine.config import ConfigResolver, ResolvedConfig, resolve_config  # noqa: E402
+from streams.engine.history import Record  # noqa: E402
 from streams.engine.outputs import LoopEvent, Notice, Output, Rejection, Verdict  # noqa: E402
-from streams.engine.state import Record, SessionState  # noqa: E402
+from streams.engine.state import SessionState  # noqa: E402
 from streams.engine.step import Engine  # noqa: E402
 
 __all__ = [

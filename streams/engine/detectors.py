@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from schemas.events import Detector, Level
 from streams.engine.config import ResolvedConfig
-from streams.engine.state import Record
+from streams.engine.history import Record
 
 
 @dataclass(frozen=True, slots=True)

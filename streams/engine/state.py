@@ -9,11 +9,11 @@ match on it again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from xxhash import xxh3_64_intdigest
 
 from schemas.events import Action, Detector, InputEvent
+from streams.engine.history import Record
 from streams.engine.rule_state import RuleState
 
 MAX_WARNING_KEYS = 256
@@ -53,25 +53,6 @@ def incarnation_key(incarnation: str | None) -> int:
     if incarnation is None:
         return 0
     return xxh3_64_intdigest(incarnation.encode("utf-8", "surrogatepass")) | 1
-
-
-# One call (and, once known, its outcome) in the session history. Immutable: a
-# result replaces its call's record. A tuple, which the state codec (msgspec) writes
-# and reads as an array in C. Declared with its field types as values, not as
-# annotations: a mypyc build keeps values but erases annotations (``str | None``
-# became ``type``), and msgspec reads the types from them.
-Record = NamedTuple(  # noqa: UP014 - the functional form, see above
-    "Record",
-    [
-        ("tool", str),
-        ("sig", int),  # call signature: tool name + args fingerprint, 64-bit
-        ("run", int),  # run_key of the (scoped) run id: 0 for none; compared, never shown
-        ("call", int),  # 32-bit hash of the call id while the result is pending, else 0
-        ("result", int),  # 64-bit result fingerprint, 0 = no result yet
-        ("unknown", str | None),  # unknown-tool name carried by the result
-        ("ts", int),  # event time, epoch ms
-    ],
-)
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ msgspec in C (its fields: ``_Body`` below)::
     [next_seq+1, verdict_floor, incarnation, history, guards, warnings, seen_ids,
      decisions, parked, skipped, retired, pending, rules]
 
-``history`` holds one array per record (streams.engine.state.Record, its fields in
+``history`` holds one array per record (streams.engine.history.Record, its fields in
 order, the run as its 64-bit key); a decision's action and detector are indexes
 into ACTIONS and DETECTORS; parked and pending events are their JSON; ``rules`` is
 streams.engine.rule_state's bytes. A state is one msgspec call each way. Version 3
@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from itertools import accumulate, repeat
+from itertools import accumulate, starmap
 from typing import Final, NamedTuple
 
 import msgspec
 
 from schemas.events import Action, Detector, InputEvent, input_event_adapter
+from streams.engine.history import Record
 from streams.engine.rule_state import decode_rule_state, encode_rule_state
-from streams.engine.state import Decision, Guard, Record, SessionState, run_key
+from streams.engine.state import Decision, Guard, SessionState, run_key
 
 FORMAT_VERSION: Final = 4
 
@@ -82,8 +83,9 @@ _TS_INT64 = 4
 
 # Version 4's body, one MessagePack array: the state but its head, as msgspec writes
 # and reads it in C. Typed, so that a field of another type is refused as the bytes
-# are read, not met by the engine later. Its types are values, not annotations, for
-# the reason given at streams.engine.state.Record.
+# are read, not met by the engine later. Its types are values, not annotations: a
+# mypyc build keeps values but erases annotations (``str | None`` became ``type``),
+# and msgspec reads the types from them.
 _Body = NamedTuple(  # noqa: UP014 - the functional form, see above
     "_Body",
     [
@@ -107,8 +109,6 @@ _Body = NamedTuple(  # noqa: UP014 - the functional form, see above
 
 _BODY_ENCODER: Final = msgspec.msgpack.Encoder()
 _BODY_DECODER: Final = msgspec.msgpack.Decoder(_Body)
-
-_new_record = tuple.__new__  # builds Records from zipped columns without a Python call
 
 
 class StateTooLarge(ValueError):
@@ -450,9 +450,8 @@ def _read_history(
         name, pos = _read_uvarint(data, pos)
         unknowns[index] = strings[name]
     history.extend(
-        map(
-            _new_record,
-            repeat(Record),
+        starmap(
+            Record,
             zip(
                 map(ref, tool_refs),
                 columns[:count],

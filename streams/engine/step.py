@@ -41,6 +41,7 @@ from streams.engine.fingerprint import (
     signature,
     unknown_tool_name,
 )
+from streams.engine.history import Record
 from streams.engine.outputs import (
     LoopEvent,
     Notice,
@@ -58,7 +59,6 @@ from streams.engine.state import (
     MAX_WARNING_KEYS,
     Decision,
     Guard,
-    Record,
     SessionState,
     incarnation_key,
     rest_size,

@@ -1,0 +1,24 @@
+"""One call of a session's history (and, once known, its outcome): :class:`Record`.
+
+A msgspec Struct, so that the state codec writes and reads a whole history in C (an
+array per record) and the detectors read its fields as slots. This module is never
+compiled: mypyc builds a Struct subclass without its class options (``array_like``
+was lost, and the records became maps), so the compiled engine imports it as Python.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Record(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Immutable: a result replaces its call's record. (No GC tracking: a record
+    holds only ints and strings.)"""
+
+    tool: str
+    sig: int  # call signature: tool name + args fingerprint, 64-bit
+    run: int  # run_key of the (scoped) run id: 0 for none; compared, never shown
+    call: int  # 32-bit hash of the call id while the result is pending, else 0
+    result: int  # 64-bit result fingerprint, 0 = no result yet
+    unknown: str | None  # unknown-tool name carried by the result
+    ts: int  # event time, epoch ms
