@@ -8,6 +8,7 @@ from schemas.config import (
     parse_config,
 )
 from schemas.decode import EventRejected, decode_event
+from schemas.event_schema import input_event_adapter, validate_event
 from schemas.events import (
     Compaction,
     DeadLetter,
@@ -17,7 +18,6 @@ from schemas.events import (
     ToolCall,
     ToolResult,
     Verdict,
-    input_event_adapter,
 )
 
 __all__ = [
@@ -37,4 +37,5 @@ __all__ = [
     "input_event_adapter",
     "load_config",
     "parse_config",
+    "validate_event",
 ]

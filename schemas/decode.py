@@ -1,34 +1,48 @@
 """Bytes to a validated input event, or a classified rejection (for the dead-letter topic).
 
-Every event is parsed by orjson. The two events of every tool call - a ``tool_call``
-and its ``tool_result`` with plain fields - are then checked by :func:`plain_event`
-and built without pydantic's validation, which would cost twice the parse; whatever
-it is not sure of goes through the models (schemas.events), which decide and
-word the rejections. tests/unit/test_decode.py holds the two paths to the same
-events.
+Two passes, one decision. Nearly every event is decoded and validated by msgspec in
+one pass in C straight into its event type (schemas.events), then checked for what
+that pass cannot see (the exactly-one-of rules, the history scope, identifier sizes
+in UTF-8 bytes, nesting). Whatever the pass refuses or is not sure of - a value the
+models would convert, like RFC 3339 text for ``ts``, an unknown field, a rejection
+to word - is decoded again as it always was: parsed by orjson, validated by the
+pydantic models of schemas.event_schema, which word every rejection. So the first
+pass never decides a rejection, and where it accepts an event it builds the very
+event the models would have: tests/unit/test_decode.py holds the two to that.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
+from msgspec import UNSET
 from pydantic import ValidationError
 
+from schemas.event_schema import input_event_adapter, to_event
 from schemas.events import (
     DEFAULT_MAX_IDENTIFIER_BYTES,
     IDENTIFIER_FIELDS,
-    MAX_WIRE_INT,
+    Compaction,
+    ErrorDetail,
     InputEvent,
+    RunEnded,
     ToolCall,
     ToolResult,
-    input_event_adapter,
-    unvalidated,
+    Usage,
 )
 
 DEFAULT_MAX_EVENT_BYTES = 1_048_576
 DEFAULT_MAX_DEPTH = 64
 _KNOWN_TYPES = frozenset({"tool_call", "tool_result", "compaction", "run_ended"})
+
+_EVENT_DECODER = msgspec.json.Decoder(InputEvent)
+_NO_USAGE = Usage()
+_OPTIONAL_IDENTIFIERS = {
+    cls: tuple(name for name in IDENTIFIER_FIELDS if name in cls.__struct_fields__)
+    for cls in (ToolCall, ToolResult, Compaction, RunEnded)
+}
 
 
 class EventRejected(ValueError):
@@ -75,19 +89,12 @@ def check_identifiers(event: InputEvent, limit: int) -> None:
     """Reject an event whose identifiers or tokens are longer than ``limit`` UTF-8 bytes.
 
     They end up in session state, verdicts, loop events and messages: unbounded, one
-    event could make a session's state or an output larger than Kafka accepts.
+    event could make a session's state or an output larger than Kafka accepts. The
+    first identifier over the bound, in IDENTIFIER_FIELDS order, is the one named.
     """
-    # not getattr: a field another event type lacks costs a raise
-    _check_identifier_sizes(event.__dict__, limit)
-
-
-def _check_identifier_sizes(fields: dict[str, Any], limit: int) -> None:
-    """The first identifier of ``fields`` (in IDENTIFIER_FIELDS order) over ``limit``
-    UTF-8 bytes rejects the event; ``fields`` are an event's, or the wire object of a
-    plain event (whose identifiers are the event's)."""
     quick = limit // 4  # a string this short cannot exceed the limit in UTF-8
-    for name in IDENTIFIER_FIELDS:
-        value = fields.get(name)
+    for name in _OPTIONAL_IDENTIFIERS[type(event)]:
+        value = getattr(event, name)
         if value is not None and len(value) > quick and (size := utf8_size(value)) > limit:
             raise EventRejected(
                 "invalid_event", f"{name} is {size} bytes, the limit is {limit}"
@@ -111,6 +118,93 @@ def decode_event(
     if len(raw) > max_bytes:
         raise EventRejected("too_large", f"event is {len(raw)} bytes, the limit is {max_bytes}")
     try:
+        event: InputEvent = _EVENT_DECODER.decode(raw)
+    except (msgspec.MsgspecError, RecursionError):  # msgspec nests by recursion
+        return _decode_by_the_models(raw, max_depth, max_identifier_bytes)
+    if not _as_the_models_would(event):
+        return _decode_by_the_models(raw, max_depth, max_identifier_bytes)
+    # Cheap bound first, as the models' path has it: nesting can never exceed the
+    # number of opening brackets.
+    if raw.count(b"{") + raw.count(b"[") > max_depth:
+        deepest = _payload_depth(event, max_depth - 1)
+        if deepest is None:
+            return _decode_by_the_models(raw, max_depth, max_identifier_bytes)
+        if deepest + 1 > max_depth:
+            raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")
+    # An identifier takes at most as many UTF-8 bytes as its JSON text: in an event
+    # no longer than the bound, none can be over it (most tool calls).
+    if len(raw) > max_identifier_bytes:
+        check_identifiers(event, max_identifier_bytes)
+    return event
+
+
+def _as_the_models_would(event: InputEvent) -> bool:
+    """Whether the models would accept the event the msgspec pass built, with the
+    same values: the rules across fields, and payload numbers as orjson reads them.
+
+    msgspec reads an integer of any size exactly, orjson one beyond 64 bits as the
+    nearest double (or refuses it, past the doubles' range); orjson.dumps refuses
+    such an integer, so a payload it writes holds none (and nothing else differs).
+    """
+    if not event.session_key and not event.run_id:
+        return False
+    if isinstance(event, ToolCall):
+        args = event.args
+        if (args is not UNSET) == (event.args_hash is not None):
+            return False
+        return args is UNSET or _orjson_writes(args)
+    if isinstance(event, ToolResult):
+        args, result = event.args, event.result
+        outcomes = (result is not UNSET) + (event.result_hash is not None) + (
+            event.error is not None
+        )
+        if outcomes != 1 or (args is not UNSET and event.args_hash is not None):
+            return False
+        return (args is UNSET or _orjson_writes(args)) and (
+            result is UNSET or _orjson_writes(result)
+        )
+    return True
+
+
+def _orjson_writes(value: Any) -> bool:
+    if value is None or type(value) is str:
+        return True
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return False
+    return True
+
+
+def _payload_depth(event: InputEvent, limit: int) -> int | None:
+    """The nesting of the event's fields' values, as :func:`_depth` counts it (a
+    scalar is 1); None where the built event cannot tell (a usage object:
+    ``{}`` and ``{"cost": null}`` build the same usage)."""
+    if isinstance(event, ToolResult):
+        usage = event.usage
+        # An error object has its message, so it is 2 deep; a usage object is, unless
+        # every field is null or absent.
+        deepest = 2 if isinstance(event.error, ErrorDetail) else 1
+        if usage is not None:
+            if usage == _NO_USAGE:
+                return None
+            deepest = 2
+        if event.result is not UNSET:
+            deepest = max(deepest, _depth(event.result, limit))
+    elif isinstance(event, ToolCall):
+        deepest = 1
+    else:
+        return 1
+    if event.args is not UNSET and deepest <= limit:
+        deepest = max(deepest, _depth(event.args, limit))
+    return deepest
+
+
+def _decode_by_the_models(raw: bytes, max_depth: int, max_identifier_bytes: int) -> InputEvent:
+    """What the first pass leaves: orjson, then the pydantic models, which word the
+    rejection (its code decided in this order: the bytes, the shape, the nesting,
+    the type, the models, the identifiers)."""
+    try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         try:
@@ -126,134 +220,16 @@ def decode_event(
         raise EventRejected(
             "not_an_object", f"an event is a JSON object, got {type(data).__name__}"
         )
-    # Cheap bound first: nesting can never exceed the number of opening brackets.
     # (_depth counts a scalar leaf as a level too, so it can say one more than the
     # brackets: both tests decide, and tests/unit/test_decode.py holds them so.)
     if raw.count(b"{") + raw.count(b"[") > max_depth and _depth(data, max_depth) > max_depth:
         raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")
-    # A plain event is a tool_call or tool_result, so the type test below would pass
-    # it: the usual event is spared it.
-    event: InputEvent | None = plain_event(data, max_identifier_bytes)
-    if event is not None:
-        return event  # its identifiers are checked already
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in _KNOWN_TYPES:
         raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
     try:
-        event = input_event_adapter.validate_python(data)
+        event = to_event(input_event_adapter.validate_python(data))
     except ValidationError as exc:
         raise EventRejected("invalid_event", _describe(exc)) from None
     check_identifiers(event, max_identifier_bytes)
     return event
-
-
-# -- tool calls and results with plain fields, without pydantic's validation ---------
-
-_CALL_FIELDS = frozenset(ToolCall.model_fields)
-_RESULT_FIELDS = frozenset(ToolResult.model_fields)
-_CALL_DEFAULTS = {name: field.default for name, field in ToolCall.model_fields.items()}
-_RESULT_DEFAULTS = {name: field.default for name, field in ToolResult.model_fields.items()}
-
-
-def plain_event(
-    data: dict[str, Any], max_identifier_bytes: int = DEFAULT_MAX_IDENTIFIER_BYTES
-) -> ToolCall | ToolResult | None:
-    """The ``tool_call`` or ``tool_result`` that validating ``data`` would give, built
-    directly; None when ``data`` is anything but the plain case, which the models
-    then validate (and word the rejection of).
-
-    The plain case: only the model's own fields; every identifier a string or absent
-    (null where the model allows it); ``seq`` absent, null or an int and ``ts`` an
-    int, both in 0 .. 2**53-1; ``error`` a string; the event's exactly-one-of rules
-    and its history scope hold. Those are the models' rules for these values, so the
-    event is equal to the model's, field for field and in its set fields.
-
-    A plain event with an identifier over ``max_identifier_bytes`` is rejected here,
-    as :func:`check_identifiers` would reject the built event: this function has
-    every identifier in hand already, and the bound is only looked at once the event
-    is otherwise valid (a model's rejection of the same event would come first).
-    """
-    kind = data.get("type")
-    fields: frozenset[str]
-    defaults: dict[str, Any]
-    cls: type[ToolCall | ToolResult]
-    if kind == "tool_call":
-        fields, defaults, cls = _CALL_FIELDS, _CALL_DEFAULTS, ToolCall
-    elif kind == "tool_result":
-        fields, defaults, cls = _RESULT_FIELDS, _RESULT_DEFAULTS, ToolResult
-    else:
-        return None
-    if not fields.issuperset(data):
-        return None  # unknown fields: the model drops them, and says nothing of them
-    # One lookup per field, each value kept: this runs for nearly every event.
-    event_id = data.get("event_id")
-    session_key = data.get("session_key")
-    run_id = data.get("run_id")
-    agent_id = data.get("agent_id")
-    incarnation = data.get("incarnation")
-    call_id = data.get("call_id")
-    tool_name = data.get("tool_name")
-    args_hash = data.get("args_hash")
-    args_action = data.get("args_action")
-    if (
-        type(event_id) is not str
-        or type(call_id) is not str
-        or type(tool_name) is not str
-        or not event_id
-        or not tool_name
-    ):
-        return None
-    # Strings first: the usual value decides each test at its first comparison.
-    if (
-        (type(session_key) is not str and session_key is not None)
-        or (type(run_id) is not str and run_id is not None)
-        or (type(agent_id) is not str and agent_id is not None)
-        or (type(args_hash) is not str and args_hash is not None)
-        or (type(args_action) is not str and args_action is not None)
-        or (incarnation is not None and (type(incarnation) is not str or not incarnation))
-    ):
-        return None
-    seq, ts = data.get("seq"), data.get("ts")
-    if seq is not None and (type(seq) is not int or not 0 <= seq <= MAX_WIRE_INT):
-        return None
-    if type(ts) is not int or not 0 <= ts <= MAX_WIRE_INT:
-        return None  # RFC 3339 text and 10.0 are the model's to convert
-    if not session_key and not run_id:
-        return None
-    sent_args = "args" in data
-    quick = max_identifier_bytes // 4  # a string this short cannot exceed the limit
-    if cls is ToolCall:
-        if sent_args == (args_hash is not None):
-            return None
-        long_result_ids = False
-    else:
-        result_hash, unknown_tool = data.get("result_hash"), data.get("unknown_tool")
-        if (type(result_hash) is not str and result_hash is not None) or (
-            type(unknown_tool) is not str and unknown_tool is not None
-        ):
-            return None
-        error = data.get("error")
-        if error is not None and type(error) is not str:
-            return None  # an ErrorDetail object
-        if data.get("usage") is not None:
-            return None  # a Usage object
-        outcomes = ("result" in data) + (result_hash is not None) + (error is not None)
-        if outcomes != 1 or (sent_args and args_hash is not None):
-            return None
-        long_result_ids = (result_hash is not None and len(result_hash) > quick) or (
-            unknown_tool is not None and len(unknown_tool) > quick
-        )
-    if (
-        long_result_ids
-        or len(event_id) > quick
-        or len(call_id) > quick
-        or len(tool_name) > quick
-        or (session_key is not None and len(session_key) > quick)
-        or (run_id is not None and len(run_id) > quick)
-        or (agent_id is not None and len(agent_id) > quick)
-        or (incarnation is not None and len(incarnation) > quick)
-        or (args_hash is not None and len(args_hash) > quick)
-        or (args_action is not None and len(args_action) > quick)
-    ):
-        _check_identifier_sizes(data, max_identifier_bytes)
-    return unvalidated(cls, {**defaults, **data}, data)

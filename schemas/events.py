@@ -1,26 +1,25 @@
 """Wire format v1: the input events gateways publish and the outputs loopfuse publishes.
 
-One pydantic model per JSON object on the wire. Input events are validated here and
-nowhere else; the engine receives only validated objects.
+The input events are msgspec Structs: what the decoder (schemas.decode) returns, the
+engine folds and a session's state keeps waiting. The decoder validates an event's
+JSON into them in one pass, or leaves the event to the pydantic models of
+schemas.event_schema, which word every rejection and export the JSON Schema. The
+outputs are pydantic models, one per JSON object on the wire.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import orjson
+from msgspec import UNSET, Meta, Struct, UnsetType
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    StrictFloat,
     StrictInt,
     StrictStr,
-    TypeAdapter,
-    model_validator,
 )
 
 WIRE_VERSION = 1
@@ -47,48 +46,7 @@ IDENTIFIER_FIELDS = (
 )
 
 
-def _to_epoch_ms(value: Any) -> Any:
-    """Accept RFC 3339 text or epoch milliseconds; store epoch milliseconds (0 .. 2**53-1)."""
-    if isinstance(value, bool):
-        raise ValueError("ts must be an RFC 3339 time or epoch milliseconds, not a boolean")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError as exc:
-            raise ValueError(f"ts is not an RFC 3339 time: {value[:40]!r}") from exc
-        if parsed.tzinfo is None:
-            raise ValueError("ts must carry a time zone offset (RFC 3339)")
-        value = int(parsed.timestamp() * 1000)
-    if isinstance(value, int):
-        if not 0 <= value <= MAX_WIRE_INT:
-            raise ValueError("ts must be epoch milliseconds in 0 .. 2**53-1")
-        return value
-    raise ValueError("ts must be an RFC 3339 time or epoch milliseconds")
 
-
-def _identifier(description: str) -> Any:
-    return Field(
-        default=None,
-        description=f"{description}; at most {DEFAULT_MAX_IDENTIFIER_BYTES} UTF-8 bytes",
-    )
-
-
-# JSON Schema's maxLength counts characters; the worker counts UTF-8 bytes (the same
-# for ASCII ids) against LOOPFUSE_MAX_IDENTIFIER_BYTES, whose default this documents.
-# On the string type itself, so that the schema's string branch carries it (strict
-# validators such as ajv reject maxLength beside an anyOf).
-Identifier = Annotated[
-    StrictStr, Field(json_schema_extra={"maxLength": DEFAULT_MAX_IDENTIFIER_BYTES})
-]
-
-
-EpochMs = Annotated[
-    int,
-    BeforeValidator(_to_epoch_ms),
-    Field(json_schema_extra={"minimum": 0, "maximum": MAX_WIRE_INT}),
-]
 WireInt = Annotated[StrictInt, Field(ge=0, le=MAX_WIRE_INT)]
 NonEmptyStr = Annotated[
     StrictStr,
@@ -96,27 +54,39 @@ NonEmptyStr = Annotated[
 ]
 
 
-class _InputEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+# -- input events ------------------------------------------------------------------
+#
+# The same fields as the models of schemas.event_schema, in the same order, with the
+# types of the models' plain case: what the models would convert (RFC 3339 text or
+# 10.0 for ``ts``) or reject makes the decoder's msgspec pass fail, and the models
+# decide. ``args`` and ``result`` are UNSET when the gateway did not send them (a
+# null is sent). Identifier sizes, the exactly-one-of rules and the history scope
+# are checked by the decoder after the pass. No GC tracking: an event holds JSON
+# values, which never refer back to it.
 
-    event_id: NonEmptyStr
-    session_key: Identifier | None = _identifier("history scope and Kafka message key")
-    run_id: Identifier | None = _identifier("detection scope inside the session")
-    agent_id: Identifier | None = _identifier("selects per-agent config overrides")
-    # Restart-safe extension to v1: the gateway's seq space. A gateway that restarts
-    # (or otherwise starts counting seq from 0 again) sends a new incarnation, which
-    # opens a new seq space while the session keeps its history (README: Ordering).
-    incarnation: Annotated[Identifier, Field(min_length=1)] | None = _identifier(
-        "the gateway's seq space: a new value per gateway start (e.g. a random id)"
-    )
-    seq: WireInt | None = None
-    ts: EpochMs = Field(description="Event time: RFC 3339 text or epoch milliseconds")
+_WireInt = Annotated[int, Meta(ge=0, le=MAX_WIRE_INT)]
+_NonEmpty = Annotated[str, Meta(min_length=1)]
 
-    @model_validator(mode="after")
-    def _has_key(self) -> _InputEvent:
-        if not self.session_key and not self.run_id:
-            raise ValueError("an event needs session_key or run_id (the history scope)")
-        return self
+
+class _InputEvent(
+    Struct,
+    kw_only=True,
+    frozen=True,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    omit_defaults=True,
+    gc=False,
+):
+    type: ClassVar[str]
+
+    event_id: _NonEmpty
+    session_key: str | None = None
+    run_id: str | None = None
+    agent_id: str | None = None
+    # Restart-safe extension to v1: the gateway's seq space (README: Ordering).
+    incarnation: _NonEmpty | None = None
+    seq: _WireInt | None = None
+    ts: _WireInt  # epoch milliseconds
 
     @property
     def key(self) -> str:
@@ -124,56 +94,38 @@ class _InputEvent(BaseModel):
         return self.session_key or self.run_id or ""
 
 
-class _ArgsCarrier(_InputEvent):
-    call_id: Identifier
-    tool_name: NonEmptyStr
-    args: Any = None
-    args_hash: Identifier | None = _identifier("opaque token of the args (instead of args)")
+class _ArgsCarrier(_InputEvent, frozen=True):
+    call_id: str
+    tool_name: _NonEmpty
+    args: Any | UnsetType = UNSET
+    args_hash: str | None = None
     # Extension to v1 for gateways that hash args locally: the string value of
-    # args.action, which the engine needs to tell process polls and message sends
-    # apart without seeing the args themselves.
-    args_action: Identifier | None = _identifier("the string value of args.action")
+    # args.action (process polls and message sends told apart without the args).
+    args_action: str | None = None
 
     @property
     def has_args(self) -> bool:
-        return "args" in self.model_fields_set or self.args_hash is not None
+        return self.args is not UNSET or self.args_hash is not None
 
 
-class ToolCall(_ArgsCarrier):
+class ToolCall(_ArgsCarrier, frozen=True, tag="tool_call"):
     """The agent is about to run a tool; the gateway waits for the verdict."""
 
-    type: Literal["tool_call"]
-
-    @model_validator(mode="after")
-    def _args_xor_hash(self) -> ToolCall:
-        sent_args = "args" in self.model_fields_set
-        if sent_args == (self.args_hash is not None):
-            raise ValueError("a tool_call carries exactly one of args or args_hash")
-        return self
+    type: ClassVar[str] = "tool_call"
 
 
-class ErrorDetail(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    message: StrictStr
-    name: StrictStr | None = None
+class ErrorDetail(Struct, frozen=True, omit_defaults=True, gc=False):
+    message: str
+    name: str | None = None
 
 
-class Usage(BaseModel):
-    """What the session spent since its previous usage report (run caps, README: Rules).
+class Usage(Struct, frozen=True, omit_defaults=True, gc=False):
+    """What the session spent since its previous usage report (run caps, README: Rules)."""
 
-    An extension to v1 that older consumers ignore: the gateway reports each model
-    turn's spend (and a tool's own, if it has one) once, on a tool result of the turn.
-    """
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    input_tokens: WireInt | None = None
-    output_tokens: WireInt | None = None
-    total_tokens: WireInt | None = Field(
-        default=None, description="counted instead of input_tokens + output_tokens when given"
-    )
-    cost: Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)] | None = Field(
-        default=None, description="spend in the operator's unit (e.g. USD), as runCaps.cost*"
-    )
+    input_tokens: _WireInt | None = None
+    output_tokens: _WireInt | None = None
+    total_tokens: _WireInt | None = None  # counted instead of input + output when given
+    cost: Annotated[float, Meta(ge=0)] | None = None
 
     @property
     def tokens(self) -> int:
@@ -182,28 +134,16 @@ class Usage(BaseModel):
         return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
-class ToolResult(_ArgsCarrier):
+class ToolResult(_ArgsCarrier, frozen=True, tag="tool_result"):
     """A tool finished (or failed); its outcome feeds the no-progress detectors."""
 
-    type: Literal["tool_result"]
-    result: Any = None
-    result_hash: Identifier | None = _identifier("opaque token of the result (instead of result)")
-    error: StrictStr | ErrorDetail | None = None
-    unknown_tool: Identifier | None = _identifier("the missing tool's name")
-    usage: Usage | None = None
+    type: ClassVar[str] = "tool_result"
 
-    @model_validator(mode="after")
-    def _one_outcome(self) -> ToolResult:
-        given = (
-            ("result" in self.model_fields_set)
-            + (self.result_hash is not None)
-            + (self.error is not None)
-        )
-        if given != 1:
-            raise ValueError("a tool_result carries exactly one of result, result_hash or error")
-        if "args" in self.model_fields_set and self.args_hash is not None:
-            raise ValueError("a tool_result carries at most one of args or args_hash")
-        return self
+    result: Any | UnsetType = UNSET
+    result_hash: str | None = None
+    error: str | ErrorDetail | None = None
+    unknown_tool: str | None = None
+    usage: Usage | None = None
 
     @property
     def error_text(self) -> str | None:
@@ -214,25 +154,22 @@ class ToolResult(_ArgsCarrier):
         return self.error.message or (self.error.name or "")
 
 
-class Compaction(_InputEvent):
+class Compaction(_InputEvent, frozen=True, tag="compaction"):
     """The gateway compacted the run's context; arms the post-compaction guard."""
 
-    type: Literal["compaction"]
-    reason: StrictStr | None = None
+    type: ClassVar[str] = "compaction"
+
+    reason: str | None = None
 
 
-class RunEnded(_InputEvent):
+class RunEnded(_InputEvent, frozen=True, tag="run_ended"):
     """The run is over: its guard and warning keys are freed."""
 
-    type: Literal["run_ended"]
+    type: ClassVar[str] = "run_ended"
 
 
 #: Any input event: what the decoder returns, the engine folds and a state keeps waiting.
 InputEvent = ToolCall | ToolResult | Compaction | RunEnded
-#: The same union as the wire tells its members apart (by ``type``): validation and the
-#: exported JSON Schema.
-TaggedInputEvent = Annotated[InputEvent, Field(discriminator="type")]
-input_event_adapter: TypeAdapter[InputEvent] = TypeAdapter(TaggedInputEvent)
 
 Action = Literal["allow", "warn", "block", "abort"]
 Level = Literal["none", "warning", "critical"]

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import DetectionConfigFile
-from schemas.events import DeadLetter, LoopEvent, Verdict, input_event_adapter
+from schemas.event_schema import input_event_adapter
+from schemas.events import DeadLetter, LoopEvent, Verdict
 
 SCHEMA_DIR = Path(__file__).parent
 

@@ -19,8 +19,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas import validate_event
 from schemas.config import DetectionConfigFile
-from schemas.events import Verdict, input_event_adapter
+from schemas.events import Verdict
 from streams.engine import Engine, SessionState
 from streams.engine.outputs import Verdict as ExpectedVerdict
 from streams.gateway import GatewayClient, GatewaySession, blocked_tool_result
@@ -237,7 +238,7 @@ class SimulatedSession:
 
     def _expect(self, event: dict[str, Any]) -> list[ExpectedVerdict]:
         """Fold the event we just published through the local engine."""
-        validated = input_event_adapter.validate_python(event)
+        validated = validate_event(event)
         self.expected_state, outputs = self.expected_engine.step(
             self.expected_state, validated, validated.ts
         )

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 
 from xxhash import xxh3_64_intdigest
 
-from schemas.events import Action, Detector, InputEvent
+from schemas.events import (
+    IDENTIFIER_FIELDS,
+    Action,
+    Compaction,
+    Detector,
+    InputEvent,
+    RunEnded,
+    ToolCall,
+    ToolResult,
+)
 from streams.engine.history import Record
 from streams.engine.rule_state import RuleState
 
@@ -24,18 +33,17 @@ MAX_RETIRED_INCARNATIONS = 8  # closed seq spaces remembered to recognise their 
 
 
 #: Identifier fields of a waiting event, which dominate what it takes in the state.
-_REST_FIELDS = (
-    "event_id", "session_key", "run_id", "agent_id", "incarnation", "call_id",
-    "tool_name", "args_hash", "args_action", "result_hash", "unknown_tool",
-)
+_REST_FIELDS = {
+    cls: tuple(name for name in IDENTIFIER_FIELDS if name in cls.__struct_fields__)
+    for cls in (ToolCall, ToolResult, Compaction, RunEnded)
+}
 
 
 def rest_size(event: InputEvent) -> int:
     """About what a waiting event (kept as fingerprints) takes in the state's bytes."""
     size = 96
-    fields = event.__dict__
-    for name in _REST_FIELDS:
-        value = fields.get(name)
+    for name in _REST_FIELDS[type(event)]:
+        value = getattr(event, name)
         if value is not None:
             size += len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
     return size

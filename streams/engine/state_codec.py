@@ -36,7 +36,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from schemas.events import Action, Detector, InputEvent, input_event_adapter
+from schemas.events import Action, Detector, InputEvent
 from streams.engine.history import Record
 from streams.engine.rule_state import decode_rule_state, encode_rule_state
 from streams.engine.state import Decision, Guard, SessionState, run_key
@@ -108,6 +108,10 @@ _Body = NamedTuple(  # noqa: UP014 - the functional form, see above
 )
 
 _BODY_ENCODER: Final = msgspec.msgpack.Encoder()
+# Events at rest as JSON (what formats 1 to 3 wrote too, by the pydantic models then:
+# the same fields, which these read back).
+_EVENT_ENCODER: Final = msgspec.json.Encoder()
+_EVENT_DECODER: Final = msgspec.json.Decoder(InputEvent)
 _BODY_DECODER: Final = msgspec.msgpack.Decoder(_Body)
 
 
@@ -166,7 +170,7 @@ def _event_json(event: InputEvent) -> bytes:
     cached = _AT_REST_JSON.get(id(event))
     if cached is not None and cached[0] is event:
         return cached[1]
-    data = event.model_dump_json(exclude_unset=True).encode()
+    data = _EVENT_ENCODER.encode(event)
     _remember_json(event, data)
     return data
 
@@ -504,7 +508,10 @@ def _read_event(data: bytes, pos: int) -> tuple[InputEvent, int]:
 
 def _event_from_json(text: bytes) -> InputEvent:
     """An event at rest (kept as its JSON, fingerprints only)."""
-    event = input_event_adapter.validate_json(text)
+    try:
+        event: InputEvent = _EVENT_DECODER.decode(text)
+    except msgspec.MsgspecError as exc:
+        raise ValueError(f"corrupt session state: an event at rest: {exc}") from None
     _remember_json(event, text)  # encoded again as read
     return event
 

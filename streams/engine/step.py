@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
+from msgspec import UNSET
+from msgspec.structs import replace
 
 from schemas.config import DetectionConfigFile
 from schemas.events import (
@@ -299,35 +301,29 @@ class Engine:
     def _at_rest(self, event: InputEvent) -> InputEvent:
         """The event as the engine keeps it while it waits: raw args and results replaced
         by their tokens (nothing raw at rest), with everything applying it needs."""
-        # model_construct: every value comes from a validated event, so no validation
-        # is repeated, and the fields set are exactly those serialised.
         if isinstance(event, ToolCall):
             if event.args_hash is not None:
                 return event
-            data = _set_fields(event, drop=("args", "args_action"))
-            data["args_hash"] = args_hash(event.args)
-            action = action_of(event.args, event.args_action)
-            if action is not None:
-                data["args_action"] = action
-            return ToolCall.model_construct(set(data), **data)
-        if isinstance(event, ToolResult):
-            data = _set_fields(
-                event, drop=("args", "args_action", "result", "result_hash", "error",
-                             "unknown_tool"),
+            return replace(
+                event,
+                args=UNSET,
+                args_hash=args_hash(event.args),
+                args_action=action_of(event.args, event.args_action),
             )
-            if event.has_args:
-                data["args_hash"] = self._args_token(event)
+        if isinstance(event, ToolResult):
             token, unknown = self._result_token(event)
-            if token is None:
-                data["result"] = None
-            else:
-                data["result_hash"] = token
-            if unknown is not None:
-                data["unknown_tool"] = unknown
-            return ToolResult.model_construct(set(data), **data)
+            return replace(
+                event,
+                args=UNSET,
+                args_hash=self._args_token(event) if event.has_args else None,
+                args_action=None,
+                result=None if token is None else UNSET,
+                result_hash=token,
+                error=None,
+                unknown_tool=unknown,
+            )
         if isinstance(event, Compaction) and event.reason is not None:
-            data = _set_fields(event, drop=("reason",))
-            return Compaction.model_construct(set(data), **data)
+            return replace(event, reason=None)
         return event
 
     def _drain(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
@@ -842,7 +838,7 @@ class Engine:
 
     def _payload(self, event: ToolCall) -> Any:
         """The call's raw args for its loop event, only when configured and at hand."""
-        if not self.include_payloads or "args" not in event.model_fields_set:
+        if not self.include_payloads or event.args is UNSET:
             return None
         if len(orjson.dumps(event.args, option=orjson.OPT_NON_STR_KEYS)) > MAX_LOOP_EVENT_ARGS_BYTES:
             return None
@@ -921,12 +917,6 @@ def _waited_event_time(
     times = [min(event.ts, now_ms) for event in parked]
     reached = max(times) if watermark_ms is None else min(max(times), watermark_ms)
     return reached - min(times)
-
-
-def _set_fields(event: InputEvent, drop: tuple[str, ...]) -> dict[str, Any]:
-    """The fields the gateway set on ``event`` (what its JSON carried), less ``drop``."""
-    values = event.__dict__
-    return {name: values[name] for name in event.model_fields_set if name not in drop}
 
 
 def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:

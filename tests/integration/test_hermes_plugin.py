@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from schemas import input_event_adapter, load_config
+from schemas import load_config, validate_event
 from streams.engine import Engine, Verdict
 from streams.gateway import TIMEOUT_MESSAGE
 from streams.worker_process import REPO_ROOT, WorkerProcess, topic_settings, unique_topics
@@ -113,7 +113,7 @@ class Hermes:
 
     def replayed_verdicts(self) -> list[Verdict]:
         """What ``loopfuse replay`` decides for the events this Hermes published."""
-        events = [input_event_adapter.validate_python(e) for e in self.events]
+        events = [validate_event(e) for e in self.events]
         return [o for o in Engine(load_config(CONFIG)).replay(events) if isinstance(o, Verdict)]
 
 

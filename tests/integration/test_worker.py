@@ -18,7 +18,7 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from schemas import input_event_adapter, load_config
+from schemas import load_config, validate_event
 from streams.engine import Engine
 from streams.worker_process import WorkerProcess
 from tests.support.harness import (
@@ -247,7 +247,7 @@ async def test_a_restart_onto_a_written_changelog_restores_every_session(
     for key, events in history.items():
         state = None
         for event in events:
-            parsed = input_event_adapter.validate_python(event)
+            parsed = validate_event(event)
             state, _ = engine.step(state, parsed, parsed.ts)
         assert state is not None
         changelog.append((f"{worker.env['LOOPFUSE_APP_ID']}-sessions-changelog",

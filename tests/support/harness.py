@@ -24,7 +24,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from schemas import input_event_adapter, load_config
+from schemas import load_config, validate_event
 from streams.engine import Engine, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -238,7 +238,7 @@ def without_clock(verdict: dict[str, Any]) -> dict[str, Any]:
 def expected_verdicts(
     events: Sequence[dict[str, Any]], config: Path = CONFIG
 ) -> list[dict[str, Any]]:
-    parsed = [input_event_adapter.validate_python(e) for e in events]
+    parsed = [validate_event(e) for e in events]
     outputs = Engine(load_config(config)).replay(parsed)
     return [without_clock(orjson.loads(o.to_json())) for o in outputs if isinstance(o, Verdict)]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from schemas import validate_event
 from schemas.config import DetectionConfigFile, parse_config
-from schemas.events import input_event_adapter
 from streams.engine import Engine, SessionState
 from streams.engine.outputs import Verdict as EngineVerdict
 from streams.gateway import GatewayClient
@@ -32,7 +32,7 @@ class LoopbackClient(GatewayClient):
 
     async def _publish(self, topic: str, key: str, event: dict[str, Any]) -> None:
         self.published.append(event)
-        validated = input_event_adapter.validate_python(event)
+        validated = validate_event(event)
         self._states[key], outputs = self._engine.step(
             self._states.get(key), validated, validated.ts
         )

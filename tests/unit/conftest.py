@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 from typing import Any
 
-from schemas import LoopEvent, Verdict, input_event_adapter, parse_config
+from schemas import LoopEvent, Verdict, parse_config, validate_event
 
 _counter = itertools.count(1)
 _MISSING: Any = object()
@@ -57,7 +57,7 @@ def call(tool: str, args: Any = None, *, session: str | None = "s1", run: str | 
     data["call_id"] = call_id or f"call-{data['event_id']}"
     data["tool_name"] = tool
     _with_args(data, {} if args is None and args_hash is None else args, args_hash, args_action)
-    return input_event_adapter.validate_python(data)
+    return validate_event(data)
 
 
 def result(tool: str, args: Any = None, *, result: Any = _MISSING, error: Any = None,
@@ -81,7 +81,7 @@ def result(tool: str, args: Any = None, *, result: Any = _MISSING, error: Any = 
         data["unknown_tool"] = unknown_tool
     if usage is not None:
         data["usage"] = usage
-    return input_event_adapter.validate_python(data)
+    return validate_event(data)
 
 
 def pair(tool: str, args: Any = None, **kwargs: Any) -> list[Any]:
@@ -100,13 +100,13 @@ def compaction(*, session: str | None = "s1", run: str | None = "r1", reason: st
     data = _common("compaction", session, run, agent, seq, ts, event_id)
     if reason is not None:
         data["reason"] = reason
-    return input_event_adapter.validate_python(data)
+    return validate_event(data)
 
 
 def run_ended(*, session: str | None = "s1", run: str | None = "r1", seq: int | None = None,
               agent: str | None = None, ts: int | None = None,
               event_id: str | None = None) -> Any:
-    return input_event_adapter.validate_python(
+    return validate_event(
         _common("run_ended", session, run, agent, seq, ts, event_id)
     )
 

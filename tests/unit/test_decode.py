@@ -1,29 +1,31 @@
-"""The decoder's plain path builds exactly the event the models validate, or leaves it to them."""
+"""The decoder's msgspec pass builds exactly the event the models' path builds, or leaves
+the event to it: the same event, field for field, or the same rejection."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec import UNSET
 from pydantic import ValidationError
 
-from schemas.decode import (
-    EventRejected,
-    _depth,
-    check_identifiers,
-    decode_event,
-    plain_event,
-)
+from schemas import decode as decode_module
+from schemas import event_schema
+from schemas.decode import EventRejected, _depth, check_identifiers, decode_event
+from schemas.event_schema import input_event_adapter, to_event
 from schemas.events import (
     IDENTIFIER_FIELDS,
     MAX_WIRE_INT,
+    Compaction,
     InputEvent,
+    RunEnded,
     ToolCall,
     ToolResult,
-    input_event_adapter,
 )
 
 _values = st.one_of(
@@ -36,7 +38,14 @@ _values = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False),
     st.just("2026-01-01T00:00:00Z"),
     st.just({"message": "boom"}),
+    st.just({"message": "boom", "name": None, "extra": 1}),
+    st.just({"message": 3}),
     st.just({"input_tokens": 3, "cost": 0.5}),
+    st.just({"total_tokens": 3, "cost": 1}),
+    st.just({"cost": -0.5}),
+    st.just({"cost": True}),
+    st.just({"output_tokens": MAX_WIRE_INT + 1}),
+    st.just({}),
     st.just({"k": [1, 2]}),
     st.just([]),
 )
@@ -79,77 +88,24 @@ _base = st.sampled_from(
             "ts": 5,
         },
         {"type": "compaction", "event_id": "e", "session_key": "s", "ts": 5},
+        {"type": "run_ended", "event_id": "e", "run_id": "r", "ts": 5},
     ]
 )
 
 
-def _same(a: Any, b: Any) -> bool:
-    return (
-        type(a) is type(b)
-        and a.__dict__ == b.__dict__
-        and list(a.__dict__) == list(b.__dict__)
-        and a.model_fields_set == b.model_fields_set
-    )
-
-
-@settings(max_examples=2000, deadline=None)
-@given(_base, _fields)
-def test_the_plain_path_builds_what_the_models_validate(
-    base: dict[str, Any], extra: dict[str, Any]
-) -> None:
-    data = {**base, **extra}
-    plain = plain_event(data)
-    try:
-        validated = input_event_adapter.validate_python(data)
-    except ValidationError:
-        assert plain is None  # only the models reject, with their reasons
-        return
-    assert plain is None or _same(plain, validated)
-    if plain is not None:  # and it serialises (state at rest, audit) the same way
-        assert plain.model_dump_json(exclude_unset=True) == validated.model_dump_json(
-            exclude_unset=True
-        )
-
-
-def test_a_plain_tool_call_takes_the_plain_path() -> None:
-    data = {
-        "type": "tool_call",
-        "event_id": "e",
-        "session_key": "s",
-        "call_id": "c",
-        "tool_name": "read",
-        "args": None,
-        "ts": 5,
-    }
-    event = plain_event(data)
-    assert isinstance(event, ToolCall) and event.has_args and event.key == "s"
-    with pytest.raises(Exception, match="frozen"):
-        event.tool_name = "other"  # type: ignore[misc]
-
-
-def test_rejections_keep_the_models_wording() -> None:
-    raw = (
-        b'{"type":"tool_call","event_id":"e","session_key":"s","call_id":"c",'
-        b'"tool_name":"read","ts":5}'
-    )
-    with pytest.raises(Exception, match="exactly one of args or args_hash"):
-        decode_event(raw)
-
-
-def test_the_plain_path_knows_every_field_of_the_models() -> None:
-    """A new field may need a check in plain_event (a type, a nested model): this fails
-    until someone has looked."""
-    known = {*IDENTIFIER_FIELDS, "type", "seq", "ts", "args", "result", "error", "usage"}
-    assert set(ToolCall.model_fields) | set(ToolResult.model_fields) == known
-
-
-# -- the identifier bound on the plain path: the verdict of the models' path ----------
-
-
 def _reference_decode(raw: bytes, *, max_depth: int, max_identifier_bytes: int) -> InputEvent:
-    """decode_event for JSON text as it was when every event went through the models:
-    shape, nesting and type, then validate_python, then check_identifiers."""
-    data = orjson.loads(raw)
+    """decode_event as it was when every event went through the models: bytes, shape,
+    nesting and type, then the models, then check_identifiers."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise EventRejected("invalid_utf8", "") from None
+        if "recursion" in str(exc) or "depth" in str(exc):
+            raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}") from None
+        raise EventRejected("invalid_json", "") from None
     if not isinstance(data, dict):
         raise EventRejected(
             "not_an_object", f"an event is a JSON object, got {type(data).__name__}"
@@ -164,7 +120,7 @@ def _reference_decode(raw: bytes, *, max_depth: int, max_identifier_bytes: int) 
     }:
         raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
     try:
-        event: InputEvent = input_event_adapter.validate_python(data)
+        event = to_event(input_event_adapter.validate_python(data))
     except ValidationError as exc:
         raise EventRejected("invalid_event", f"model: {exc.error_count()}") from None
     check_identifiers(event, max_identifier_bytes)
@@ -172,21 +128,164 @@ def _reference_decode(raw: bytes, *, max_depth: int, max_identifier_bytes: int) 
 
 
 def _verdict(decode: Any, raw: bytes, **limits: int) -> tuple[Any, ...]:
-    """An event as its type, values, field order and set fields; a rejection as its
-    code and reason (the models' wording is compared by the hypothesis test above, so
-    here only its code)."""
+    """An event as its type and values (what the engine reads, and what it writes at
+    rest); a rejection as its code and reason (the models' wording: see below)."""
     try:
         event = decode(raw, **limits)
     except EventRejected as exc:
-        reason = exc.reason if exc.code != "invalid_event" or " bytes, " in exc.reason else ""
-        return ("rejected", exc.code, reason)
-    return (
-        "event",
-        type(event),
-        event.__dict__,
-        list(event.__dict__),
-        event.model_fields_set,
+        keep_reason = exc.code not in ("invalid_event", "invalid_json", "invalid_utf8") or (
+            " bytes, " in exc.reason
+        )
+        return ("rejected", exc.code, exc.reason if keep_reason else "")
+    fields = {name: getattr(event, name) for name in event.__struct_fields__}
+    # repr: 1 == 1.0 == True, and a float where orjson reads one must stay a float
+    return ("event", type(event), repr(fields), msgspec.json.encode(event))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_base, _fields)
+def test_the_msgspec_pass_builds_what_the_models_validate(
+    base: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    data = {**base, **extra}
+    raw = orjson.dumps(data)
+    limits = {"max_depth": 64, "max_identifier_bytes": 512}
+    assert _verdict(decode_event, raw, **limits) == _verdict(_reference_decode, raw, **limits)
+
+
+def test_rejections_keep_the_models_wording() -> None:
+    raw = (
+        b'{"type":"tool_call","event_id":"e","session_key":"s","call_id":"c",'
+        b'"tool_name":"read","ts":5}'
     )
+    with pytest.raises(EventRejected, match="exactly one of args or args_hash"):
+        decode_event(raw)
+    with pytest.raises(EventRejected, match=r"^ts: ts must be epoch milliseconds in 0 \.\."):
+        decode_event(raw.replace(b'"ts":5', b'"ts":-1,"args":{}'))
+
+
+def test_the_events_have_the_fields_of_the_models() -> None:
+    """One event, two libraries: the msgspec Struct the engine folds and the pydantic
+    model that validates and exports the schema carry the same fields and defaults."""
+    pairs = [
+        (ToolCall, event_schema.ToolCall),
+        (ToolResult, event_schema.ToolResult),
+        (Compaction, event_schema.Compaction),
+        (RunEnded, event_schema.RunEnded),
+        (event_schema.events.ErrorDetail, event_schema.ErrorDetail),
+        (event_schema.events.Usage, event_schema.Usage),
+    ]
+    for struct, model in pairs:
+        fields = {f.name: f for f in msgspec.structs.fields(struct)}
+        model_fields = {name: f for name, f in model.model_fields.items() if name != "type"}
+        assert set(fields) == set(model_fields), struct
+        for name, field in model_fields.items():
+            if field.is_required():
+                assert fields[name].required, (struct, name)
+            else:
+                unset_when_absent = name in ("args", "result")
+                expected = UNSET if unset_when_absent else field.default
+                assert fields[name].default == expected, (struct, name)
+
+
+# -- numbers: what orjson reads, whichever pass decoded them ----------------------------
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        "0", "-0", "-0.0", "1", "1.0", "1e2", "1E2", "2.5e-3", "1e-400", "5e-324",
+        "9007199254740993", "18446744073709551615", "18446744073709551616",
+        "-9223372036854775808", "-9223372036854775809", "123456789012345678901234567890",
+        "1" + "0" * 308, "1" + "0" * 400, "1e400", "0.1", "0.30000000000000004",
+        "2.2250738585072014e-308", "1.7976931348623157e308", "4.9406564584124654e-324",
+    ],
+)
+@pytest.mark.parametrize("where", ["args", "result"])
+def test_payload_numbers_are_read_as_orjson_reads_them(number: str, where: str) -> None:
+    kind = "tool_call" if where == "args" else "tool_result"
+    raw = (
+        b'{"type":"' + kind.encode() + b'","event_id":"e","session_key":"s","call_id":"c",'
+        b'"tool_name":"read","ts":5,"' + where.encode() + b'":{"n":[' + number.encode()
+        + b"]}}"
+    )
+    limits = {"max_depth": 64, "max_identifier_bytes": 512}
+    assert _verdict(decode_event, raw, **limits) == _verdict(_reference_decode, raw, **limits)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False), st.sampled_from(["repr", "json"]))
+def test_payload_floats_are_read_as_orjson_reads_them(value: float, form: str) -> None:
+    text = repr(value) if form == "repr" else json.dumps(value)
+    raw = (
+        b'{"type":"tool_call","event_id":"e","session_key":"s","call_id":"c",'
+        b'"tool_name":"read","ts":5,"args":{"x":' + text.encode() + b"}}"
+    )
+    event = decode_event(raw)
+    assert isinstance(event, ToolCall)
+    assert repr(event.args) == repr(orjson.loads(raw)["args"])
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # the last of a repeated key counts, as orjson reads it
+        b'{"type":"tool_call","event_id":"a","event_id":"b","session_key":"s","call_id":"c",'
+        b'"tool_name":"t","ts":5,"args":1}',
+        b'{"type":"tool_call","event_id":"a","session_key":"s","call_id":"c","tool_name":"t",'
+        b'"ts":5,"args":{"k":1},"args":[2]}',
+        b'{"type":"tool_call","event_id":"a","session_key":"s","call_id":"c","tool_name":"t",'
+        b'"ts":"x","ts":5,"args":1}',
+        b'{"type":"tool_call","event_id":"a","session_key":"s","call_id":"c","tool_name":"t",'
+        b'"ts":5,"ts":"x","args":1}',
+        b'{"type":"tool_result","event_id":"a","session_key":"s","call_id":"c",'
+        b'"tool_name":"t","ts":5,"result":1,"type":"tool_call","args":1}',
+        b'{"event_id":"a","session_key":"s","call_id":"c","tool_name":"t","ts":5,'
+        b'"args":{"k":{"k":1,"k":2}},"type":"tool_call"}',
+        # escapes, in keys too
+        b'{"type":"tool_call","\\u0065vent_id":"\\u00e9\\ud83d\\ude00","session_key":"s",'
+        b'"call_id":"c","tool_name":"t","ts":5,"args":"\\u0000"}',
+        b'{"type":"tool_call","event_id":"a","session_key":"s","call_id":"c","tool_name":"t",'
+        b'"ts":5,"args":"\\ud800"}',
+        b'{"type":"tool_call","event_id":"\\udfff","session_key":"s","call_id":"c",'
+        b'"tool_name":"t","ts":5,"args":1}',
+        # bytes orjson refuses
+        b'\xef\xbb\xbf{"type":"run_ended","event_id":"a","run_id":"r","ts":5}',
+        b'{"type":"run_ended","event_id":"a","run_id":"r","ts":5} x',
+        b'{"type":"run_ended","event_id":"a","run_id":"r","ts":5}\n',
+        b'{"type":"run_ended","event_id":"a\x01","run_id":"r","ts":5}',
+        b'{"type":"run_ended","event_id":"\xff","run_id":"r","ts":5}',
+        b'{"type":"run_ended","event_id":"a","run_id":"r","ts":5,}',
+        b'{"type":"run_ended","event_id":"a","run_id":"r","ts":NaN}',
+        b'[{"type":"run_ended","event_id":"a","run_id":"r","ts":5}]',
+        # deeper than msgspec's recursion and orjson's limit
+        b'{"type":"tool_call","event_id":"a","session_key":"s","call_id":"c","tool_name":"t",'
+        b'"ts":5,"args":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        # a usage or error object the models check (or ignore the fields of)
+        b'{"type":"tool_result","event_id":"a","session_key":"s","call_id":"c",'
+        b'"tool_name":"t","ts":5,"error":{"message":"m","x":1},"usage":{"cost":1}}',
+        b'{"type":"tool_result","event_id":"a","session_key":"s","call_id":"c",'
+        b'"tool_name":"t","ts":5,"result":null,"usage":{"input_tokens":1.0}}',
+        b'{"type":"tool_result","event_id":"a","session_key":"s","call_id":"c",'
+        b'"tool_name":"t","ts":5,"result":null,"usage":{"cost":-0.0,"total_tokens":0}}',
+    ],
+)
+def test_awkward_bytes_get_the_verdict_of_the_models_path(raw: bytes) -> None:
+    limits = {"max_depth": 64, "max_identifier_bytes": 512}
+    assert _verdict(decode_event, raw, **limits) == _verdict(_reference_decode, raw, **limits)
+
+
+def test_json_the_models_path_refuses_is_refused_with_its_reason() -> None:
+    raw = b'{"type":"run_ended","event_id":"a","run_id":"r","ts":5,"n":1e400}'
+    with pytest.raises(EventRejected) as rejected:
+        decode_event(raw)
+    assert rejected.value.code == "invalid_json"
+    assert rejected.value.reason.startswith("not JSON: number is infinity")
+    with pytest.raises(EventRejected, match=r"^not UTF-8: invalid start byte at byte 0$"):
+        decode_event(b"\xff" + raw)
+
+
+# -- the identifier bound and nesting: the verdict of the models' path -----------------
 
 
 _LIMIT = 16  # small, so that short drawn strings fall on both sides of it
@@ -206,7 +305,8 @@ _nested = st.recursive(
     st.dictionaries(st.sampled_from(IDENTIFIER_FIELDS), _identifier_text, max_size=4),
     _fields,
     st.one_of(st.none(), _nested),
-    st.sampled_from([4, 5, 6, 64]),
+    st.one_of(st.none(), _nested),
+    st.sampled_from([2, 3, 4, 5, 6, 64]),
     st.sampled_from([_LIMIT, _LIMIT + 1, 512]),
     st.one_of(
         st.none(), st.sampled_from(["run_ended", "tool", "", 1, ["tool_call"], {"t": 1}])
@@ -217,6 +317,7 @@ def test_decode_gives_the_verdict_of_the_models_path(
     identifiers: dict[str, str],
     extra: dict[str, Any],
     args: Any,
+    result: Any,
     max_depth: int,
     max_identifier_bytes: int,
     kind: Any,
@@ -226,6 +327,8 @@ def test_decode_gives_the_verdict_of_the_models_path(
         data["type"] = kind
     if args is not None and "args" in data:
         data["args"] = args
+    if result is not None and "result" in data:
+        data["result"] = result
     raw = orjson.dumps(data)
     limits = {"max_depth": max_depth, "max_identifier_bytes": max_identifier_bytes}
     assert _verdict(decode_event, raw, **limits) == _verdict(_reference_decode, raw, **limits)
@@ -233,14 +336,26 @@ def test_decode_gives_the_verdict_of_the_models_path(
 
 @pytest.mark.parametrize("levels", range(7))
 @pytest.mark.parametrize("leaf", ["0", "[]", "{}", '"{["', '{"k":0}'])
-@pytest.mark.parametrize("max_depth", [3, 4, 5])
+@pytest.mark.parametrize("max_depth", [2, 3, 4, 5])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b"",
+        b',"usage":{}',
+        b',"usage":{"cost":null}',
+        b',"usage":{"cost":1.5}',
+        b',"error":{"message":"m"}',
+    ],
+)
 def test_nesting_near_the_bound_gets_the_verdict_of_the_models_path(
-    levels: int, leaf: str, max_depth: int
+    levels: int, leaf: str, max_depth: int, extra: bytes
 ) -> None:
-    args = "[" * levels + leaf + "]" * levels
+    payload = ("[" * levels + leaf + "]" * levels).encode()
+    outcome = b'"result":' + payload if not extra.startswith(b',"error"') else extra[1:]
     raw = (
-        b'{"type":"tool_call","event_id":"e","session_key":"s","call_id":"c",'
-        b'"tool_name":"read","ts":5,"args":' + args.encode() + b"}"
+        b'{"type":"tool_result","event_id":"e","session_key":"s","call_id":"c",'
+        b'"tool_name":"read","ts":5,"args":' + payload + b"," + outcome
+        + (extra if extra.startswith(b',"usage"') else b"") + b"}"
     )
     limits = {"max_depth": max_depth, "max_identifier_bytes": 512}
     assert _verdict(decode_event, raw, **limits) == _verdict(_reference_decode, raw, **limits)
@@ -287,7 +402,6 @@ def test_an_identifier_over_the_bound_is_rejected_as_the_models_path_does(
     name: str, value: str, size: int | None
 ) -> None:
     data = _plain_with(name, value)
-    assert plain_event({**data, name: "ok"}) is not None  # the plain path's case
     raw = orjson.dumps(data)
     reference = _verdict(_reference_decode, raw, max_depth=64, max_identifier_bytes=512)
     assert _verdict(decode_event, raw) == reference
@@ -299,21 +413,6 @@ def test_an_identifier_over_the_bound_is_rejected_as_the_models_path_does(
         )
 
 
-def test_a_lone_surrogate_counts_as_the_built_event_would() -> None:
-    """orjson never decodes one (it rejects "\\ud800"), but plain_event takes any dict
-    (the models would not: pydantic rejects a lone surrogate as a string)."""
-    data = _plain_with("tool_name", "\ud800" * 171)  # 513 bytes with surrogatepass
-    event = plain_event(data, 1024)
-    assert event is not None
-    with pytest.raises(EventRejected) as by_event:
-        check_identifiers(event, 512)
-    with pytest.raises(EventRejected) as by_plain:
-        plain_event(data, 512)
-    assert (by_plain.value.code, by_plain.value.reason) == (
-        by_event.value.code, by_event.value.reason
-    ) == ("invalid_event", "tool_name is 513 bytes, the limit is 512")
-
-
 def test_the_models_rejection_comes_before_the_identifier_bound() -> None:
     data = {**_plain_with("tool_name", "x" * 600), "result_hash": "h"}  # two outcomes
     with pytest.raises(EventRejected, match="exactly one of result, result_hash or error"):
@@ -322,16 +421,39 @@ def test_the_models_rejection_comes_before_the_identifier_bound() -> None:
 
 def test_the_first_identifier_over_the_bound_is_the_one_named() -> None:
     data = {**_plain_with("tool_name", "x" * 600), "session_key": "é" * 300}
-    assert plain_event({**data, "tool_name": "read", "session_key": "s"}) is not None
     with pytest.raises(EventRejected, match=r"^session_key is 600 bytes, the limit is 512$"):
         decode_event(orjson.dumps(data))
 
 
-def test_plain_tool_calls_and_results_take_the_plain_path() -> None:
-    """The plain path decides for the usual events (not only that it is never wrong)."""
-    for name in IDENTIFIER_FIELDS:
-        assert plain_event(_plain_with(name, "ok")) is not None, name
-    call = {**_plain_with("args_hash", "h"), "args_hash": None, "args": [1]}
-    assert plain_event(call) is not None
-    assert plain_event({**_plain_with("error", "boom"), "result": None}) is None
-    assert plain_event({k: v for k, v in _plain_with("error", "x").items() if k != "result"})
+def test_the_usual_events_take_the_msgspec_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The msgspec pass decides for the usual events (not only that it is never wrong)."""
+
+    def refuse(*_: Any) -> InputEvent:
+        raise AssertionError("left to the models")
+
+    monkeypatch.setattr(decode_module, "_decode_by_the_models", refuse)
+    usual = [
+        _plain_with(name, "ok") for name in IDENTIFIER_FIELDS
+    ] + [
+        {**_plain_with("args_hash", "h"), "args_hash": None, "args": [1]},
+        {**_plain_with("x", "x"), "result": {"content": [{"type": "text", "text": "é"}]},
+         "args": {"command": "ls", "timeout": 1.5}},
+        {k: v for k, v in _plain_with("error", "boom").items() if k != "result"},
+        {k: v for k, v in _plain_with("error", "x").items() if k not in ("result", "x")}
+        | {"error": {"message": "boom", "name": "E"}, "usage": {"input_tokens": 3}},
+        {"type": "compaction", "event_id": "e", "session_key": "s", "ts": 5, "reason": "x"},
+        {"type": "run_ended", "event_id": "e", "run_id": "r", "seq": 0, "ts": 5},
+    ]
+    for data in usual:
+        data.pop("x", None)
+        assert decode_event(orjson.dumps(data)).type == data["type"]
+    with pytest.raises(AssertionError, match="left to the models"):
+        decode_event(orjson.dumps({**usual[0], "ts": "2026-01-01T00:00:00Z"}))
+
+
+def test_events_are_frozen_and_know_their_session() -> None:
+    event = decode_event(orjson.dumps(_plain_with("args_hash", "h")))
+    assert isinstance(event, ToolCall) and event.has_args and event.key == "s"
+    with pytest.raises(AttributeError):
+        event.tool_name = "other"  # type: ignore[misc]
+    assert event.args is UNSET and event.type == "tool_call"

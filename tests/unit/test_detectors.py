@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from schemas import input_event_adapter, parse_config
+from schemas import parse_config, validate_event
 from streams.engine import Engine
 from streams.engine.state import run_key
 from tests.unit.conftest import (
@@ -489,7 +489,7 @@ def test_result_without_args_matches_its_call_by_call_id() -> None:
     events: list[Any] = []
     for i in range(3):
         events.append(call("read", {"p": 1}, call_id=f"c{i}"))
-        events.append(input_event_adapter.validate_python({
+        events.append(validate_event({
             "type": "tool_result", "event_id": f"res-{i}", "ts": 1, "session_key": "s1",
             "run_id": "r1", "call_id": f"c{i}", "tool_name": "read", "result": "same"}))
     assert last_verdict(engine.replay([*events, call("read", {"p": 1})])).action == "block"
@@ -498,7 +498,7 @@ def test_result_without_args_matches_its_call_by_call_id() -> None:
 def test_result_without_args_for_an_unseen_call_is_rejected() -> None:
     # spec reading: the args are "needed when no call with that id was seen"; without them
     # the result cannot be attributed, so it is rejected (dead letter "orphan_result").
-    orphan = input_event_adapter.validate_python({
+    orphan = validate_event({
         "type": "tool_result", "event_id": "o1", "ts": 1, "session_key": "s1", "run_id": "r1",
         "call_id": "never-seen", "tool_name": "read", "result": "x"})
     outputs = engine_with().replay([orphan])

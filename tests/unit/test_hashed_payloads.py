@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import input_event_adapter, parse_config
+from schemas import parse_config, validate_event
 from streams.engine import Engine
 from streams.engine.fingerprint import args_hash, result_token
 from tests.unit.conftest import verdicts
@@ -58,9 +58,9 @@ def events(picks: list[int], hashed: bool) -> list[Any]:
         else:
             common |= {"args": args}
             outcome = {"result": result}
-        out.append(input_event_adapter.validate_python({"type": "tool_call", **common}))
+        out.append(validate_event({"type": "tool_call", **common}))
         result_event = {"type": "tool_result", **common, **outcome, "event_id": f"r{i}"}
-        out.append(input_event_adapter.validate_python(result_event))
+        out.append(validate_event(result_event))
     return out
 
 

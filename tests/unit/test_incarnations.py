@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from msgspec.structs import replace
+
 from schemas import parse_config
 from streams.engine import Engine, SessionState
 from tests.unit.conftest import call, result, verdicts
@@ -31,10 +33,10 @@ def looping(n: int, *, incarnation: str | None, start_ts: int, run: str = "r1",
         ts = start_ts + 10 * seq
         events.append(call("exec", LOOP, call_id=f"c{i}", seq=seq, ts=ts, run=run,
                            event_id=f"{incarnation}:{seq}"))
-        events[-1] = events[-1].model_copy(update={"incarnation": incarnation})
+        events[-1] = replace(events[-1], incarnation=incarnation)
         events.append(result("exec", LOOP, call_id=f"c{i}", seq=seq + 1, ts=ts + 5, run=run,
                              result={"content": "1 failing"}, event_id=f"{incarnation}:{seq + 1}"))
-        events[-1] = events[-1].model_copy(update={"incarnation": incarnation})
+        events[-1] = replace(events[-1], incarnation=incarnation)
     return events
 
 
@@ -65,7 +67,7 @@ def test_without_an_incarnation_a_restart_looks_like_redelivery() -> None:
     """What v1 gateways get: seq 0 again is taken for a duplicate (hence the extension)."""
     eng = engine()
     state, _ = judged(eng, looping(4, incarnation=None, start_ts=1_000))
-    restarted = [e.model_copy(update={"event_id": f"new-{e.event_id}"})
+    restarted = [replace(e, event_id=f"new-{e.event_id}")
                  for e in looping(4, incarnation=None, start_ts=2_000)]
     _, after = judged(eng, restarted, state)
     assert {v.action for v in verdicts(after)} == {"allow"}
@@ -123,8 +125,7 @@ def test_a_seq_space_waiting_to_open_keeps_no_raw_payloads() -> None:
     eng = engine()
     state, _ = judged(eng, looping(1, incarnation="gw-a", start_ts=1_000))
     secret = {"command": "curl -H 'Authorization: Bearer s3cr3t' https://x"}
-    first = call("exec", secret, call_id="c0", seq=0, ts=5_000).model_copy(
-        update={"incarnation": "gw-b"})
+    first = replace(call("exec", secret, call_id="c0", seq=0, ts=5_000), incarnation="gw-b")
     state, _ = judged(eng, [first], state, watermark=1_000)
     assert len(state.pending) == 1
     assert b"s3cr3t" not in state.to_bytes()

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import input_event_adapter, parse_config
+from schemas import parse_config, validate_event
 from streams.engine import Engine, SessionState
 from streams.engine.rule_state import RuleState
 from tests.unit.conftest import comparable, verdicts
@@ -58,7 +58,7 @@ def build(ops: list[tuple[str, int, int, int]], *, with_seq: bool = True,
             call_id = open_calls.pop((tool_ix, run_ix), f"orphan{i}")
             data.update(type="tool_result", call_id=call_id, tool_name=tool, args=args,
                         **OUTCOMES[outcome_ix])
-        events.append(input_event_adapter.validate_python(data))
+        events.append(validate_event(data))
     return events
 
 
@@ -152,7 +152,7 @@ def test_round_trip_keeps_a_sticky_block() -> None:
     state, outputs = fold(engine, build(ops, with_seq=False))
     assert verdicts(outputs)[-1].action == "block"
     restored = SessionState.from_bytes(state.to_bytes())  # type: ignore[union-attr]
-    again = input_event_adapter.validate_python(
+    again = validate_event(
         {"type": "tool_call", "event_id": "later", "ts": 5000, "session_key": "s1",
          "run_id": "r0", "call_id": "c-later", "tool_name": "read", "args": {"p": 1}})
     _, out = engine.step(restored, again, again.ts)
