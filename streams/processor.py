@@ -27,8 +27,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, Protocol
 
+import msgspec
 import orjson
 
 from schemas.decode import EventRejected, decode_event
@@ -78,12 +79,12 @@ class Limits:
         return max(0, min(self.dead_letter_original_bytes, self.output_budget - 16_384))
 
 
-class Outgoing(NamedTuple):
+class Outgoing(msgspec.Struct, frozen=True, gc=False):
     """One message to publish: which output topic, its key and its value.
 
-    Immutable like the rest of this module's per-event values, and a tuple: a frozen
-    dataclass sets each field through object.__setattr__, three times the cost of
-    building a tuple, once per event and output.
+    Immutable like the rest of this module's per-event values, and built in C (a
+    NamedTuple's __new__ is a Python function, a frozen dataclass sets each field
+    through object.__setattr__), once per event and output.
     """
 
     kind: OutputKind
@@ -93,8 +94,8 @@ class Outgoing(NamedTuple):
     detector: str | None = None  # a verdict's detector (metrics)
 
 
-class Source(NamedTuple):
-    """Where an input came from, for its dead letter (a tuple, as Outgoing)."""
+class Source(msgspec.Struct, frozen=True, gc=False):
+    """Where an input came from, for its dead letter (a Struct, as Outgoing)."""
 
     topic: str | None = None
     partition: int | None = None
@@ -149,16 +150,17 @@ def encode_outputs(
     encoded: list[Outgoing] = []
     budget = limits.output_budget - len(key)
     for output in outputs:
-        if isinstance(output, Verdict):
+        # type() is: the outputs are of these exact classes, and it is the cheapest test
+        if type(output) is Verdict:
             value = output.to_json()
             item = Outgoing("verdict", key, value, output.action, output.detector)
-        elif isinstance(output, LoopEvent):
+        elif type(output) is LoopEvent:
             value = output.to_json()
             item = Outgoing("loop_event", key, value, output.detector)
-        elif isinstance(output, Rejection):
+        elif type(output) is Rejection:
             encoded.append(dead_letter(source, output.code, output.reason, limits))
             continue
-        elif isinstance(output, Notice):
+        elif type(output) is Notice:
             notices.append(output)
             continue
         else:  # pragma: no cover - the engine emits nothing else
@@ -201,10 +203,16 @@ def tool_strikes(outputs: Sequence[Output]) -> list[Outgoing]:
     ]
 
 
-class _Applied(NamedTuple):
-    """One step taken since ``base``: an event (None: a release), with its clocks."""
+class _Applied(msgspec.Struct, frozen=True, gc=False):
+    """One step taken since ``base``: an event or a release, with its clocks.
+
+    An event whose source has its bytes is kept as those bytes (``event`` None) and
+    decoded again to go back, which is rare: its objects are freed as soon as it is
+    judged rather than at the checkpoint, long after (a tenth of replay's time).
+    """
 
     event: InputEvent | None
+    released: bool  # a release of what waits (Engine.release), not an event
     now_ms: int
     watermark_ms: int | None
     source: Source
@@ -217,7 +225,9 @@ class SessionFold:
 
     ``base`` is the last state bytes known good (None: the session is new); the
     steps applied after it are kept with the clocks they ran with, so the state
-    before any of them can be rebuilt exactly. Lifecycle: ``apply`` each event (its
+    before any of them can be rebuilt exactly. An event's source carries its wire
+    bytes where it has them (``Source.value``): the event is then what
+    ``decode_event`` made of them with these limits. Lifecycle: ``apply`` each event (its
     messages, or its dead letter), ``release`` what waits, then ``checkpoint`` for
     the bytes to keep (the table write) and the messages to send.
     """
@@ -252,7 +262,8 @@ class SessionFold:
             log.exception("engine failed on event %r", event.event_id[:80])
             return self._reject(source, "engine_error", f"engine error: {exc!r}")
         self.state = state
-        self.steps.append(_Applied(event, now_ms, watermark_ms, source, encoded))
+        kept = None if source.value is not None else event
+        self.steps.append(_Applied(kept, False, now_ms, watermark_ms, source, encoded))
         return encoded
 
     def release(self, now_ms: int, watermark_ms: int | None, source: Source) -> list[Outgoing]:
@@ -265,7 +276,7 @@ class SessionFold:
         except Exception as exc:
             log.exception("engine failed releasing the waiting events of a session")
             return self._reject(source, "engine_error", f"engine error: {exc!r}")
-        self.steps.append(_Applied(None, now_ms, watermark_ms, source, encoded))
+        self.steps.append(_Applied(None, True, now_ms, watermark_ms, source, encoded))
         return encoded
 
     def checkpoint(self) -> tuple[bytes | None, list[Outgoing]]:
@@ -310,11 +321,18 @@ class SessionFold:
         return messages
 
     def _step(self, state: SessionState | None, step: _Applied) -> SessionState:
-        if step.event is None:
+        if step.released:
             assert state is not None
             self.engine.release(state, step.now_ms, step.watermark_ms)
             return state
-        state, _ = self.engine.step(state, step.event, step.now_ms, step.watermark_ms)
+        event = step.event
+        if event is None:  # kept as its bytes, which decoded to it before
+            value = step.source.value
+            assert value is not None
+            event = decode_event(
+                value, max_bytes=len(value), max_identifier_bytes=self.limits.max_identifier_bytes
+            )
+        state, _ = self.engine.step(state, event, step.now_ms, step.watermark_ms)
         return state
 
     def _isolate(self) -> tuple[bytes | None, list[Outgoing]]:
@@ -566,8 +584,7 @@ class SessionProcessor:
         sessions: dict[bytes, list[tuple[InputEvent, Source]]] = {}
         for record in records:
             source = Source(
-                record.topic, record.partition, record.offset, key=record.key,
-                value=record.value,
+                record.topic, record.partition, record.offset, None, record.key, record.value
             )
             try:
                 decoded = decode_event(

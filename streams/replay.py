@@ -40,17 +40,18 @@ def replay_lines(
     (the same poison isolation as the worker's, see streams.processor).
     """
     limits = limits or Limits(dead_letter_original_bytes=ORIGINAL_LIMIT)
+    max_identifier_bytes = limits.max_identifier_bytes
     folds: dict[str, SessionFold] = {}
     for line_no, line in enumerate(lines, start=1):
         raw = line.rstrip(b"\r\n")
-        if not raw.strip():
-            continue  # blank lines separate nothing in JSONL; skipping them loses nothing
-        source = Source(line=line_no, value=raw)
+        source = Source(None, None, None, line_no, None, raw)
         try:
             event = decode_event(
-                raw, max_bytes=max_event_bytes, max_identifier_bytes=limits.max_identifier_bytes
+                raw, max_bytes=max_event_bytes, max_identifier_bytes=max_identifier_bytes
             )
         except EventRejected as exc:
+            if not raw.strip():
+                continue  # blank lines separate nothing in JSONL; skipping them loses nothing
             yield dead_letter(source, exc.code, exc.reason, limits).value
             continue
         except Exception as exc:  # a decoder bug must not end the replay
@@ -65,9 +66,12 @@ def replay_lines(
             )
         for message in fold.apply(event, source, event.ts, None):
             yield message.value
-        for notice in fold.notices:
-            log.info("%s (session %s, run %s)", notice.message, notice.session_key, notice.run_id)
-        fold.notices.clear()
+        if fold.notices:
+            for notice in fold.notices:
+                log.info(
+                    "%s (session %s, run %s)", notice.message, notice.session_key, notice.run_id
+                )
+            fold.notices.clear()
         if len(fold.steps) >= CHECKPOINT_EVERY:
             fold.checkpoint()  # its messages were written as each event was judged
             for letter in fold.isolated:  # an event that broke the state: said late
