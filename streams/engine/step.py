@@ -11,6 +11,7 @@ in place (copying a state per event would cost as much as the step).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -77,6 +78,18 @@ MAX_SKIPPED_RANGES = 64
 MAX_LOOP_EVENT_ARGS_BYTES = 65_536
 #: Resolved configs rendered into loop events, kept by value (bounded).
 _CONFIG_DICT_CACHE = 1_024
+#: Per-agent policies and per-run keys the engine keeps (ids come from the wire).
+_CACHE_BOUND = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Policy:
+    """An agent's loop-detection config and rules, as every event of it reads them."""
+
+    config: ResolvedConfig
+    rules: ResolvedRules | None
+    detecting: bool  # config.detection_on
+    recording: bool  # config.recording_on
 
 # Every field of an output is set: one frozenset for them all (the models are frozen).
 _VERDICT_FIELDS = frozenset(Verdict.model_fields)
@@ -131,9 +144,38 @@ class Engine:
         self.include_payloads = self.resolver.file.loopfuse.includePayloadsInLoopEvents
         self.rules = RuleBook(self.resolver.file)  # opt-in rules (issue 14)
         self._config_dicts: dict[ResolvedConfig, dict[str, Any]] = {}
+        self._policies: dict[str | None, _Policy] = {}
+        self._runs: dict[str, tuple[str | None, int]] = {}
 
     def resolve(self, agent_id: str | None) -> ResolvedConfig:
         return self.resolver.resolve(agent_id)
+
+    def _policy(self, agent_id: str | None) -> _Policy:
+        """What is in force for an agent's events: one lookup per event, not three."""
+        policy = self._policies.get(agent_id)
+        if policy is None:
+            config = self.resolver.resolve(agent_id)
+            policy = _Policy(
+                config, self.rules.resolve(agent_id), config.detection_on, config.recording_on
+            )
+            if len(self._policies) >= _CACHE_BOUND:  # agent ids come from the wire
+                self._policies.clear()
+            self._policies[agent_id] = policy
+        return policy
+
+    def _run(self, run_id: str | None) -> tuple[str | None, int]:
+        """A run id's scope (run_scope) and its key (run_key), known once per run id:
+        a session's events repeat it, and its records then share one key object."""
+        if run_id is None:
+            return None, 0
+        known = self._runs.get(run_id)
+        if known is None:
+            scope = run_scope(run_id)
+            known = (scope, run_key(scope))
+            if len(self._runs) >= _CACHE_BOUND:  # run ids come from the wire
+                self._runs.clear()
+            self._runs[run_id] = known
+        return known
 
     # -- ordering and idempotence ----------------------------------------------------
 
@@ -172,7 +214,7 @@ class Engine:
             self._apply(state, event, now_ms, outputs)
             return state, outputs
 
-        incarnation = incarnation_key(event.incarnation)
+        incarnation = 0 if event.incarnation is None else incarnation_key(event.incarnation)
         if incarnation != state.incarnation:
             if state.next_seq is None and not state.parked:
                 state.incarnation = incarnation  # nothing numbered yet: the first seq space
@@ -444,14 +486,19 @@ class Engine:
     def _apply(
         self, state: SessionState, event: InputEvent, now_ms: int, outputs: list[Output]
     ) -> None:
-        _touch(state, event, now_ms)
-        if isinstance(event, ToolCall):
+        # _touch, inline: once per event applied
+        state.touched_ms = now_ms
+        event_ms = event.ts if event.ts < now_ms else now_ms
+        if event_ms > state.last_event_ms:
+            state.last_event_ms = event_ms
+        if type(event) is ToolCall:
             self._on_tool_call(state, event, now_ms, outputs)
-        elif isinstance(event, ToolResult):
+        elif type(event) is ToolResult:
             self._on_tool_result(state, event, now_ms, outputs)
-        elif isinstance(event, Compaction):
+        elif type(event) is Compaction:
             self._on_compaction(state, event, outputs)
         else:
+            assert type(event) is RunEnded
             self._on_run_ended(state, event)
 
     @staticmethod
@@ -479,22 +526,21 @@ class Engine:
     def _on_tool_call(
         self, state: SessionState, event: ToolCall, now_ms: int, outputs: list[Output]
     ) -> None:
-        config = self.resolve(event.agent_id)
-        run = run_scope(event.run_id)
+        policy = self._policy(event.agent_id)
+        config, rules = policy.config, policy.rules
+        run, run_hash = self._run(event.run_id)  # run_hash: how the history names it
         tool = event.tool_name
-        token = self._args_token(event)
+        token = event.args_hash if event.args_hash is not None else args_hash(event.args)
         sig = signature(tool, token)
-        rules = self.rules.resolve(event.agent_id)
         if rules is not None:  # issue 14: exempt tools are never judged, others may have thresholds
             if tool in rules.exempt:
                 outputs.append(
                     self._verdict(event, now_ms, action="allow", level="none", args_token=token)
                 )
                 return
-            config = rules.for_tool(config, tool)
+            config = rules.for_tool(config, tool)  # thresholds only: policy.detecting holds
         detection: Detection | None = None
-        run_hash = run_key(run)  # how the history's records name their run
-        if config.detection_on:
+        if policy.detecting:
             history = state.run_history(run_hash)
             known_poll = is_known_poll(tool, action_of(event.args, event.args_action))
             recent = state.recent_count(sig, history)
@@ -506,7 +552,7 @@ class Engine:
             judgement = self.rules.judge(state, event, config, rules, run, sig, detection, enforce)
             detection, enforce = judgement.detection, judgement.enforce
         critical = detection is not None and detection.level == "critical"
-        if config.recording_on and not (critical and enforce):
+        if policy.recording and not (critical and enforce):
             call_hash = hash32(event.call_id) if event.call_id else 0
             state.append(
                 Record(tool, sig, run_hash, call_hash, 0, None, event.ts), config.history_size
@@ -579,20 +625,23 @@ class Engine:
     def _on_tool_result(
         self, state: SessionState, event: ToolResult, now_ms: int, outputs: list[Output]
     ) -> None:
-        config = self.resolve(event.agent_id)
-        rules = self.rules.resolve(event.agent_id)
-        if rules is not None and self.rules.on_result(  # issue 14: spend, failure identity
-            state, event, rules, run_scope(event.run_id), self._result_token(event)[0] is not None
-        ):
-            return  # an exempt tool: never counted
-        if not config.recording_on:
+        policy = self._policy(event.agent_id)
+        rules = policy.rules
+        run, run_hash = self._run(event.run_id)  # guards are keyed by run hash too
+        if rules is not None:
+            token, unknown = self._result_token(event)
+            if self.rules.on_result(state, event, rules, run, token is not None):
+                return  # issue 14 (spend, failure identity): an exempt tool is never counted
+            if not policy.recording:
+                return
+        elif not policy.recording:
             return
-        tool = event.tool_name
-        token, unknown = self._result_token(event)
+        else:
+            token, unknown = self._result_token(event)
         if token is None:
             return  # no result at all, or the loop detector's own block: nothing recorded
+        tool = event.tool_name
         result = result_fingerprint(token)
-        run_hash = run_key(run_scope(event.run_id))
         call_hash = hash32(event.call_id) if event.call_id else 0
 
         history = state.history
@@ -620,9 +669,12 @@ class Engine:
                     )
                 )
                 return
-            state.append(Record(tool, sig, run_hash, 0, result, unknown, event.ts), config.history_size)
+            state.append(
+                Record(tool, sig, run_hash, 0, result, unknown, event.ts),
+                policy.config.history_size,
+            )
 
-        guard_key = run_hash  # guards are keyed by run hash too
+        guard_key = run_hash
         guard = state.guards.get(guard_key)
         if guard is None:
             return
@@ -654,7 +706,7 @@ class Engine:
             outputs.append(
                 self._loop_event(
                     event,
-                    config,
+                    policy.config,
                     action="abort",
                     level="critical",
                     detector="compaction_loop_persisted",
