@@ -39,7 +39,7 @@ _KNOWN_TYPES = frozenset({"tool_call", "tool_result", "compaction", "run_ended"}
 
 _EVENT_DECODER = msgspec.json.Decoder(InputEvent)
 _NO_USAGE = Usage()
-_OPTIONAL_IDENTIFIERS = {
+_IDENTIFIERS_OF = {
     cls: tuple(name for name in IDENTIFIER_FIELDS if name in cls.__struct_fields__)
     for cls in (ToolCall, ToolResult, Compaction, RunEnded)
 }
@@ -93,7 +93,7 @@ def check_identifiers(event: InputEvent, limit: int) -> None:
     first identifier over the bound, in IDENTIFIER_FIELDS order, is the one named.
     """
     quick = limit // 4  # a string this short cannot exceed the limit in UTF-8
-    for name in _OPTIONAL_IDENTIFIERS[type(event)]:
+    for name in _IDENTIFIERS_OF[type(event)]:
         value = getattr(event, name)
         if value is not None and len(value) > quick and (size := utf8_size(value)) > limit:
             raise EventRejected(
@@ -123,14 +123,15 @@ def decode_event(
         return _decode_by_the_models(raw, max_depth, max_identifier_bytes)
     if not _as_the_models_would(event):
         return _decode_by_the_models(raw, max_depth, max_identifier_bytes)
-    # Cheap bound first, as the models' path has it: nesting can never exceed the
-    # number of opening brackets.
-    if raw.count(b"{") + raw.count(b"[") > max_depth:
-        deepest = _payload_depth(event, max_depth - 1)
-        if deepest is None:
-            return _decode_by_the_models(raw, max_depth, max_identifier_bytes)
-        if deepest + 1 > max_depth:
-            raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")
+    # The models' path refuses an event as too deep when both its brackets and its
+    # nesting (as _depth counts it) exceed the bound. The nesting is the payloads',
+    # found in the few containers most events have; the brackets, a pass over every
+    # byte, are only counted for an event that is that deep.
+    deep = _nested_deeper(event, max_depth - 1)
+    if deep is None:
+        return _decode_by_the_models(raw, max_depth, max_identifier_bytes)
+    if deep and raw.count(b"{") + raw.count(b"[") > max_depth:
+        raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")
     # An identifier takes at most as many UTF-8 bytes as its JSON text: in an event
     # no longer than the bound, none can be over it (most tool calls).
     if len(raw) > max_identifier_bytes:
@@ -176,28 +177,43 @@ def _orjson_writes(value: Any) -> bool:
     return True
 
 
-def _payload_depth(event: InputEvent, limit: int) -> int | None:
-    """The nesting of the event's fields' values, as :func:`_depth` counts it (a
-    scalar is 1); None where the built event cannot tell (a usage object:
-    ``{}`` and ``{"cost": null}`` build the same usage)."""
-    if isinstance(event, ToolResult):
-        usage = event.usage
-        # An error object has its message, so it is 2 deep; a usage object is, unless
-        # every field is null or absent.
-        deepest = 2 if isinstance(event.error, ErrorDetail) else 1
-        if usage is not None:
-            if usage == _NO_USAGE:
-                return None
-            deepest = 2
-        if event.result is not UNSET:
-            deepest = max(deepest, _depth(event.result, limit))
-    elif isinstance(event, ToolCall):
-        deepest = 1
+def _nested_deeper(event: InputEvent, limit: int) -> bool | None:
+    """Whether a field's value of the event is nested deeper than ``limit``, as
+    :func:`_depth` counts it (a scalar is 1); None where the built event cannot tell
+    (a usage object with no field set: ``{}`` and ``{"cost": null}`` build the same)."""
+    if limit < 1:
+        return True  # every field's value is 1 deep at least
+    if type(event) is ToolResult:
+        # An error object has its message, so it is 2 deep; a usage object is,
+        # unless no field of it is set.
+        if limit < 2 and (event.usage is not None or type(event.error) is ErrorDetail):
+            return None if event.usage == _NO_USAGE else True
+        if event.result is not UNSET and _deeper(event.result, limit):
+            return True
+    elif type(event) is not ToolCall:
+        return False  # only scalars
+    return event.args is not UNSET and _deeper(event.args, limit)
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """``_depth(value) > limit``, for ``limit`` >= 1: a JSON value as decoded (dicts
+    and lists, nothing else nests), descended no further than ``limit``."""
+    kind = type(value)
+    if kind is dict:
+        children = value.values()
+    elif kind is list:
+        children = value
     else:
-        return 1
-    if event.args is not UNSET and deepest <= limit:
-        deepest = max(deepest, _depth(event.args, limit))
-    return deepest
+        return False  # a scalar is 1 deep
+    if not children:
+        return False  # an empty container is 1 deep
+    if limit < 2:
+        return True  # a container with children is 2 deep at least
+    for child in children:
+        kind = type(child)
+        if (kind is dict or kind is list) and _deeper(child, limit - 1):
+            return True
+    return False
 
 
 def _decode_by_the_models(raw: bytes, max_depth: int, max_identifier_bytes: int) -> InputEvent:
