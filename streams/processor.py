@@ -17,8 +17,9 @@ checkpointed) share this code, so both judge hostile input the same way.
 
 The state before an event is not copied before every step (that would cost as much
 as the step): a fold keeps the last good state *bytes* and the events applied
-since, and rebuilds the state from them when an event fails. The engine is a pure
-fold, so re-applying those events gives exactly the state they gave the first time.
+since (as their wire bytes where it has them), and rebuilds the state from them when
+an event fails. The engine changes the state it is given, and deterministically, so
+re-applying those events gives exactly the state they gave the first time.
 """
 
 from __future__ import annotations
@@ -789,9 +790,13 @@ class SessionProcessor:
             if raw is None:
                 self.key_partition.pop(key, None)
                 continue
-            touched_ms, last_event_ms = SessionState.idle_stamps(raw)
-            if touched_ms >= wall_cutoff or last_event_ms >= event_cutoff:
-                continue
+            try:
+                touched_ms, last_event_ms = SessionState.idle_stamps(raw)
+            except ValueError:  # unreadable: judging would start it afresh anyway
+                log.warning("unreadable state of session %r: expiring it", key[:80])
+            else:
+                if touched_ms >= wall_cutoff or last_event_ms >= event_cutoff:
+                    continue
             self.store.delete(key, partition)
             del self.key_partition[key]
             self.decoded.pop(key, None)

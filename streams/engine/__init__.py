@@ -1,4 +1,9 @@
-"""The pure detection engine: a fold of each session's events, no I/O, no clock.
+"""The detection engine: a fold of each session's events, no I/O, no clock.
+
+``Engine.step(state, event, now_ms, watermark_ms=None) -> (state, outputs)`` changes
+the state it is given in place (and returns it; a new one for None). Deterministic:
+the same events and clocks give the same states and outputs, which is what lets the
+session processor go back to a state by applying its events again.
 
 Its modules may be compiled with mypyc (``./dev build-engine``, see
 streams.compiled_engine); ``COMPILED`` says whether this process runs that build.

@@ -215,8 +215,11 @@ def decode(data: bytes) -> SessionState:
 def idle_stamps(data: bytes) -> tuple[int, int]:
     """``(touched_ms, last_event_ms)`` of state bytes without decoding the rest.
 
-    Idle expiry reads these for every session on every scan.
+    Idle expiry reads these for every session on every scan. Bytes too short for
+    them, or of no known version, raise ValueError as :func:`decode` does.
     """
+    if not data or data[0] not in _READERS or len(data) < (17 if data[0] >= 2 else 9):
+        raise ValueError(f"not session state bytes: {data[:17]!r}")
     touched_ms: int = _I64.unpack_from(data, 1)[0]
     last_event_ms: int = _I64.unpack_from(data, 9)[0] if data[0] >= 2 else 0
     return touched_ms, last_event_ms
@@ -241,6 +244,10 @@ def _read_v4(data: bytes) -> tuple[SessionState, int]:
     for run, (window, remaining, first, broken) in body.guards.items():
         state.guards[run] = Guard(window, remaining, first, broken)
     if body.decisions:
+        for _event, action, detector, _count, _detail, _seq in body.decisions:
+            # a negative index would read from the end: corrupt, as one past the end is
+            if not (0 <= action < len(ACTIONS) and 0 <= detector < len(DETECTORS)):
+                raise ValueError("corrupt session state: a decision's action or detector")
         state.decisions = [
             Decision(event, ACTIONS[action], DETECTORS[detector], count, detail, seq)
             for event, action, detector, count, detail, seq in body.decisions

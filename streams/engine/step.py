@@ -542,8 +542,9 @@ class Engine:
         detection: Detection | None = None
         if policy.detecting:
             history = state.run_history(run_hash)
-            known_poll = is_known_poll(tool, action_of(event.args, event.args_action))
             recent = state.recent_count(sig, history)
+            # only read when a record of this signature is there (see detect)
+            known_poll = recent > 0 and is_known_poll(tool, action_of(event.args, event.args_action))
             detection = detect(history, tool, sig, token, known_poll, config, run, recent)
 
         enforce = self.resolver.enforce
@@ -768,8 +769,9 @@ class Engine:
             "verdict",
             "verdict_id",
             verdict_id(event.key, event.run_id, event.call_id, action, event.incarnation),
-            event, event.call_id, event.tool_name, action, level, detector, count, message,
-            args_token, paired,
+            event, call_id=event.call_id, tool_name=event.tool_name, action=action,
+            level=level, detector=detector, count=count, message=message,
+            args_token=args_token, paired=paired,
         )
         values["event_ts"] = event.ts
         values["decided_ts"] = now_ms
@@ -815,8 +817,9 @@ class Engine:
                     "utf-8", "surrogatepass"
                 )
             ),
-            event, call_id, tool_name, action, level, detector, count, message, args_token,
-            paired,
+            event, call_id=call_id, tool_name=tool_name, action=action, level=level,
+            detector=detector, count=count, message=message, args_token=args_token,
+            paired=paired,
         )
         values["warning_key"] = warning_key
         values["config"] = self._config_dict(config)
@@ -914,6 +917,7 @@ def _judgement(
     id_field: str,
     output_id: str,
     event: InputEvent,
+    *,
     call_id: str | None,
     tool_name: str | None,
     action: Action,

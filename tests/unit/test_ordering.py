@@ -234,6 +234,14 @@ def test_a_session_is_stamped_with_its_newest_event_time() -> None:
     assert SessionState.from_bytes(state.to_bytes()).last_event_ms == 13_000
 
 
+#: A session with one pending call (seq 0, ts 5000, touched at 10 000) as format 3
+#: wrote it (3eeaf21).
+SMALL_V3 = bytes.fromhex(
+    "0310270000000000008813000000000000020472656164027231020100010284ed6bac475f0d66"
+    "00000000000000008f4e01005d7bfbc5000000000000000000000000000000000000"
+)
+
+
 def test_state_written_before_event_stamps_still_reads() -> None:
     eng = engine()
     state, _ = feed(eng, [call("read", {}, call_id="c0", seq=0, ts=5_000)], now=10_000)
@@ -241,10 +249,7 @@ def test_state_written_before_event_stamps_still_reads() -> None:
     # The same state as format 3 wrote it (3eeaf21): with no guards and no warnings,
     # format 2 is format 3 without its incarnation bookkeeping at the end (8-byte
     # incarnation, no retired, nothing pending) ...
-    v3 = bytes.fromhex(
-        "0310270000000000008813000000000000020472656164027231020100010284ed6bac475f0d66"
-        "00000000000000008f4e01005d7bfbc5000000000000000000000000000000000000"
-    )
+    v3 = SMALL_V3
     assert SessionState.from_bytes(v3).to_bytes() == raw
     assert v3[-10:] == bytes(10)
     v2 = bytes((2,)) + v3[1:-10]

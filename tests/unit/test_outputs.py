@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import orjson
 
+from schemas import EventRejected, decode_event, parse_config
 from schemas import LoopEvent as WireLoopEvent
 from schemas import Verdict as WireVerdict
-from streams.engine import LoopEvent, Verdict
+from streams.engine import Engine, LoopEvent, SessionState, Verdict
+from streams.engine.fleet import ToolBreaker, overlay
+from tests.support.engine_corpus import corpora
 from tests.unit.conftest import call, engine_with, result
 
 
@@ -52,3 +55,44 @@ def test_a_loop_event_with_fleet_carries_it() -> None:
         "sessions": 20, "window_seconds": 300, "since_ts": 1, "until_ts": 2
     }
     assert event.to_json() == event.model_dump_json().encode()
+
+
+def test_every_output_of_the_corpus_is_its_wire_model_field_for_field() -> None:
+    """Every way the engine builds a verdict or loop event - calls, results that trip a
+    guard, gaps given up, rules (reported or enforced, run endings), the fleet breaker's
+    raise - gives the wire model itself: its fields in order, values it validates."""
+    breakers = {"exec": ToolBreaker("exec", 3, 60, 0, 2**52)}
+    fleet_config = parse_config(
+        {"tools": {"loopDetection": {"enabled": True}},
+         "loopfuse": {"rules": {"fleetBreaker": {"action": "block"}}}}
+    )
+    seen: set[tuple[str, str | None]] = set()
+    cases = [*corpora(), ("fleet", fleet_config, corpora()[-1][2])]
+    for name, config, lines in cases:
+        engine = Engine(config, max_parked=16, gap_timeout_ms=5_000)
+        states: dict[str, SessionState] = {}
+        for line in lines:
+            try:
+                event = decode_event(line)
+            except EventRejected:
+                continue
+            states[event.key], outputs = engine.step(states.get(event.key), event, event.ts)
+            if name == "fleet":
+                outputs = overlay(engine.rules, outputs, breakers)
+            for output in outputs:
+                if not isinstance(output, Verdict | LoopEvent):
+                    continue
+                model = type(output)
+                assert list(output.__dict__) == list(model.model_fields), name
+                assert model.model_validate(output.__dict__) == output, name
+                assert output.to_json() == output.model_dump_json(
+                    exclude={"fleet"} if output.__dict__.get("fleet") is None else None
+                ).encode()
+                seen.add((model.__name__, output.action if model is Verdict else output.detector))
+                if model is Verdict and output.detector == "fleet_tool_breaker":
+                    seen.add(("raised", name))
+    assert ("raised", "fleet") in seen
+    assert {("Verdict", action) for action in ("allow", "warn", "block", "abort")} <= seen
+    detectors = {detector for kind, detector in seen if kind == "LoopEvent"}
+    assert {"sequence_gap", "compaction_loop_persisted", "cycle", "tool_loop_run_ended",
+            "generic_repeat", "unknown_tool_repeat"} <= detectors, detectors

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from schemas import parse_config
-from streams.engine import Engine, SessionState
+from streams.engine import Engine
 from streams.processor import (
     DictStore,
     InputRecord,
@@ -152,8 +152,8 @@ def test_an_engine_error_dead_letters_the_event_and_keeps_the_state_before_it() 
     clean = processor().process([Feed().record(e) for e in events])
     assert actions(messages) == actions(clean) == ["allow", "allow", "allow", "warn", "warn",
                                                    "block"]
-    kept = SessionState.from_bytes(proc.store.get(b"s1") or b"")
-    assert kept.history == SessionState.from_bytes(_state_of(processor(), events)).history
+    # the whole state: history, seen event ids, clocks - nothing of the bad event
+    assert proc.store.get(b"s1") == _state_of(processor(), events)
 
 
 def _state_of(proc: SessionProcessor, events: list[dict[str, Any]]) -> bytes:
@@ -203,6 +203,17 @@ def test_a_session_expires_only_when_idle_by_both_clocks() -> None:
     assert not _idle_case(event_clock_ms=NOW + 1_000, wall_ms=later)  # input read late
     assert not _idle_case(event_clock_ms=later, wall_ms=NOW + 1_000)  # wall clock: recent
     assert not _idle_case(event_clock_ms=None, wall_ms=later)  # no fetch answer yet
+
+
+def test_an_unreadable_state_is_expired_and_the_scan_goes_on() -> None:
+    feed, offsets, clock = Feed(), Offsets(answered=NOW + 61_000), Clock(NOW)
+    proc = processor(offsets=offsets, clock=clock, session_ttl_ms=60_000)
+    proc.process([feed.record(e) for e in calls("s1", 1, ts=NOW) + calls("s2", 1, ts=NOW)])
+    proc.store.put(b"s1", b"\x04\x00", 0)  # cut short: no idle stamps to read
+    offsets.ends = dict(feed.offsets)
+    clock.now = NOW + 61_000
+    assert proc.expire_idle([0]) == 2
+    assert proc.store.get(b"s1") is None and proc.store.get(b"s2") is None
 
 
 def test_a_restarted_gateways_first_call_is_released_by_the_timer() -> None:
