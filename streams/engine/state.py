@@ -22,7 +22,7 @@ from schemas.events import (
     ToolCall,
     ToolResult,
 )
-from streams.engine.history import Record
+from streams.engine.history import Record, array_header, encode_record
 from streams.engine.rule_state import RuleState
 
 MAX_WARNING_KEYS = 256
@@ -136,6 +136,10 @@ class SessionState:
     _sig_counts: dict[int, int] | None = field(default=None, repr=False, compare=False)
     # Derived, never serialised: about what the parked and pending events take.
     _waiting: int | None = field(default=None, repr=False, compare=False)
+    # Derived, never serialised: each history record's MessagePack, in order (None =
+    # not written yet). A checkpoint then writes the one or two records that changed
+    # since the last, not all of them: the worker writes a session every batch.
+    _record_bytes: list[bytes] | None = field(default=None, repr=False, compare=False)
 
     def waiting_bytes(self) -> int:
         """About what the events waiting on a gap or a restart take (see rest_size)."""
@@ -179,8 +183,13 @@ class SessionState:
         counts = self._sig_counts
         if counts is not None:
             counts[record.sig] = counts.get(record.sig, 0) + 1
+        written = self._record_bytes
+        if written is not None:
+            written.append(encode_record(record))
         excess = len(history) - history_size
         if excess > 0:
+            if written is not None:
+                del written[:excess]
             if counts is not None:
                 for rec in history[:excess]:
                     left = counts[rec.sig] - 1
@@ -194,10 +203,27 @@ class SessionState:
             if not same_runs:
                 self._runs = None  # a run may have left the history: recompute lazily
 
+    def replace(self, index: int, record: Record) -> None:
+        """Put ``record`` in place of the one at ``index`` (a call's record taking its
+        result): the same signature and run, so no count or run set changes."""
+        self.history[index] = record
+        written = self._record_bytes
+        if written is not None:
+            written[index] = encode_record(record)
+
     def forget_derived(self) -> None:
-        """Drop the derived caches after the history was changed other than by append."""
+        """Drop the derived caches after the history was changed other than by append
+        or replace."""
         self._runs = None
         self._sig_counts = None
+        self._record_bytes = None
+
+    def history_bytes(self) -> bytes:
+        """The history as the state codec writes it: one MessagePack array of records."""
+        written = self._record_bytes
+        if written is None:
+            written = self._record_bytes = list(map(encode_record, self.history))
+        return array_header(len(written)) + b"".join(written)
 
     # -- bytes (streams.engine.state_codec) ----------------------------------------
 

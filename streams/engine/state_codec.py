@@ -130,12 +130,13 @@ def encode(state: SessionState) -> bytes:
         encode_rule_state(out, state.rules, _uvarint)
         rules = bytes(out)
     head = _HEAD.pack(FORMAT_VERSION, state.touched_ms, state.last_event_ms)
+    # _Body's fields, as a tuple (written alike): the history as its records' bytes
     return head + _BODY_ENCODER.encode(
-        _Body(
+        (
             0 if state.next_seq is None else state.next_seq + 1,
             state.verdict_floor,
             state.incarnation,
-            state.history,
+            msgspec.Raw(state.history_bytes()),
             {
                 run: (guard.window, max(guard.remaining, 0), guard.first, guard.broken)
                 for run, guard in state.guards.items()

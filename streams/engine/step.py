@@ -656,7 +656,7 @@ class Engine:
                 and (not sig or rec.sig == sig)
             ):
                 # The call's record takes the result; call 0: nothing can match it again.
-                history[~back] = Record(tool, rec.sig, run_hash, 0, result, unknown, rec.ts)
+                state.replace(~back, Record(tool, rec.sig, run_hash, 0, result, unknown, rec.ts))
                 sig = rec.sig
                 break
         else:
