@@ -7,7 +7,10 @@ ping-pong, unknown tool, loop after compaction); args of realistic sizes and som
 * the whole offline path, ``loopfuse replay`` without file I/O (decode, validate,
   step, outputs as JSON, state checkpoints), as a ratio to ``orjson`` loads + dumps
   of the same lines in the same run: the floor any judge must pay to read an event
-  and write an answer, and a baseline that moves with the machine's load;
+  and write an answer, and a baseline that moves with the machine's load; beside it
+  OpenClaw's detector algorithm on Node.js over the same lines
+  (``bench/openclaw_detector.mjs``, when ``node`` is on the PATH), the judge a gateway
+  would otherwise keep in-process;
 * ``Engine.step`` alone on events decoded up front;
 * the state codec (encode + decode per session; encode as a live session writes
   again, its unchanged records' bytes kept, and the first encode after a decode).
@@ -28,11 +31,14 @@ import argparse
 import gc
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -255,6 +261,28 @@ def offline_ratio(raw: list[bytes], config: Any, rounds: int) -> tuple[float, fl
     return statistics.median(offline), statistics.median(ratios)
 
 
+def openclaw_on_v8(raw: list[bytes], rounds: int) -> float | None:
+    """Events/s of OpenClaw's detector algorithm on Node.js over the same lines (the
+    judge our users would otherwise keep in-process), or None without Node.js."""
+    script = Path(__file__).with_name("openclaw_detector.mjs")
+    node = shutil.which("node")
+    if node is None:
+        print("OpenClaw's detector algorithm on V8: skipped (no node on PATH)")
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as events:
+        events.write(b"\n".join(raw) + b"\n")
+        events.flush()
+        rates = []
+        for _ in range(rounds):
+            run = subprocess.run(
+                [node, str(script), "--quiet", events.name],
+                capture_output=True, text=True, check=True,
+            )
+            last = run.stderr.strip().splitlines()[-1]  # openclaw_v8_events_per_s=… calls=…
+            rates.append(float(last.split()[0].split("=")[1]))
+    return statistics.median(rates)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=2000)
@@ -272,8 +300,15 @@ def main() -> None:
     mean_size = statistics.fmean(len(line) for line in raw)
     print(f"workload: {len(raw)} events, {opts.sessions} sessions, mean event {mean_size:.0f} B")
 
-    _, ratio = offline_ratio(raw, config, opts.rounds)
+    offline_rate, ratio = offline_ratio(raw, config, opts.rounds)
     print(f"offline path / orjson loads+dumps: median ratio {ratio:.3f}")
+    v8_rate = openclaw_on_v8(raw, opts.rounds)
+    if v8_rate is not None:
+        print(
+            f"OpenClaw's detector algorithm on V8 (bench/openclaw_detector.mjs), same lines: "
+            f"median {v8_rate:,.0f} events/s; the offline path / it: "
+            f"{offline_rate / v8_rate:.2f}"
+        )
 
     # each event dropped once decoded, as the offline path drops it once judged
     decode_rate = _median_rate(len(raw), opts.rounds, lambda: deque(map(decode_event, raw), 0))
@@ -341,7 +376,8 @@ def main() -> None:
             [sys.executable, *sys.argv], env={**os.environ, PURE_ENV: "1"},
             capture_output=True, text=True, check=True,
         ).stdout.splitlines()
-        summaries = ("offline path /", "decode+validate", "engine step", "state bytes", "engine_")
+        summaries = ("offline path /", "OpenClaw's", "decode+validate", "engine step",
+                     "state bytes", "engine_")
         for line in pure:
             if line.startswith(summaries):
                 print(f"pure engine: {line}")
