@@ -27,7 +27,10 @@ import argparse
 import asyncio
 import contextlib
 import random
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -182,20 +185,60 @@ class BenchWorker(WorkerProcess):
 
 
 async def worker_throughput(bootstrap: str, worker: BenchWorker,
-                            events: list[dict[str, Any]]) -> float:
+                            events: list[dict[str, Any]], spy: str | None = None) -> float:
     messages = [(worker.topic_for(e), e["session_key"].encode(), orjson.dumps(e)) for e in events]
     expected = sum(1 for e in events if e["type"] == "tool_call")
     await produce_all(bootstrap, messages)
     cons = consumer(bootstrap, worker.topics["verdicts"])
     await cons.start()
+    sampler: subprocess.Popen[bytes] | None = None
     try:
         worker.start()
+        if spy is not None:
+            sampler = start_sampling(worker, spy)
         # Time between the first and the last decision: excludes start-up, the group
         # join and changelog recovery, which the raw pipe does not have either.
         elapsed = await decision_span(cons, expected, f"see {worker.log_path}")
     finally:
         await cons.stop()
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its file and exits
+            sampler.wait(timeout=60)
+    if spy is not None:
+        print_profile(spy)
     return len(events) / elapsed
+
+
+def start_sampling(worker: BenchWorker, path: str) -> subprocess.Popen[bytes]:
+    """py-spy (not a dependency: pip install py-spy) sampling the worker's threads."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        raise SystemExit("--spy needs py-spy (pip install py-spy)")
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(worker.pid), "--rate", "200", "--threads",
+         "--format", "raw", "--output", path],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def print_profile(path: str, top: int = 25) -> None:
+    """The sampled frames with the most time under them (inclusive), per thread."""
+    totals: dict[str, int] = {}
+    under: dict[tuple[str, str], int] = {}
+    for line in Path(path).read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        thread, samples = frames[0], int(count)
+        totals[thread] = totals.get(thread, 0) + samples
+        for frame in set(frames[1:]):
+            name = frame.split(" (")[0] + " " + frame.rsplit("/", 1)[-1].split(":")[0]
+            under[(thread, name)] = under.get((thread, name), 0) + samples
+    for thread, total in sorted(totals.items(), key=lambda item: -item[1]):
+        print(f"profile of {thread} ({total} samples):")
+        ranked = sorted(((n, c) for (t, n), c in under.items() if t == thread),
+                        key=lambda item: -item[1])
+        for name, samples in ranked[:top]:
+            print(f"  {100 * samples / total:5.1f}%  {name}")
 
 
 async def decision_span(cons: AIOKafkaConsumer, expected: int, hint: str) -> float:
@@ -403,7 +446,7 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
         worker = BenchWorker(bootstrap, embedded, args.partitions, Path(tmp), extra,
                              args.profile)
         try:
-            worker_rate = await worker_throughput(bootstrap, worker, events)
+            worker_rate = await worker_throughput(bootstrap, worker, events, args.spy)
             print(f"worker throughput: {worker_rate:,.0f} events/s ({len(events)} events)",
                   flush=True)
             await worker.ready()
@@ -453,6 +496,9 @@ def main() -> int:
     parser.add_argument("--worker-env", action="append", default=[], metavar="LOOPFUSE_X=V",
                         help="extra worker setting (repeatable), e.g. LOOPFUSE_BATCH_MAX=1000")
     parser.add_argument("--profile", metavar="PATH", help="cProfile the worker into PATH")
+    parser.add_argument("--spy", metavar="PATH",
+                        help="sample the worker with py-spy during (a) into PATH (raw "
+                             "stacks) and print where its threads spend their time")
     parser.add_argument("--scale-out", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure one vs two workers (c)")
     args = parser.parse_args()

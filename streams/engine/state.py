@@ -9,7 +9,9 @@ match on it again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
+import msgspec
 from xxhash import xxh3_64_intdigest
 
 from schemas.events import (
@@ -32,21 +34,23 @@ MAX_GUARDS = 32  # armed post-compaction guards (one per run), oldest dropped fi
 MAX_RETIRED_INCARNATIONS = 8  # closed seq spaces remembered to recognise their redeliveries
 
 
-#: Identifier fields of a waiting event, which dominate what it takes in the state.
+#: Identifier fields of a waiting event, which dominate what it takes in the state:
+#: read in one call (a waiting event is measured as it comes and as it goes).
 _REST_FIELDS = {
-    cls: tuple(name for name in IDENTIFIER_FIELDS if name in cls.__struct_fields__)
+    cls: attrgetter(*(name for name in IDENTIFIER_FIELDS if name in cls.__struct_fields__))
     for cls in (ToolCall, ToolResult, Compaction, RunEnded)
 }
 
 
 def rest_size(event: InputEvent) -> int:
-    """About what a waiting event (kept as fingerprints) takes in the state's bytes."""
-    size = 96
-    for name in _REST_FIELDS[type(event)]:
-        value = getattr(event, name)
-        if value is not None:
-            size += len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
-    return size
+    """About what a waiting event (kept as fingerprints) takes in the state's bytes:
+    its identifiers' UTF-8 bytes and 96."""
+    text = "".join(filter(None, _REST_FIELDS[type(event)](event)))
+    return 96 + (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass")))
+
+
+#: A waiting event's JSON, as the state's bytes keep it (nothing raw: it is at rest).
+encode_event = msgspec.json.Encoder().encode
 
 
 def run_key(run: str | None) -> int:
@@ -140,6 +144,61 @@ class SessionState:
     # not written yet). A checkpoint then writes the one or two records that changed
     # since the last, not all of them: the worker writes a session every batch.
     _record_bytes: list[bytes] | None = field(default=None, repr=False, compare=False)
+
+    # Derived, never serialised: the earliest and latest ``ts`` of the parked events
+    # (None = recompute), which decide when a gap is given up (Engine._release_gaps).
+    _parked_times: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    # Derived, never serialised: seq -> (parked event, its JSON as the state writes
+    # it), kept while the event waits, so a checkpoint writes only what parked since.
+    _parked_json: dict[int, tuple[InputEvent, bytes]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    # Derived, never serialised: seq -> rest_size of the parked event (measured as it
+    # parks, not again as it leaves).
+    _parked_sizes: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+
+    def park(self, seq: int, event: InputEvent, *, counted: bool = False) -> None:
+        """``event`` (at rest) waits for the seqs before it; ``counted``: it was waiting
+        already (a restarted gateway's event, pending until its seq space opened)."""
+        self.parked[seq] = event
+        size = self._parked_sizes[seq] = rest_size(event)
+        if not counted:
+            self.note_waiting(size)
+        times = self._parked_times
+        if times is not None:
+            ts = event.ts
+            self._parked_times = (ts if ts < times[0] else times[0],
+                                  ts if ts > times[1] else times[1])
+        elif len(self.parked) == 1:
+            self._parked_times = (event.ts, event.ts)
+
+    def unpark(self, seq: int) -> InputEvent:
+        """The event parked at ``seq``, no longer waiting."""
+        event = self.parked.pop(seq)
+        size = self._parked_sizes.pop(seq, None)
+        self.note_waiting(-(rest_size(event) if size is None else size))
+        self._parked_times = None  # a bound may have gone: recomputed when next asked
+        self._parked_json.pop(seq, None)
+        return event
+
+    def parked_times(self) -> tuple[int, int]:
+        """The earliest and the latest ``ts`` of the parked events (some are parked)."""
+        times = self._parked_times
+        if times is None:
+            stamps = [event.ts for event in self.parked.values()]
+            times = self._parked_times = (min(stamps), max(stamps))
+        return times
+
+    def parked_json(self) -> dict[int, bytes]:
+        """The parked events' JSON by seq, as the state codec writes them."""
+        kept = self._parked_json
+        out: dict[int, bytes] = {}
+        for seq, event in self.parked.items():
+            known = kept.get(seq)
+            if known is None or known[0] is not event:
+                known = kept[seq] = (event, encode_event(event))
+            out[seq] = known[1]
+        return out
 
     def waiting_bytes(self) -> int:
         """About what the events waiting on a gap or a restart take (see rest_size)."""

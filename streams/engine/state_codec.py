@@ -39,7 +39,7 @@ import msgspec
 from schemas.events import Action, Detector, InputEvent
 from streams.engine.history import Record
 from streams.engine.rule_state import decode_rule_state, encode_rule_state
-from streams.engine.state import Decision, Guard, SessionState, run_key
+from streams.engine.state import Decision, Guard, SessionState, encode_event, run_key
 
 FORMAT_VERSION: Final = 4
 
@@ -108,9 +108,8 @@ _Body = NamedTuple(  # noqa: UP014 - the functional form, see above
 )
 
 _BODY_ENCODER: Final = msgspec.msgpack.Encoder()
-# Events at rest as JSON (what formats 1 to 3 wrote too, by the pydantic models then:
-# the same fields, which these read back).
-_EVENT_ENCODER: Final = msgspec.json.Encoder()
+# Events at rest as JSON (streams.engine.state.encode_event; formats 1 to 3 kept JSON
+# too, written by the pydantic models then: the same fields, which this reads back).
 _EVENT_DECODER: Final = msgspec.json.Decoder(InputEvent)
 _BODY_DECODER: Final = msgspec.msgpack.Decoder(_Body)
 
@@ -148,38 +147,13 @@ def encode(state: SessionState) -> bytes:
                  d.detail, d.seq)
                 for d in state.decisions
             ],
-            {seq: _event_json(event) for seq, event in state.parked.items()}
-            if state.parked else {},
+            state.parked_json() if state.parked else {},
             state.skipped,
             state.retired,
-            list(map(_event_json, state.pending)),
+            list(map(encode_event, state.pending)),
             rules,
         )
     )
-
-
-#: The JSON of events at rest (parked or pending), by identity: a session keeps them
-#: across many checkpoints, and dumping each again at every one made a backlog with
-#: parked events quadratic (a worker reading calls ahead of results parks hundreds).
-#: Events at rest are never changed in place (Engine._at_rest builds them), and each
-#: entry holds its event, so an id is not reused while its entry is here.
-_AT_REST_JSON: dict[int, tuple[InputEvent, bytes]] = {}
-_AT_REST_JSON_MAX: Final = 20_000
-
-
-def _event_json(event: InputEvent) -> bytes:
-    cached = _AT_REST_JSON.get(id(event))
-    if cached is not None and cached[0] is event:
-        return cached[1]
-    data = _EVENT_ENCODER.encode(event)
-    _remember_json(event, data)
-    return data
-
-
-def _remember_json(event: InputEvent, data: bytes) -> None:
-    if len(_AT_REST_JSON) >= _AT_REST_JSON_MAX:
-        _AT_REST_JSON.clear()  # a bound, not an LRU: refilled by the next checkpoints
-    _AT_REST_JSON[id(event)] = (event, data)
 
 
 def _uvarint(out: bytearray, value: int) -> None:
@@ -254,7 +228,8 @@ def _read_v4(data: bytes) -> tuple[SessionState, int]:
             for event, action, detector, count, detail, seq in body.decisions
         ]
     for seq, text in body.parked.items():
-        state.parked[seq] = _event_from_json(text)
+        state.parked[seq] = event = _event_from_json(text)
+        state._parked_json[seq] = (event, text)  # written again as read
     state.pending.extend(map(_event_from_json, body.pending))
     if body.rules:
         state.rules, pos = decode_rule_state(body.rules, 0, _read_uvarint)
@@ -520,7 +495,6 @@ def _event_from_json(text: bytes) -> InputEvent:
         event: InputEvent = _EVENT_DECODER.decode(text)
     except msgspec.MsgspecError as exc:
         raise ValueError(f"corrupt session state: an event at rest: {exc}") from None
-    _remember_json(event, text)  # encoded again as read
     return event
 
 

@@ -231,8 +231,7 @@ class Engine:
             pass  # the same early event again: already waiting
         elif seq > expected:
             state.next_seq = expected
-            resting = state.parked[seq] = self._at_rest(event)
-            state.note_waiting(rest_size(resting))
+            state.park(seq, self._at_rest(event))
             _touch(state, event, now_ms)  # a session waiting on a gap is not idle
             self._release_gaps(state, now_ms, watermark_ms, outputs)
         else:
@@ -335,7 +334,7 @@ class Engine:
             state.pending = [e for e in state.pending if e not in opening]
             for event in opening:
                 if event.seq is not None:
-                    state.parked[event.seq] = event
+                    state.park(event.seq, event, counted=True)
             self._drain(state, now_ms, outputs)
             if state.parked:
                 self._release_gaps(state, now_ms, watermark_ms, outputs)
@@ -370,8 +369,7 @@ class Engine:
 
     def _drain(self, state: SessionState, now_ms: int, outputs: list[Output]) -> None:
         while state.next_seq is not None and state.next_seq in state.parked:
-            event = state.parked.pop(state.next_seq)
-            state.note_waiting(-rest_size(event))
+            event = state.unpark(state.next_seq)
             self._apply(state, event, now_ms, outputs)
             state.next_seq += 1
 
@@ -395,8 +393,7 @@ class Engine:
         while state.parked and (
             len(state.parked) >= self.max_parked
             or state.waiting_bytes() > self.max_parked_bytes
-            or _waited_event_time(state.parked.values(), watermark_ms, now_ms)
-            >= self.gap_timeout_ms
+            or _waited_event_time(state, watermark_ms, now_ms) >= self.gap_timeout_ms
         ):
             self._give_up_gap(state, now_ms, outputs)
 
@@ -962,17 +959,17 @@ def _touch(state: SessionState, event: InputEvent, now_ms: int) -> None:
         state.last_event_ms = event_ms
 
 
-def _waited_event_time(
-    parked: Iterable[InputEvent], watermark_ms: int | None, now_ms: int
-) -> int:
+def _waited_event_time(state: SessionState, watermark_ms: int | None, now_ms: int) -> int:
     """How long, in event time, the input has moved on since the first parked event.
 
     A gateway clock running ahead counts as the worker's now: one event with a
     far-future ``ts`` must not give every gap up at once.
     """
-    times = [min(event.ts, now_ms) for event in parked]
-    reached = max(times) if watermark_ms is None else min(max(times), watermark_ms)
-    return reached - min(times)
+    first, last = state.parked_times()
+    reached = min(last, now_ms)
+    if watermark_ms is not None and watermark_ms < reached:
+        reached = watermark_ms
+    return reached - min(first, now_ms)
 
 
 def _take_skipped(skipped: list[tuple[int, int]], seq: int) -> bool:
