@@ -209,7 +209,7 @@ class _Applied(msgspec.Struct, frozen=True, gc=False):
 
     An event whose source has its bytes is kept as those bytes (``event`` None) and
     decoded again to go back, which is rare: its objects are freed as soon as it is
-    judged rather than at the checkpoint, long after (a tenth of replay's time).
+    judged, while they are in the cache, rather than at the checkpoint, long after.
     """
 
     event: InputEvent | None

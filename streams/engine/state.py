@@ -35,7 +35,7 @@ MAX_RETIRED_INCARNATIONS = 8  # closed seq spaces remembered to recognise their 
 
 
 #: Identifier fields of a waiting event, which dominate what it takes in the state:
-#: read in one call (a waiting event is measured as it comes and as it goes).
+#: read in one call.
 _REST_FIELDS = {
     cls: attrgetter(*(name for name in IDENTIFIER_FIELDS if name in cls.__struct_fields__))
     for cls in (ToolCall, ToolResult, Compaction, RunEnded)

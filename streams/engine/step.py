@@ -722,12 +722,11 @@ class Engine:
             del state.guards[guard_key]
 
     def _on_compaction(self, state: SessionState, event: Compaction, outputs: list[Output]) -> None:
-        config = self.resolve(event.agent_id)
-        if not config.recording_on:
+        policy = self._policy(event.agent_id)
+        if not policy.recording:
             return  # the guard is on unless loop detection is explicitly disabled
-        run = run_scope(event.run_id)
-        window = config.guard_window_size
-        guard_key = run_key(run)
+        run, guard_key = self._run(event.run_id)
+        window = policy.config.guard_window_size
         state.guards.pop(guard_key, None)  # arming again resets, and makes it the newest
         state.guards[guard_key] = Guard(window, window)
         if len(state.guards) > MAX_GUARDS:
@@ -736,9 +735,8 @@ class Engine:
             Notice("info", f"post-compaction guard armed for {window} attempts", event.key, run)
         )
 
-    @staticmethod
-    def _on_run_ended(state: SessionState, event: RunEnded) -> None:
-        run = run_key(run_scope(event.run_id))
+    def _on_run_ended(self, state: SessionState, event: RunEnded) -> None:
+        run = self._run(event.run_id)[1]
         state.guards.pop(run, None)
         for key in [key for key, (owner, _) in state.warnings.items() if owner == run]:
             del state.warnings[key]
