@@ -3,8 +3,9 @@
 The decoder (schemas.decode) validates most events in one msgspec pass straight into
 the engine's events (schemas.events); whatever that pass is not sure of is validated
 here, where every rejection is worded, and converted by :func:`to_event`. The
-exported ``input-event.schema.json`` is these models'. Their fields are the events'
-own, name for name and in order (tests/unit/test_decode.py holds them to that).
+exported ``input-event.schema.json`` is these models'. Their fields and defaults are
+the events' own (tests/unit/test_decode.py holds them to that): the models word, the
+Structs are what runs, and a field is added to both.
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ class RunEnded(_InputEvent):
     type: Literal["run_ended"]
 
 
+#: Any input event as its model (validated here, then converted by to_event).
 EventModel = ToolCall | ToolResult | Compaction | RunEnded
 #: The union as the wire tells its members apart (by ``type``): validation and the
 #: exported JSON Schema.

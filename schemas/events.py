@@ -46,7 +46,6 @@ IDENTIFIER_FIELDS = (
 )
 
 
-
 WireInt = Annotated[StrictInt, Field(ge=0, le=MAX_WIRE_INT)]
 NonEmptyStr = Annotated[
     StrictStr,
@@ -56,13 +55,13 @@ NonEmptyStr = Annotated[
 
 # -- input events ------------------------------------------------------------------
 #
-# The same fields as the models of schemas.event_schema, in the same order, with the
-# types of the models' plain case: what the models would convert (RFC 3339 text or
-# 10.0 for ``ts``) or reject makes the decoder's msgspec pass fail, and the models
-# decide. ``args`` and ``result`` are UNSET when the gateway did not send them (a
-# null is sent). Identifier sizes, the exactly-one-of rules and the history scope
-# are checked by the decoder after the pass. No GC tracking: an event holds JSON
-# values, which never refer back to it.
+# The same fields as the models of schemas.event_schema (and defaults: a test holds
+# them so), with the types of the models' plain case: what the models would convert
+# (RFC 3339 text or 10.0 for ``ts``) or reject makes the decoder's msgspec pass fail,
+# and the models decide. ``args`` and ``result`` are UNSET when the gateway did not
+# send them (a null is sent). Identifier sizes, the exactly-one-of rules and the
+# history scope are checked by the decoder after the pass. No GC tracking: an event
+# holds JSON values, which never refer back to it.
 
 _WireInt = Annotated[int, Meta(ge=0, le=MAX_WIRE_INT)]
 _NonEmpty = Annotated[str, Meta(min_length=1)]
@@ -209,10 +208,9 @@ def unvalidated(
     """A model of ``values`` that the caller has checked, built without validation.
 
     ``values`` holds every field of ``cls``, in its order. Like ``model_construct``
-    but without its per-field defaults pass: the engine builds one or two models per
-    event this way (schemas.decode's plain events, the engine's outputs). The models
-    are frozen, so ``fields_set`` may be one frozenset shared by all of them (each
-    model gets a copy); or the wire object itself, whose keys are the set fields.
+    but without its per-field defaults pass: the engine builds its outputs (a verdict
+    per call, loop events) this way. The models are frozen, so ``fields_set`` may be
+    one frozenset shared by all of them (each model gets a copy).
     """
     model = _new_object(cls)
     _set_values(model, values)

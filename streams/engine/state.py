@@ -172,6 +172,14 @@ class SessionState:
         elif len(self.parked) == 1:
             self._parked_times = (event.ts, event.ts)
 
+    def park_as_read(self, seq: int, event: InputEvent, text: bytes) -> None:
+        """A parked event read back from the state's bytes, with the JSON it was read
+        from (written again as read)."""
+        self.parked[seq] = event
+        self._parked_json[seq] = (event, text)
+        self._parked_times = None
+        self._waiting = None
+
     def unpark(self, seq: int) -> InputEvent:
         """The event parked at ``seq``, no longer waiting."""
         event = self.parked.pop(seq)

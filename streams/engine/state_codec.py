@@ -228,8 +228,7 @@ def _read_v4(data: bytes) -> tuple[SessionState, int]:
             for event, action, detector, count, detail, seq in body.decisions
         ]
     for seq, text in body.parked.items():
-        state.parked[seq] = event = _event_from_json(text)
-        state._parked_json[seq] = (event, text)  # written again as read
+        state.park_as_read(seq, _event_from_json(text), text)
     state.pending.extend(map(_event_from_json, body.pending))
     if body.rules:
         state.rules, pos = decode_rule_state(body.rules, 0, _read_uvarint)
