@@ -23,11 +23,9 @@ from pydantic import ValidationError
 from schemas.event_schema import input_event_adapter, to_event
 from schemas.events import (
     DEFAULT_MAX_IDENTIFIER_BYTES,
-    IDENTIFIER_FIELDS,
-    Compaction,
+    IDENTIFIERS_OF,
     ErrorDetail,
     InputEvent,
-    RunEnded,
     ToolCall,
     ToolResult,
     Usage,
@@ -39,10 +37,6 @@ _KNOWN_TYPES = frozenset({"tool_call", "tool_result", "compaction", "run_ended"}
 
 _EVENT_DECODER = msgspec.json.Decoder(InputEvent)
 _NO_USAGE = Usage()
-_IDENTIFIERS_OF = {
-    cls: tuple(name for name in IDENTIFIER_FIELDS if name in cls.__struct_fields__)
-    for cls in (ToolCall, ToolResult, Compaction, RunEnded)
-}
 
 
 class EventRejected(ValueError):
@@ -93,7 +87,7 @@ def check_identifiers(event: InputEvent, limit: int) -> None:
     first identifier over the bound, in IDENTIFIER_FIELDS order, is the one named.
     """
     quick = limit // 4  # a string this short cannot exceed the limit in UTF-8
-    for name in _IDENTIFIERS_OF[type(event)]:
+    for name in IDENTIFIERS_OF[type(event)]:
         value = getattr(event, name)
         if value is not None and len(value) > quick and (size := utf8_size(value)) > limit:
             raise EventRejected(

@@ -170,6 +170,12 @@ class RunEnded(_InputEvent, frozen=True, tag="run_ended"):
 #: Any input event: what the decoder returns, the engine folds and a state keeps waiting.
 InputEvent = ToolCall | ToolResult | Compaction | RunEnded
 
+#: Each input event class's identifier fields, in IDENTIFIER_FIELDS order.
+IDENTIFIERS_OF: dict[type[InputEvent], tuple[str, ...]] = {
+    cls: tuple(name for name in IDENTIFIER_FIELDS if name in cls.__struct_fields__)
+    for cls in (ToolCall, ToolResult, Compaction, RunEnded)
+}
+
 Action = Literal["allow", "warn", "block", "abort"]
 Level = Literal["none", "warning", "critical"]
 Detector = Literal[

@@ -15,14 +15,10 @@ import msgspec
 from xxhash import xxh3_64_intdigest
 
 from schemas.events import (
-    IDENTIFIER_FIELDS,
+    IDENTIFIERS_OF,
     Action,
-    Compaction,
     Detector,
     InputEvent,
-    RunEnded,
-    ToolCall,
-    ToolResult,
 )
 from streams.engine.history import Record, array_header, encode_record
 from streams.engine.rule_state import RuleState
@@ -36,10 +32,7 @@ MAX_RETIRED_INCARNATIONS = 8  # closed seq spaces remembered to recognise their 
 
 #: Identifier fields of a waiting event, which dominate what it takes in the state:
 #: read in one call.
-_REST_FIELDS = {
-    cls: attrgetter(*(name for name in IDENTIFIER_FIELDS if name in cls.__struct_fields__))
-    for cls in (ToolCall, ToolResult, Compaction, RunEnded)
-}
+_REST_FIELDS = {cls: attrgetter(*names) for cls, names in IDENTIFIERS_OF.items()}
 
 
 def rest_size(event: InputEvent) -> int:
