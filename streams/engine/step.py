@@ -595,23 +595,17 @@ class Engine:
                     state.verdict_floor = max(state.verdict_floor, forgotten.seq + 1)
         if detection is not None and (critical or _warning_rises(state, detection, run)):
             outputs.append(
-                self._loop_event(
+                self._detection_event(
                     event,
                     config,
+                    detection,
                     action=(
                         ("abort" if judgement is not None and judgement.ends_run else "block")
                         if critical
                         else "warn"
                     ),
-                    level=detection.level,
-                    detector=detection.detector,
-                    count=detection.count,
-                    message=detection.message,
-                    warning_key=detection.warning_key,
-                    call_id=event.call_id,
                     tool_name=tool,
-                    args_token=token,
-                    paired=detection.paired_tool_name,
+                    token=token,
                     now_ms=now_ms,
                     args=self._payload(event),
                     enforced=enforce,
@@ -784,6 +778,27 @@ class Engine:
             self._config_dicts[config] = cached
         return cached
 
+    def _detection_event(
+        self,
+        event: ToolCall,
+        config: ResolvedConfig,
+        detection: Detection,
+        *,
+        action: Action,
+        tool_name: str,
+        token: str,
+        now_ms: int,
+        args: Any = None,
+        enforced: bool | None = None,
+    ) -> LoopEvent:
+        """The loop event of a call's detection: a detector's, or a rule's."""
+        return self._loop_event(
+            event, config, action=action, level=detection.level, detector=detection.detector,
+            count=detection.count, message=detection.message, warning_key=detection.warning_key,
+            call_id=event.call_id, tool_name=tool_name, args_token=token,
+            paired=detection.paired_tool_name, now_ms=now_ms, args=args, enforced=enforced,
+        )
+
     def _loop_event(
         self,
         event: InputEvent,
@@ -877,13 +892,9 @@ class Engine:
         now_ms: int,
     ) -> LoopEvent:
         """The loop event of a rule that is only reported (``enforced: false``)."""
-        critical = detection.level == "critical"
-        return self._loop_event(
-            event, config, action="block" if critical else "warn", level=detection.level,
-            detector=detection.detector, count=detection.count, message=detection.message,
-            warning_key=detection.warning_key, call_id=event.call_id,
-            tool_name=event.tool_name, args_token=token, paired=None, now_ms=now_ms,
-            enforced=False,
+        return self._detection_event(
+            event, config, detection, action="block" if detection.level == "critical" else "warn",
+            tool_name=event.tool_name, token=token, now_ms=now_ms, enforced=False,
         )
 
     def _payload(self, event: ToolCall) -> Any:
