@@ -20,7 +20,7 @@ import orjson
 from msgspec import UNSET
 from pydantic import ValidationError
 
-from schemas.event_schema import input_event_adapter, to_event
+from schemas.event_schema import validate_event
 from schemas.events import (
     DEFAULT_MAX_IDENTIFIER_BYTES,
     IDENTIFIERS_OF,
@@ -238,7 +238,7 @@ def _decode_by_the_models(raw: bytes, max_depth: int, max_identifier_bytes: int)
     if not isinstance(kind, str) or kind not in _KNOWN_TYPES:
         raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
     try:
-        event = to_event(input_event_adapter.validate_python(data))
+        event = validate_event(data)
     except ValidationError as exc:
         raise EventRejected("invalid_event", _describe(exc)) from None
     check_identifiers(event, max_identifier_bytes)

@@ -585,7 +585,7 @@ class SessionProcessor:
         sessions: dict[bytes, list[tuple[InputEvent, Source]]] = {}
         for record in records:
             source = Source(
-                record.topic, record.partition, record.offset, None, record.key, record.value
+                record.topic, record.partition, record.offset, key=record.key, value=record.value
             )
             try:
                 decoded = decode_event(

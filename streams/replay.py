@@ -44,7 +44,7 @@ def replay_lines(
     folds: dict[str, SessionFold] = {}
     for line_no, line in enumerate(lines, start=1):
         raw = line.rstrip(b"\r\n")
-        source = Source(None, None, None, line_no, None, raw)
+        source = Source(line=line_no, value=raw)
         try:
             event = decode_event(
                 raw, max_bytes=max_event_bytes, max_identifier_bytes=max_identifier_bytes

@@ -214,7 +214,7 @@ class Engine:
             self._apply(state, event, now_ms, outputs)
             return state, outputs
 
-        incarnation = 0 if event.incarnation is None else incarnation_key(event.incarnation)
+        incarnation = incarnation_key(event.incarnation)
         if incarnation != state.incarnation:
             if state.next_seq is None and not state.parked:
                 state.incarnation = incarnation  # nothing numbered yet: the first seq space
@@ -483,11 +483,7 @@ class Engine:
     def _apply(
         self, state: SessionState, event: InputEvent, now_ms: int, outputs: list[Output]
     ) -> None:
-        # _touch, inline: once per event applied
-        state.touched_ms = now_ms
-        event_ms = event.ts if event.ts < now_ms else now_ms
-        if event_ms > state.last_event_ms:
-            state.last_event_ms = event_ms
+        _touch(state, event, now_ms)
         if type(event) is ToolCall:
             self._on_tool_call(state, event, now_ms, outputs)
         elif type(event) is ToolResult:
@@ -527,7 +523,7 @@ class Engine:
         config, rules = policy.config, policy.rules
         run, run_hash = self._run(event.run_id)  # run_hash: how the history names it
         tool = event.tool_name
-        token = event.args_hash if event.args_hash is not None else args_hash(event.args)
+        token = self._args_token(event)
         sig = signature(tool, token)
         if rules is not None:  # issue 14: exempt tools are never judged, others may have thresholds
             if tool in rules.exempt:
@@ -620,16 +616,13 @@ class Engine:
         policy = self._policy(event.agent_id)
         rules = policy.rules
         run, run_hash = self._run(event.run_id)  # guards are keyed by run hash too
-        if rules is not None:
-            token, unknown = self._result_token(event)
-            if self.rules.on_result(state, event, rules, run, token is not None):
-                return  # issue 14 (spend, failure identity): an exempt tool is never counted
-            if not policy.recording:
-                return
-        elif not policy.recording:
+        if rules is None and not policy.recording:
+            return  # nothing to count, nothing to record
+        token, unknown = self._result_token(event)
+        if rules is not None and self.rules.on_result(state, event, rules, run, token is not None):
+            return  # issue 14 (spend, failure identity): an exempt tool is never counted
+        if not policy.recording:
             return
-        else:
-            token, unknown = self._result_token(event)
         if token is None:
             return  # no result at all, or the loop detector's own block: nothing recorded
         tool = event.tool_name
