@@ -251,15 +251,23 @@ async def follow_board(settings: Settings, board: BreakerBoard) -> None:
     )
     await consumer.start()
     try:
-        topic = settings.topic_tool_breakers
-        while topic not in await consumer.topics():  # a metadata request each time
+        # Without a group, a subscription is assigned every partition of the topic once
+        # metadata names it. (Asking for the topic list, then for its partitions from the
+        # consumer's own metadata, worked on the embedded broker only: on Apache Kafka
+        # that metadata holds no topic the consumer has not asked for.)
+        consumer.subscribe([settings.topic_tool_breakers])
+        while not consumer.assignment():
             await asyncio.sleep(0.2)
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
+        tps = sorted(consumer.assignment())
         for tp in tps:
             consumer.seek(tp, 0)
-        # From a Fetch answer: the embedded broker's ListOffsets is wrong (faust_compat).
-        ends = await fetch_end_offsets(consumer, tps)
+        # The embedded broker's ListOffsets is wrong (faust_compat.end_offsets): there,
+        # the high watermarks of a Fetch answer.
+        ends: dict[TopicPartition, int] = (
+            await fetch_end_offsets(consumer, tps)
+            if settings.embedded_broker
+            else await consumer.end_offsets(tps)
+        )
         while True:
             batches = await consumer.getmany(timeout_ms=500)
             for records in batches.values():
