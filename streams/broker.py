@@ -47,6 +47,7 @@ from typing import IO, Any, Self, TypeVar
 __all__ = [
     "INSTALL_HINT",
     "BrokerError",
+    "BrokerProcess",
     "BrokerStartError",
     "EmbeddedBroker",
     "TansuNotFoundError",
@@ -177,19 +178,23 @@ def _run_coroutine_blocking(coro: Coroutine[Any, Any, _T]) -> _T:
         return pool.submit(asyncio.run, coro).result()
 
 
-class EmbeddedBroker:
-    """A Tansu broker child process with in-memory storage, bound to loopback.
+class BrokerProcess:
+    """A broker child process bound to loopback: spawn, readiness, stop, hygiene.
 
-    ``port=None`` picks a free port at start. Use it as a (sync or async)
-    context manager, or call :meth:`start` / :meth:`stop`::
-
-        with EmbeddedBroker() as broker:
-            run_things(bootstrap_servers=broker.bootstrap)
+    Subclasses say what to run (:meth:`_command`) and may prepare files first
+    (:meth:`_prepare`). ``port=None`` picks a free port at start. Use it as a (sync
+    or async) context manager, or call :meth:`start` / :meth:`stop`.
     """
 
     #: How many fresh ports to try when an automatically chosen port was taken
     #: between our probe and the broker's bind.
     _PORT_ATTEMPTS = 3
+    #: What to call it in errors.
+    _NAME = "the broker"
+    #: SIGTERM to SIGKILL in :meth:`stop` by default.
+    _STOP_TIMEOUT = 5.0
+    #: How long :meth:`start` waits for the broker to answer by default.
+    _START_TIMEOUT = 15.0
 
     def __init__(
         self,
@@ -197,13 +202,11 @@ class EmbeddedBroker:
         *,
         host: str = DEFAULT_HOST,
         log_path: str | os.PathLike[str] | None = None,
-        binary: str | os.PathLike[str] | None = None,
     ) -> None:
         self._requested_port = port
         self._host = host
         self._port: int | None = port
         self._log_path = Path(log_path) if log_path is not None else None
-        self._binary = Path(binary) if binary is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
         # The pid that owns the child: a fork()ed copy of this object (e.g. a
@@ -211,6 +214,15 @@ class EmbeddedBroker:
         # the parent's broker when it exits.
         self._owner_pid = os.getpid()
         self._lock = threading.Lock()
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """Called before each spawn, once the port is chosen (files, storage)."""
+
+    def _env(self) -> dict[str, str]:
+        return dict(os.environ)
 
     # -- properties -------------------------------------------------------
 
@@ -238,11 +250,11 @@ class EmbeddedBroker:
 
     # -- start ------------------------------------------------------------
 
-    def start(self, timeout: float = 15.0) -> Self:
+    def start(self, timeout: float | None = None) -> Self:
         """Start the broker and block until a Kafka client gets metadata from it."""
         if self.running:
             return self
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (self._START_TIMEOUT if timeout is None else timeout)
         for attempt in range(self._attempts()):
             # Spawn from the caller's thread (see pdeathsig_preexec); only the
             # readiness probe may need a helper thread.
@@ -255,11 +267,11 @@ class EmbeddedBroker:
                 break
         return self
 
-    async def start_async(self, timeout: float = 15.0) -> Self:
+    async def start_async(self, timeout: float | None = None) -> Self:
         """Start the broker and wait (without blocking the loop) until it is usable."""
         if self.running:
             return self
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (self._START_TIMEOUT if timeout is None else timeout)
         for attempt in range(self._attempts()):
             self._spawn()
             try:
@@ -289,23 +301,11 @@ class EmbeddedBroker:
         self._port = None  # the next attempt picks a fresh port
 
     def _spawn(self) -> None:
-        binary = self._binary or find_tansu()
         if self._port is None:
             self._port = free_port(self._host)
-        url = f"tcp://{self._host}:{self._port}"
-        cmd = [
-            str(binary),
-            "broker",
-            "--listener-url",
-            url,
-            # Clients connect to whatever metadata advertises; Tansu's default
-            # (localhost:9092) would send them to the wrong port.
-            "--advertised-listener-url",
-            url,
-            "--storage-engine",
-            "memory://tansu/",
-        ]
-        env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+        self._prepare()
+        cmd = self._command()
+        env = self._env()
         stdout: IO[bytes] | int
         if self._log_path is not None:
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -355,12 +355,12 @@ class EmbeddedBroker:
                 code = proc.returncode if proc is not None else None
                 hint = f"see {self._log_path}" if self._log_path else "pass log_path= to see why"
                 raise _ExitedEarlyError(
-                    f"the broker exited with code {code} before it was ready "
+                    f"{self._NAME} exited with code {code} before it was ready "
                     f"on {self.bootstrap} ({hint})"
                 )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise BrokerStartError(f"timed out waiting for the broker on {self.bootstrap}")
+                raise BrokerStartError(f"timed out waiting for {self._NAME} on {self.bootstrap}")
             if await self._answers_kafka(min(remaining, probe_timeout)):
                 return
             await asyncio.sleep(delay)
@@ -403,12 +403,13 @@ class EmbeddedBroker:
 
     # -- stop -------------------------------------------------------------
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Stop the broker: SIGTERM its process group, SIGKILL after ``timeout``, reap it.
 
         Idempotent; safe to call from atexit and from a forked child (which
         leaves the parent's broker alone).
         """
+        timeout = self._STOP_TIMEOUT if timeout is None else timeout
         with self._lock:
             proc, self._proc = self._proc, None
             with contextlib.suppress(Exception):
@@ -432,9 +433,21 @@ class EmbeddedBroker:
             # The port is kept: start() after stop() brings the broker back at
             # the same address (empty, though), which broker-restart tests need.
 
-    async def stop_async(self, timeout: float = 5.0) -> None:
+    async def stop_async(self, timeout: float | None = None) -> None:
         """:meth:`stop` without blocking the event loop."""
         await asyncio.to_thread(self.stop, timeout)
+
+    def close(self) -> None:
+        """Stop the broker for good (a subclass also removes what it made)."""
+        self.stop()
+
+    def kill(self) -> None:
+        """``kill -9`` the broker, as a crash would, and reap it; :meth:`start` brings
+        it back on the same port (fault tests)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None and os.getpid() == self._owner_pid:
+            self._signal_group(proc, signal.SIGKILL)
+        self.stop()
 
     @staticmethod
     def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -476,62 +489,103 @@ class EmbeddedBroker:
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.running else "stopped"
         port = self._port if self._port is not None else "?"
-        return f"<EmbeddedBroker {self._host}:{port} {state}>"
+        return f"<{type(self).__name__} {self._host}:{port} {state}>"
+
+
+class EmbeddedBroker(BrokerProcess):
+    """A Tansu broker child process with in-memory storage, bound to loopback::
+
+        with EmbeddedBroker() as broker:
+            run_things(bootstrap_servers=broker.bootstrap)
+    """
+
+    _NAME = "the embedded broker"
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        host: str = DEFAULT_HOST,
+        log_path: str | os.PathLike[str] | None = None,
+        binary: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(port, host=host, log_path=log_path)
+        self._binary = Path(binary) if binary is not None else None
+
+    def _command(self) -> list[str]:
+        binary = self._binary or find_tansu()
+        url = f"tcp://{self._host}:{self.port}"
+        return [
+            str(binary),
+            "broker",
+            "--listener-url",
+            url,
+            # Clients connect to whatever metadata advertises; Tansu's default
+            # (localhost:9092) would send them to the wrong port.
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+
+    def _env(self) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
 
 
 def run_broker_cli(
-    port: int | None = None, *, log_path: str | os.PathLike[str] | None = None
+    port: int | None = None,
+    *,
+    kafka: bool = False,
+    data_dir: str | os.PathLike[str] | None = None,
+    log_path: str | os.PathLike[str] | None = None,
 ) -> int:
-    """Body of ``loopfuse broker``: run an embedded broker until SIGINT / SIGTERM.
+    """Body of ``loopfuse broker [--kafka]``: run a broker until SIGINT / SIGTERM.
 
-    Prints exactly one line on stdout, ``bootstrap=HOST:PORT`` (scripts parse
-    it), and human notes on stderr. Returns the process exit code: 0 after a
-    clean stop, 1 if the broker cannot start or dies on its own.
-    Must be called from the main thread (signal handlers).
+    The embedded Tansu by default; with ``kafka``, one Apache Kafka KRaft node
+    (:class:`streams.kafka_broker.ApacheKafka`, its data in ``data_dir`` or a
+    temporary folder removed on stop). Prints exactly one line on stdout,
+    ``bootstrap=HOST:PORT`` (scripts parse it), and human notes on stderr. Returns
+    the process exit code: 0 after a clean stop, 1 if the broker cannot start or
+    dies on its own. Must be called from the main thread (signal handlers).
     """
     stop_requested = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         stop_requested.set()
 
+    def _say(line: str) -> None:
+        print(f"loopfuse broker: {line}", file=sys.stderr, flush=True)
+
     # Install the handlers before starting so a signal during start-up still
     # leads to an orderly stop instead of killing us with the broker orphaned.
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    broker = EmbeddedBroker(port, log_path=log_path)
+    broker: BrokerProcess
+    if kafka:
+        from streams.kafka_broker import ApacheKafka, kafka_version
+
+        broker = ApacheKafka(port, data_dir=data_dir, log_path=log_path, say=_say)
+        where = data_dir if data_dir is not None else "a temporary folder, removed on stop"
+        about = f"Apache Kafka {kafka_version()}, one KRaft node, data in {where}"
+    else:
+        broker = EmbeddedBroker(port, log_path=log_path)
+        about = "embedded Tansu, in-memory storage (all data is lost on stop)"
     try:
         try:
             broker.start()
         except BrokerError as exc:
-            print(f"loopfuse broker: {exc}", file=sys.stderr, flush=True)
+            _say(str(exc))
             return 1
+        if stop_requested.is_set():
+            return 0
         print(f"bootstrap={broker.bootstrap}", flush=True)
-        print(
-            "loopfuse broker: embedded Tansu, in-memory storage (all data is lost on stop); "
-            "Ctrl-C to stop",
-            file=sys.stderr,
-            flush=True,
-        )
+        _say(f"{about}; Ctrl-C to stop")
         # Wake up now and then to notice a broker that died on its own.
         while not stop_requested.wait(0.5):
             if not broker.running:
-                print(
-                    "loopfuse broker: the broker exited unexpectedly", file=sys.stderr, flush=True
-                )
+                _say("the broker exited unexpectedly")
                 return 1
         return 0
     finally:
-        broker.stop()
+        broker.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def run_on_a_broker(
-    run: Callable[[str, bool], Coroutine[Any, Any, _T]], bootstrap: str | None
-) -> _T:
-    """``asyncio.run(run(bootstrap, embedded))`` on ``bootstrap``, or on an embedded
-    broker started for it (and stopped after) when ``bootstrap`` is None. For the
-    benchmarks, which run beside a baseline on whatever broker they are given."""
-    if bootstrap:
-        return asyncio.run(run(bootstrap, False))
-    with EmbeddedBroker() as broker:
-        return asyncio.run(run(broker.bootstrap, True))

@@ -47,7 +47,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_broker(args: argparse.Namespace) -> int:
     from streams.broker import run_broker_cli
 
-    return run_broker_cli(args.port)
+    return run_broker_cli(args.port, kafka=args.kafka, data_dir=args.data_dir)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -123,12 +123,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.set_defaults(handler=_cmd_worker)
 
-    broker = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu)")
+    broker = sub.add_parser(
+        "broker", help="run a broker on 127.0.0.1: the embedded Tansu, or Apache Kafka (--kafka)"
+    )
     broker.add_argument("--port", type=int, default=None, help="port on 127.0.0.1 (default: free)")
+    broker.add_argument(
+        "--kafka",
+        action="store_true",
+        help="one Apache Kafka KRaft node (Java 17+; jars from Maven Central on first use)",
+    )
+    broker.add_argument(
+        "--data-dir", help="with --kafka: keep the node's data here (default: temporary)"
+    )
     broker.set_defaults(handler=_cmd_broker)
 
     demo = sub.add_parser("demo", help="embedded broker + worker + simulated fleet, live view")
     demo.add_argument("--bootstrap", help="use an existing Kafka instead of the embedded broker")
+    demo.add_argument(
+        "--kafka", action="store_true", help="start Apache Kafka (one KRaft node) for the demo"
+    )
     demo.add_argument("--duration", type=float, default=30.0, help="seconds of simulated traffic")
     demo.add_argument("--sessions", type=int, default=40, help="concurrent simulated sessions")
     demo.add_argument("--seed", type=int, default=7)

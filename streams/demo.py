@@ -1,7 +1,8 @@
 """``loopfuse demo``: the whole pipeline on one machine, with a live view.
 
-Starts the embedded broker (unless ``--bootstrap`` names a Kafka), a worker in a
-child process, and the fleet simulator driving sessions through the gateway client;
+Starts the embedded broker (Apache Kafka with ``--kafka``; none when ``--bootstrap``
+names a Kafka), a worker in a child process, and the fleet simulator driving sessions
+through the gateway client;
 shows sessions, verdict counts and the latest loop events while it runs; then a
 summary and one line ``demo: sessions=… mismatches=…``. Exits 0 only when every
 verdict was the expected one. Everything it started is stopped, also on Ctrl-C.
@@ -29,7 +30,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from schemas.config import parse_config
-from streams.broker import EmbeddedBroker
+from streams.broker import BrokerProcess, EmbeddedBroker
 from streams.gateway import GatewayClient, Topics
 from streams.settings import Settings
 from streams.simulator import DEMO_CONFIG, KINDS, FleetStats, run_fleet
@@ -136,13 +137,22 @@ async def _demo(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="loopfuse-demo-"))
     config_path = workdir / "loop-detection.json"
     config_path.write_bytes(orjson.dumps(DEMO_CONFIG, option=orjson.OPT_INDENT_2))
-    broker: EmbeddedBroker | None = None
+    broker: BrokerProcess | None = None
     worker: WorkerProcess | None = None
     client: GatewayClient | None = None
     feed: LoopEventFeed | None = None
     try:
         if args.bootstrap:
             bootstrap, where = args.bootstrap, args.bootstrap
+        elif getattr(args, "kafka", False):
+            from streams.kafka_broker import ApacheKafka, kafka_version
+
+            say(f"demo: starting Apache Kafka {kafka_version()} (one KRaft node)")
+            broker = ApacheKafka(
+                log_path=workdir / "kafka.log", say=lambda line: say(f"demo: {line}")
+            )
+            await broker.start_async()
+            bootstrap, where = broker.bootstrap, f"Apache Kafka {broker.bootstrap}"
         else:
             say("demo: starting the embedded broker")
             broker = await EmbeddedBroker().start_async()
@@ -151,7 +161,7 @@ async def _demo(args: argparse.Namespace) -> int:
         worker = WorkerProcess(
             {
                 "bootstrap_servers": bootstrap,
-                "embedded_broker": "true" if broker else "false",
+                "embedded_broker": str(isinstance(broker, EmbeddedBroker)).lower(),
                 "config_file": str(config_path),
                 "app_id": f"loopfuse-demo-{uuid.uuid4().hex[:8]}",
                 "data_dir": str(workdir / "data"),
@@ -206,7 +216,7 @@ async def _demo(args: argparse.Namespace) -> int:
         if worker is not None:
             await asyncio.to_thread(worker.stop)
         if broker is not None:
-            await broker.stop_async()
+            await asyncio.to_thread(broker.close)
 
 
 def _summary(say: Any, stats: FleetStats, feed: LoopEventFeed) -> None:

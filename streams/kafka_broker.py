@@ -1,0 +1,428 @@
+"""Apache Kafka on this machine: one KRaft node from Maven Central's jars.
+
+An *edge* module like :mod:`streams.broker`: it starts and stops a broker process for
+tests, benchmarks, the demo and ``loopfuse broker --kafka``, and knows nothing about
+detection.
+
+The node is a combined broker + controller (KRaft, no ZooKeeper) on two free
+loopback ports, its storage formatted with a fresh cluster id in a data folder
+(temporary unless one is given). Its jars are resolved once with Maven from
+``infra/kafka/pom.xml`` (the one place the Kafka version is pinned) into a cache
+outside the work tree, ``~/.cache/loopfuse/kafka/VERSION`` or
+``$LOOPFUSE_KAFKA_CACHE/VERSION``, and reused by every later start. Its settings are
+``infra/kafka/broker.properties`` (shared with docker-compose.yml) plus the node's own
+identity, listeners and folders; its logging is ``infra/kafka/log4j2.yaml`` (warnings
+only).
+
+A restart (:meth:`ApacheKafka.stop` then :meth:`~streams.broker.BrokerProcess.start`)
+keeps the node's data and ports, as a real broker restart does; the temporary folder
+goes when the object is closed (context-manager exit, :meth:`ApacheKafka.close`, or the
+interpreter's exit).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from streams.broker import (
+    DEFAULT_HOST,
+    BrokerError,
+    BrokerProcess,
+    BrokerStartError,
+    free_port,
+)
+
+__all__ = [
+    "INFRA",
+    "ApacheKafka",
+    "KafkaUnavailableError",
+    "kafka_unavailable_reason",
+    "kafka_version",
+    "resolve_kafka",
+]
+
+#: infra/kafka of the source tree: the Maven descriptor, broker settings and logging.
+INFRA = Path(__file__).resolve().parents[1] / "infra" / "kafka"
+
+#: Java the Kafka 4 broker needs at least.
+MIN_JAVA = 17
+
+#: Heap of a node: Kafka's own start script gives 1 GiB; one node of a test broker
+#: on a 2-core machine shared with the tests stays well inside 512 MiB (see README,
+#: Apache Kafka), and a three-node cluster must fit beside the workers too.
+DEFAULT_HEAP = "512m"
+
+#: Kafka's start script's GC flags (kafka-run-class.sh), bar the heap.
+_JVM_FLAGS = (
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+)
+
+_RESOLVE_LOCK = threading.Lock()
+
+
+class KafkaUnavailableError(BrokerError):
+    """Apache Kafka cannot run here: no Java 17+, no Maven, or its jars did not resolve."""
+
+
+def kafka_version() -> str:
+    """The pinned Kafka version: ``<kafka.version>`` of infra/kafka/pom.xml."""
+    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", _pom().read_text("utf-8"))
+    if match is None:
+        raise KafkaUnavailableError(f"{_pom()} names no <kafka.version>")
+    return match.group(1).strip()
+
+
+def _pom() -> Path:
+    pom = INFRA / "pom.xml"
+    if not pom.is_file():
+        raise KafkaUnavailableError(
+            f"Apache Kafka's Maven descriptor is not at {pom}: run from a loopfuse "
+            "source checkout (the launcher reads infra/kafka)"
+        )
+    return pom
+
+
+def _cache_root() -> Path:
+    configured = os.environ.get("LOOPFUSE_KAFKA_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "loopfuse" / "kafka"
+
+
+def find_java() -> tuple[Path, int]:
+    """The ``java`` to run (``$JAVA_HOME/bin/java``, else the one on PATH) and its
+    feature version; :class:`KafkaUnavailableError` when there is none or it is older
+    than 17."""
+    home = os.environ.get("JAVA_HOME")
+    candidate = Path(home) / "bin" / "java" if home else None
+    if candidate is None or not os.access(candidate, os.X_OK):
+        found = shutil.which("java")
+        if found is None:
+            raise KafkaUnavailableError(f"Apache Kafka needs Java {MIN_JAVA}+: no java found")
+        candidate = Path(found)
+    try:
+        out = subprocess.run(
+            [str(candidate), "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KafkaUnavailableError(f"{candidate} -version failed: {exc}") from exc
+    # 'openjdk version "17.0.15" 2025-04-15', or "1.8.0_392" for Java 8.
+    match = re.search(r'version "(?:1\.)?(\d+)', out.stderr + out.stdout)
+    feature = int(match.group(1)) if match else 0
+    if feature < MIN_JAVA:
+        raise KafkaUnavailableError(
+            f"Apache Kafka needs Java {MIN_JAVA}+: {candidate} is Java {feature or '?'} "
+            "(set JAVA_HOME to a newer JDK)"
+        )
+    return candidate, feature
+
+
+def kafka_unavailable_reason() -> str | None:
+    """None when Apache Kafka can run here (Java 17+, and Maven or resolved jars);
+    otherwise why not, in one line. Cheap: resolves nothing."""
+    try:
+        find_java()
+        version = kafka_version()
+    except KafkaUnavailableError as exc:
+        return str(exc)
+    if _complete(_cache_root() / version / "libs"):
+        return None
+    if shutil.which("mvn") is None:
+        return f"Apache Kafka {version}'s jars are not cached and there is no mvn to resolve them"
+    return None
+
+
+def _stamp() -> str:
+    """What a complete cache was resolved from: the descriptor's digest."""
+    return hashlib.sha256(_pom().read_bytes()).hexdigest()
+
+
+def _complete(libs: Path) -> bool:
+    try:
+        return (libs / ".resolved").read_text() == _stamp()
+    except OSError:
+        return False
+
+
+def resolve_kafka(say: Callable[[str], None] | None = None) -> Path:
+    """The folder of the pinned Kafka's jars, resolved with Maven the first time.
+
+    ``say`` gets one line before a resolution (the first run's only notice). A file
+    lock keeps two processes (a test session and a benchmark, say) from resolving
+    into the same folder at once; Maven writes into a fresh folder that is renamed
+    into place whole, so a killed resolution leaves nothing half-done behind.
+    """
+    version = kafka_version()
+    root = _cache_root() / version
+    libs = root / "libs"
+    if _complete(libs):
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaUnavailableError(
+            f"Apache Kafka {version} is not resolved yet and there is no mvn (Maven 3) "
+            "to resolve it"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    with _RESOLVE_LOCK, open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _complete(libs):  # another process did it while we waited
+            return libs
+        if say is not None:
+            say(f"resolving Apache Kafka {version} from Maven Central into {root} (first run only)")
+        staging = Path(tempfile.mkdtemp(prefix="libs.", dir=root))
+        try:
+            result = subprocess.run(
+                [mvn, "-q", "-B", "-f", str(_pom()), "dependency:copy-dependencies",
+                 f"-DoutputDirectory={staging}"],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+            )
+            if result.returncode != 0:
+                tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+                raise KafkaUnavailableError(
+                    f"mvn could not resolve Apache Kafka {version} (exit "
+                    f"{result.returncode}):\n{tail}"
+                )
+            (staging / ".resolved").write_text(_stamp())
+            if libs.exists():
+                shutil.rmtree(libs)
+            staging.rename(libs)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    return libs
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (the form
+    ``kafka-storage random-uuid`` prints), never starting with ``-``, which a command
+    line would read as an option (Kafka's own ``Uuid.randomUuid`` draws again too)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def broker_settings() -> dict[str, str]:
+    """infra/kafka/broker.properties as a mapping (comments and blanks dropped)."""
+    settings: dict[str, str] = {}
+    for raw in (INFRA / "broker.properties").read_text("utf-8").splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            settings[key.strip()] = value.strip()
+    return settings
+
+
+class ApacheKafka(BrokerProcess):
+    """One Apache Kafka KRaft node (broker and controller) on loopback::
+
+        with ApacheKafka() as kafka:
+            run_things(bootstrap_servers=kafka.bootstrap)
+
+    ``port`` is the client listener's (free when None); the controller listener
+    takes another free port. ``data_dir`` keeps the node's logs there (kept after
+    close); by default a temporary folder is used and removed on close. ``say`` gets
+    the first run's one-line notice that the jars are being resolved.
+    """
+
+    _NAME = "Apache Kafka"
+    # A controlled shutdown of a one-node KRaft cluster takes 1-3 s here.
+    _STOP_TIMEOUT = 20.0
+    # The JVM starts in 5-7 s on this machine when idle; a loaded one is slower.
+    _START_TIMEOUT = 90.0
+    # A taken port shows as an exit; the controller port can be taken as well.
+    _PORT_ATTEMPTS = 3
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        host: str = DEFAULT_HOST,
+        data_dir: str | os.PathLike[str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        heap: str = DEFAULT_HEAP,
+        overrides: dict[str, str] | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(port, host=host, log_path=log_path)
+        self._given_data_dir = Path(data_dir) if data_dir is not None else None
+        self._tmp_dir: Path | None = None
+        self._heap = heap
+        self._overrides = dict(overrides or {})
+        self._say = say
+        self._controller_port: int | None = None
+        self._java: Path | None = None
+        self._libs: Path | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        """The node's folder: its server.properties and, in ``logs/``, its data."""
+        if self._given_data_dir is not None:
+            return self._given_data_dir
+        if self._tmp_dir is None:
+            self._tmp_dir = Path(tempfile.mkdtemp(prefix="loopfuse-kafka-"))
+        return self._tmp_dir
+
+    def _properties(self) -> dict[str, str]:
+        assert self._controller_port is not None
+        host, port, controller = self._host, self.port, self._controller_port
+        return {
+            **broker_settings(),
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"{host}:{controller}",
+            "controller.listener.names": "CONTROLLER",
+            "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller}",
+            "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir / "logs"),
+            **self._overrides,
+        }
+
+    def _prepare(self) -> None:
+        if self._java is None:
+            self._java, _ = find_java()
+        if self._libs is None:
+            self._libs = resolve_kafka(self._say)
+        if self._controller_port is None:
+            self._controller_port = free_port(self._host)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        properties = self.data_dir / "server.properties"
+        properties.write_text(
+            "".join(f"{key}={value}\n" for key, value in self._properties().items())
+        )
+        if not (self.data_dir / "logs" / "meta.properties").exists():
+            self._format(properties)
+
+    def _format(self, properties: Path) -> None:
+        """``kafka-storage format --standalone``: a fresh cluster whose one voter is
+        this node."""
+        result = subprocess.run(
+            [*self._java_command(), "kafka.tools.StorageTool", "format", "--standalone",
+             f"--cluster-id={new_cluster_id()}", "-c", str(properties)],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+        )
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:])
+            raise KafkaUnavailableError(f"formatting Kafka's storage failed:\n{tail}")
+
+    def _java_command(self) -> list[str]:
+        assert self._java is not None and self._libs is not None
+        return [
+            str(self._java),
+            f"-Xms{min(self._heap, '256m', key=_heap_bytes)}",
+            f"-Xmx{self._heap}",
+            *_JVM_FLAGS,
+            f"-Dlog4j2.configurationFile={INFRA / 'log4j2.yaml'}",
+            "-cp",
+            f"{self._libs}/*",
+        ]
+
+    def _command(self) -> list[str]:
+        return [*self._java_command(), "kafka.Kafka", str(self.data_dir / "server.properties")]
+
+    def _after_failed_attempt(self, exc: BrokerStartError, attempt: int, deadline: float) -> None:
+        # A retry on fresh ports needs a fresh controller port and storage that knows
+        # no voter at the old one.
+        self._controller_port = None
+        if self._given_data_dir is None and self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            self._tmp_dir = None
+        super()._after_failed_attempt(exc, attempt, deadline)
+
+    def wipe(self) -> None:
+        """Delete the stopped node's data: the next start formats a new, empty cluster
+        (the same ports). For tests of a total loss."""
+        if self.running:
+            raise BrokerError("wipe() needs a stopped node: stop() it first")
+        shutil.rmtree(self.data_dir / "logs", ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the node and remove its temporary folder (a given one is kept)."""
+        self.stop()
+        if self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            self._tmp_dir = None
+
+    def _stop_at_exit(self) -> None:
+        self.close()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.close)
+
+    async def __aenter__(self) -> Self:
+        return await self.start_async()
+
+
+def _heap_bytes(size: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    size = size.strip().lower()
+    return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process in MiB (0 when it is gone)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure_start(heap: str = DEFAULT_HEAP) -> tuple[float, float]:
+    """(seconds from spawn to answering, RSS in MiB once answering) of one fresh node,
+    jars already resolved (``python -m streams.kafka_broker --measure``)."""
+    resolve_kafka(lambda line: print(line, file=sys.stderr))
+    kafka = ApacheKafka(heap=heap)
+    try:
+        started = time.monotonic()
+        kafka.start()
+        elapsed = time.monotonic() - started
+        assert kafka.pid is not None
+        return elapsed, rss_mib(kafka.pid)
+    finally:
+        kafka.close()
+
+
+if __name__ == "__main__":  # pragma: no cover - a measuring aid
+    for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 3):
+        seconds, rss = measure_start()
+        print(f"kafka start: {seconds:.2f} s to answering, RSS {rss:.0f} MiB")
