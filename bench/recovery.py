@@ -1,9 +1,9 @@
 """Recovery benchmark: a worker restarting onto a changelog of many sessions.
 
-    python bench/recovery.py [--bootstrap HOST:PORT] [--sessions 100000] [--partitions 4]
+    python bench/recovery.py [--broker kafka|embedded|HOST:PORT] [--sessions 100000] [--partitions 4]
 
-Starts an embedded (Tansu) broker unless --bootstrap is given. Then, on topics and a
-consumer group of its own:
+Starts the broker ``--broker`` names (Apache Kafka, one local KRaft node, by default;
+``embedded``; ``HOST:PORT``). Then, on topics and a consumer group of its own:
 
 1. starts a worker on an empty changelog and times start -> ``/ready`` (the empty
    start-up: process start, group join, assignment), and stops it;
@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from schemas.decode import decode_event  # noqa: E402
-from streams.broker import run_on_a_broker  # noqa: E402
 from streams.engine import Engine  # noqa: E402
 from streams.worker_process import WorkerProcess, topic_settings, unique_topics  # noqa: E402
+from tests.support.brokers import run_on  # noqa: E402
 
 CLIENT_FETCH_WAIT_MS = 2  # as bench/stream.py: Tansu holds a fetch for the whole wait
 
@@ -158,13 +158,16 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", help="use this broker instead of an embedded one")
+    parser.add_argument(
+        "--broker", default=None, metavar="kafka|embedded|HOST:PORT",
+        help="Apache Kafka, one local KRaft node (default); the embedded Tansu; or a "
+             "running broker (LOOPFUSE_TEST_BROKER_KIND=tansu if it is the embedded one)")
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--profile", metavar="PATH", help="cProfile the recovering worker")
     parser.add_argument("--workdir", type=Path, help="keep the workers' logs here")
     args = parser.parse_args()
-    line = run_on_a_broker(lambda b, e: run(args, b, embedded=e), args.bootstrap)
+    line = run_on(args.broker, lambda b, e: run(args, b, embedded=e))
     print(line, flush=True)
     return 0
 

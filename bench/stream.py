@@ -1,8 +1,9 @@
 """Stream worker benchmark: throughput and verdict latency, each beside raw aiokafka.
 
-    python bench/stream.py [--bootstrap HOST:PORT] [--events 20000] [--rate 1000]
+    python bench/stream.py [--broker kafka|embedded|HOST:PORT] [--events 20000] [--rate 1000]
 
-Starts an embedded (Tansu) broker unless --bootstrap is given, and one worker
+Starts the broker ``--broker`` names (Apache Kafka, one local KRaft node, by default;
+``embedded``: the embedded Tansu; ``HOST:PORT``: a running one), and one worker
 subprocess (``python -m streams.worker``). Measures:
 
 (a) throughput: N pre-produced events (tool_call/tool_result pairs over ~200
@@ -45,13 +46,13 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.broker import run_on_a_broker  # noqa: E402
 from streams.worker_process import (  # noqa: E402
     WorkerProcess,
     input_topic_for,
     topic_settings,
     unique_topics,
 )
+from tests.support.brokers import run_on  # noqa: E402
 
 # Client-side fetch wait: Tansu holds a fetch for the whole max wait when there is
 # nothing new, so every consumer in the benchmark (ours and the worker's) polls
@@ -487,7 +488,10 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", help="use this broker instead of an embedded one")
+    parser.add_argument(
+        "--broker", default=None, metavar="kafka|embedded|HOST:PORT",
+        help="Apache Kafka, one local KRaft node (default); the embedded Tansu; or a "
+             "running broker (LOOPFUSE_TEST_BROKER_KIND=tansu if it is the embedded one)")
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--partitions", type=int, default=4)
@@ -502,7 +506,7 @@ def main() -> int:
     parser.add_argument("--scale-out", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure one vs two workers (c)")
     args = parser.parse_args()
-    line = run_on_a_broker(lambda b, e: run(args, b, embedded=e), args.bootstrap)
+    line = run_on(args.broker, lambda b, e: run(args, b, embedded=e))
     print(line, flush=True)
     return 0
 

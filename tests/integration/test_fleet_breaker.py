@@ -3,7 +3,7 @@ sessions on two workers loop on the same tool -> one ``fleet_tool_breaker`` loop
 and later calls to that tool are warned on both workers; another tool is untouched. And
 a ``block`` breaker blocks a gateway's calls, each asked again (not sticky).
 
-Which worker owns which partition is read from their logs (as in test_two_workers);
+Which worker owns which partition is the group coordinator's (tests/support/pair.py);
 which partition a session is on is the producer's (murmur2 of its key). Nothing is
 assumed from a pause: the test waits for the breaker's strikes to be committed to
 their end (after which its loop events are on the topic) and for each worker's board

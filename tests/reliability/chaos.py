@@ -19,8 +19,9 @@
   and identical content.
 
 The last line is ``chaos: expected=N delivered=N missing=N wrong=N duplicates=N``
-and the exit code is 0 only if missing == wrong == 0. An embedded broker (Tansu) is
-started unless ``--bootstrap`` is given.
+and the exit code is 0 only if missing == wrong == 0. ``--broker`` chooses the broker
+as the test suites do (``tests.support.brokers``): Apache Kafka, one local KRaft node,
+by default; ``embedded`` for the embedded Tansu; ``HOST:PORT`` for a running one.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from typing import Any
 
 import orjson
 
-from streams.broker import EmbeddedBroker
 from streams.engine import SessionState
 from streams.worker_process import WorkerProcess
+from tests.support.brokers import choose, describe, started
 from tests.support.harness import (
     Collector,
     Comparison,
@@ -67,8 +68,9 @@ class ChaosOptions:
     sessions: int = 200
     rate: float | None = None  # events/s; default: spread over ~15 s per kill
     seed: int = 7
-    bootstrap: str | None = None
-    broker_kind: str = "tansu"
+    bootstrap: str | None = None  # a broker already running (pytest's session broker)
+    broker_kind: str = "kafka"  # with bootstrap: what it is ("kafka" or "tansu")
+    broker: str | None = None  # else: tests.support.brokers' choice (kafka, embedded, HOST:PORT)
     deadline: float = 300.0
     workdir: Path | None = None
     single_topic: bool = False  # every event on the tool-calls topic (no cross-topic skew)
@@ -97,17 +99,12 @@ def say(text: str) -> None:
 async def run_chaos(opts: ChaosOptions) -> ChaosResult:
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="loopfuse-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    broker: EmbeddedBroker | None = None
-    bootstrap, kind = opts.bootstrap, opts.broker_kind
-    if bootstrap is None:
-        broker = EmbeddedBroker(log_path=workdir / "tansu.log")
-        broker.start(timeout=30)
-        bootstrap, kind = broker.bootstrap, "tansu"
-    try:
-        return await _run(opts, bootstrap, kind, workdir)
-    finally:
-        if broker is not None:
-            broker.stop()
+    if opts.bootstrap is not None:
+        return await _run(opts, opts.bootstrap, opts.broker_kind, workdir)
+    choice = choose(opts.broker)
+    say(describe(choice))
+    with started(choice, workdir / "broker") as broker:
+        return await _run(opts, broker.bootstrap, broker.kind, workdir)
 
 
 async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> ChaosResult:
@@ -306,9 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--rate", type=float, default=None, help="events/s (default: auto)")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--bootstrap", default=None, help="use this broker (host:port)")
     parser.add_argument(
-        "--broker-kind", default="tansu", choices=["tansu", "kafka"], help="with --bootstrap"
+        "--broker",
+        default=None,
+        help="kafka (default: Apache Kafka, one local KRaft node), embedded, or HOST:PORT "
+        "of a running broker (LOOPFUSE_TEST_BROKER_KIND=tansu if it is the embedded one)",
     )
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds to wait at end")
     parser.add_argument("--workdir", type=Path, default=None)
@@ -323,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         sessions=args.sessions,
         rate=args.rate,
         seed=args.seed,
-        bootstrap=args.bootstrap,
-        broker_kind=args.broker_kind,
+        broker=args.broker,
         deadline=args.deadline,
         workdir=args.workdir,
         single_topic=args.single_topic,

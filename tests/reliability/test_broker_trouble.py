@@ -1,13 +1,16 @@
 """Broker trouble: the broker is down when the worker starts, and it goes away and
 comes back while the worker runs.
 
-What a restart of the *test* broker means: the embedded broker (Tansu) only has
-the in-memory storage engine, so stopping it loses everything - topics, records,
-committed group offsets, the table's changelog. It comes back on the same port
-(``EmbeddedBroker`` keeps its port across stop/start) but empty: to the worker it
-is a brand-new cluster. An Apache Kafka broker that restarts keeps all of that on
-disk, so there a restart is only an outage; the "everything is gone" half of this
-test is a total data loss scenario that only the in-memory broker produces.
+Each test starts a broker of its own, of the session's kind (Apache Kafka, or the
+embedded broker: ``tests.support.brokers.own_broker``), on a port that it keeps
+across restarts. Two kinds of restart:
+
+- *kept*: an Apache Kafka node stopped and started again keeps its topics, records,
+  committed offsets and the table's changelog on disk: to the worker it is only an
+  outage (the embedded broker, memory only, cannot do this one);
+- *empty*: the broker comes back with nothing (the embedded broker's only restart;
+  on Kafka its data folder is wiped and a new cluster formatted): a total data loss
+  that the worker must survive too.
 
 Behaviour measured (and asserted):
 
@@ -17,8 +20,9 @@ Behaviour measured (and asserted):
     200 and nothing restarts it (no silent crash loop: a supervisor must restart
     it). Once the broker is up, a new worker on the same settings works.
 (b) broker gone while running: the worker stays up, /ready answers 503
-    ``broker unreachable`` within ~1 s while it is gone. When the (empty) broker is
-    back, the worker's broker probe sees that its topics are gone, logs so
+    ``broker unreachable`` within ~1 s while it is gone. When the broker is back
+    with its data, the worker goes on judging where it stopped. When it is back
+    empty, the worker's broker probe sees that its topics are gone, logs so
     ("the broker has lost topics ...") and re-creates them with the configured
     partition count before it says ready again, so the gateways' next events do
     not auto-create input topics of the broker's default size (4 on Tansu, not
@@ -42,8 +46,9 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from streams.broker import EmbeddedBroker, free_port
+from streams.broker import free_port
 from streams.worker_process import WorkerProcess
+from tests.support.brokers import kind_of, own_broker, restart_empty
 from tests.support.harness import (
     Collector,
     Comparison,
@@ -82,13 +87,15 @@ async def topic_partitions(bootstrap: str) -> dict[str, int]:
     return {d["topic"]: len(d.get("partitions") or ()) for d in described}
 
 
-async def test_broker_down_at_start_exits_clearly_then_works(tmp_path: Path) -> None:
+async def test_broker_down_at_start_exits_clearly_then_works(
+    kafka_broker_kind: str, tmp_path: Path
+) -> None:
     port = free_port()
-    broker = EmbeddedBroker(port, log_path=tmp_path / "tansu.log")
+    broker = own_broker(tmp_path / "broker", port)
     topics = new_topics()
     settings = worker_settings(
         broker.bootstrap,
-        "tansu",
+        kind_of(broker),
         topics,
         unique("loopfuse-nobroker"),
         tmp_path / "data",
@@ -114,7 +121,7 @@ async def test_broker_down_at_start_exits_clearly_then_works(tmp_path: Path) -> 
         assert 200 not in statuses
         assert f"loopfuse worker: cannot create topics on {broker.bootstrap}" in log, log
 
-        broker.start(timeout=30)
+        broker.start()
         events = generate(200, 4, seed=2, prefix=unique("nb") + "-")
         expected = expected_verdicts(events)
         worker = WorkerProcess(settings, log_path=tmp_path / "worker2.log").start()
@@ -131,11 +138,12 @@ async def test_broker_down_at_start_exits_clearly_then_works(tmp_path: Path) -> 
         assert result.ok and result.duplicates == 0, result.examples
     finally:
         worker.stop()
-        broker.stop()
+        broker.close()
 
 
 @dataclass
 class Outage:
+    empty: bool  # the broker came back empty (else with its data)
     not_ready_after: float | None
     last_status: tuple[int, str]
     still_running: bool
@@ -150,15 +158,23 @@ class Outage:
     log: str
 
 
-@pytest.fixture(scope="module")
-async def outage(tmp_path_factory: pytest.TempPathFactory) -> Outage:
-    """Run the outage scenario once; the tests below assert on its figures."""
+@pytest.fixture(scope="module", params=["kept", "empty"])
+async def outage(
+    request: pytest.FixtureRequest, kafka_broker_kind: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Outage:
+    """Run an outage scenario once; the tests below assert on its figures."""
     tmp_path = tmp_path_factory.mktemp("outage")
-    broker = EmbeddedBroker(log_path=tmp_path / "tansu.log").start(timeout=30)
+    broker = own_broker(tmp_path / "broker")
+    empty = request.param == "empty"
+    if not empty and kind_of(broker) == "tansu":
+        pytest.skip("the embedded broker keeps nothing across a restart")
+    broker.start()
     topics = new_topics()
     app_id = unique("loopfuse-outage")
     settings = worker_settings(
-        broker.bootstrap, "tansu", topics, app_id, tmp_path / "data", partitions=PARTITIONS
+        broker.bootstrap, kind_of(broker), topics, app_id, tmp_path / "data",
+        partitions=PARTITIONS,
     )
     events = generate(600, 12, seed=8, prefix=unique("out") + "-")
     by_session: dict[str, list[int]] = {}
@@ -196,13 +212,16 @@ async def outage(tmp_path_factory: pytest.TempPathFactory) -> Outage:
             f"last {seen[-1][1]} {seen[-1][2]}; worker running {still_running}"
         )
 
-        broker.start(timeout=30)  # same port, empty
+        if empty:
+            restart_empty(broker)  # same port, nothing on it
+        else:
+            broker.start()  # same port, same data
         back = time.monotonic()
         await asyncio.to_thread(worker.wait_ready, 120)
         ready_s = time.monotonic() - back
         after_ready = await topic_partitions(broker.bootstrap)
         print(
-            f"outage: broker back (empty); worker ready again after {ready_s:.1f} s; "
+            f"outage: broker back ({request.param}); worker ready again after {ready_s:.1f} s; "
             f"topics then {after_ready}"
         )
         async with Collector(broker.bootstrap, [topics["verdicts"]]) as out:
@@ -219,7 +238,7 @@ async def outage(tmp_path_factory: pytest.TempPathFactory) -> Outage:
             delivered2 = out.of(topics["verdicts"])
     finally:
         worker.stop()
-        broker.stop()
+        broker.close()
 
     n = after_events.get(topics["tool_calls"], PARTITIONS)
     by_partition: dict[int, int] = {}
@@ -228,6 +247,7 @@ async def outage(tmp_path_factory: pytest.TempPathFactory) -> Outage:
             p = _partition_of(v["session_key"], n)
             by_partition[p] = by_partition.get(p, 0) + 1
     result = Outage(
+        empty,
         not_ready_after,
         seen[-1][1:],
         still_running,
@@ -256,9 +276,10 @@ async def test_worker_reports_not_ready_while_the_broker_is_gone(outage: Outage)
     assert outage.ready_again_s < 60
 
 
-async def test_worker_resumes_judging_after_the_broker_comes_back_empty(outage: Outage) -> None:
+async def test_worker_resumes_judging_after_the_broker_comes_back(outage: Outage) -> None:
     after = outage.after
-    assert "the broker has lost topics" in outage.log, outage.log[-2000:]
+    # Only an empty broker has lost the topics; one that kept its data has not.
+    assert ("the broker has lost topics" in outage.log) == outage.empty, outage.log[-2000:]
     assert after.ok, after.line("outage(after return)") + "\n" + "\n".join(after.examples)
     assert outage.unsettled is None, outage.unsettled
     changelog = [t for t in outage.topics_after_events if t.endswith("-sessions-changelog")]
@@ -267,12 +288,15 @@ async def test_worker_resumes_judging_after_the_broker_comes_back_empty(outage: 
     assert calls == [PARTITIONS], outage.topics_after_events
 
 
-async def test_an_input_topic_back_with_another_size_stops_the_worker(tmp_path: Path) -> None:
-    broker = EmbeddedBroker(log_path=tmp_path / "tansu.log").start(timeout=30)
+async def test_an_input_topic_back_with_another_size_stops_the_worker(
+    kafka_broker_kind: str, tmp_path: Path
+) -> None:
+    broker = own_broker(tmp_path / "broker")
+    broker.start()
     topics = new_topics()
     settings = worker_settings(
         broker.bootstrap,
-        "tansu",
+        kind_of(broker),
         topics,
         unique("loopfuse-resized"),
         tmp_path / "data",
@@ -285,8 +309,7 @@ async def test_an_input_topic_back_with_another_size_stops_the_worker(tmp_path: 
         # once; the worker probes every 2 s, so it rarely gets there first: then
         # the topic exists with the right size and we try again.
         for _ in range(5):
-            broker.stop()
-            broker.start(timeout=30)
+            restart_empty(broker)
             admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
             await admin.start()
             try:
@@ -313,4 +336,4 @@ async def test_an_input_topic_back_with_another_size_stops_the_worker(tmp_path: 
         ), log
     finally:
         worker.stop()
-        broker.stop()
+        broker.close()

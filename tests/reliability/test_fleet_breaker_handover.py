@@ -19,7 +19,7 @@ import pytest
 from streams.worker_process import WorkerProcess
 from tests.support import fleet
 from tests.support.harness import Collector, encode, produce, settle, unique, worker_settings
-from tests.support.pair import assignment, start_pair
+from tests.support.pair import owned, start_pair
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(300)]
 
@@ -47,9 +47,9 @@ async def test_a_breaker_is_not_tripped_again_when_its_counting_worker_dies(
     try:
         await start_pair(a, b, topics["tool_calls"], PARTITIONS)
         exec_partition = fleet.partition("exec", PARTITIONS)
-        owner, survivor = (a, b) if exec_partition in (assignment(a.tail(10**7), strikes)
+        owner, survivor = (a, b) if exec_partition in (await owned(a, strikes)
                                                        or set()) else (b, a)
-        assert exec_partition in (assignment(owner.tail(10**7), strikes) or set())
+        assert exec_partition in (await owned(owner, strikes) or set())
         async with Collector(kafka_bootstrap, [topics["verdicts"], topics["loop_events"]]) as out:
             await produce(kafka_bootstrap, encode(topics, before))
             await fleet.wait_tripped(out, topics["loop_events"], (a, b))
@@ -57,7 +57,7 @@ async def test_a_breaker_is_not_tripped_again_when_its_counting_worker_dies(
             owner.kill()
             owner.stop()
             deadline = time.monotonic() + 90
-            while assignment(survivor.tail(10**7), strikes) != set(range(PARTITIONS)):
+            while await owned(survivor, strikes) != set(range(PARTITIONS)):
                 assert time.monotonic() < deadline, f"no take-over\n{survivor.tail()}"
                 await asyncio.sleep(0.5)
             await asyncio.to_thread(survivor.wait_ready, 90)

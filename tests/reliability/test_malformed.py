@@ -14,9 +14,11 @@ for calls never seen (``orphan_result``). Empty messages, null values and messag
 keys have no JSONL form (replay skips blank lines by design), so the replay corpus
 has the others.
 
-Message size: the embedded broker (Tansu) accepts records of several MB (5 MB
-measured) once the producer's ``max_request_size`` is raised, so the > 1 MiB cases
-go through the real broker; the worker must dead-letter them as ``too_large``.
+Message size: Apache Kafka refuses a record over ``max.message.bytes`` (1 MiB and 12
+bytes by default) at produce time, so the gateway hears of it and the worker never
+sees it; a topic of bigger records (8 MiB here, created before the worker) lets the
+> 1 MiB cases through to the worker, which must dead-letter them as ``too_large``.
+The embedded broker accepts records of several MB (5 MB measured) on any topic.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tests.support.harness import (
     ROOT,
     Collector,
     compare,
+    create_topics,
     encode,
     expected_verdicts,
     generate,
@@ -222,6 +225,12 @@ async def test_bad_inputs_are_dead_lettered_and_good_ones_judged(
         topics,
         unique("loopfuse-malformed"),
         tmp_path / "data",
+    )
+    await create_topics(
+        kafka_bootstrap,
+        (topics["tool_calls"], topics["tool_results"], topics["compactions"]),
+        int(settings.get("partitions", "4")),
+        {"max.message.bytes": str(8 * MIB)},
     )
     # Interleave: good events keep their order; bad ones go to random input topics.
     rng = random.Random(1)

@@ -74,8 +74,10 @@ class FaustNamedAssignor(RoundRobinPartitionAssignor):
 async def commit_offsets(bootstrap: str, group: str, offsets: dict[TopicPartition, int]) -> None:
     """Commit ``offsets`` for ``group`` (which must have no live member).
 
-    Tansu refuses a commit from outside the group (generation -1: UnknownMemberId),
-    so join the group as its only member, commit, and leave.
+    Joins the group as its only member, commits, and leaves: aiokafka has no admin
+    call that commits for a group, and the embedded broker refuses a consumer's
+    commit from outside the group (generation -1: UnknownMemberId), which Apache
+    Kafka takes from an empty group. Joining works on both.
     """
     consumer = AIOKafkaConsumer(
         *sorted({tp.topic for tp in offsets}),

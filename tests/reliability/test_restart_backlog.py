@@ -16,12 +16,12 @@ import signal
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streams.worker_process import WorkerProcess
 from tests.support.harness import (
     Collector,
     compare,
+    create_topics,
     encode,
     expected_verdicts,
     generate,
@@ -63,7 +63,9 @@ async def test_a_restart_onto_a_backlog_judges_every_waiting_event(
     pieces = [messages[i * size : (i + 1) * size] for i in range(ROUNDS)]
     pieces.append(messages[ROUNDS * size :])
     worker = WorkerProcess(settings, log_path=tmp_path / "worker.log")
-    await _create_inputs(kafka_bootstrap, topics)  # before a producer auto-creates them
+    # The inputs before a producer could auto-create them (on the embedded broker), the
+    # outputs before the collector subscribes (Apache Kafka creates none on demand).
+    await create_topics(kafka_bootstrap, topics.values(), PARTITIONS)
     try:
         async with Collector(kafka_bootstrap, [topics["verdicts"], topics["loop_events"]]) as out:
 
@@ -96,13 +98,3 @@ async def test_a_restart_onto_a_backlog_judges_every_waiting_event(
     assert comparison.ok, "\n".join(comparison.examples)
     # Nothing was lost, so no gap may have been given up on either.
     assert gaps == [], gaps[:3]
-
-
-async def _create_inputs(bootstrap: str, topics: dict[str, str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        names = (topics["tool_calls"], topics["tool_results"], topics["compactions"])
-        await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
-    finally:
-        await admin.close()

@@ -26,6 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas import load_config, validate_event
 from streams.engine import Engine, Verdict
+from tests.support.brokers import embedded_in_use
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "tests" / "fixtures" / "small.json5"  # warningThreshold 3, criticalThreshold 5
@@ -54,6 +55,25 @@ def new_topics(suffix: str | None = None) -> dict[str, str]:
         "loop_events": f"rel-loops-{suffix}",
         "dead_letters": f"rel-dead-{suffix}",
     }
+
+
+async def create_topics(
+    bootstrap: str, names: Iterable[str], partitions: int, config: dict[str, str] | None = None
+) -> None:
+    """Create topics before a worker does (it leaves ones of the right size alone): a
+    consumer must not subscribe to a topic that does not exist yet on Apache Kafka,
+    which creates none on demand (infra/kafka/broker.properties), where the embedded
+    broker created them."""
+    from aiokafka.admin import NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(name, partitions, 1, topic_configs=config or {}) for name in names]
+        )
+    finally:
+        await admin.close()
 
 
 def worker_settings(
@@ -408,11 +428,15 @@ class Collector:
 async def end_offsets(
     consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition]
 ) -> dict[TopicPartition, int]:
-    """High watermarks from a Fetch answer: Tansu's ListOffsets(latest) is wrong after
-    multi-record batches (see streams.faust_compat.end_offsets)."""
-    from streams.faust_compat.end_offsets import fetch_end_offsets
+    """End offsets: ``ListOffsets(latest)`` on Apache Kafka; on the embedded broker,
+    whose answer is wrong after multi-record batches, the high watermarks of a Fetch
+    answer (see streams.faust_compat.end_offsets)."""
+    if embedded_in_use():
+        from streams.faust_compat.end_offsets import fetch_end_offsets
 
-    return await fetch_end_offsets(consumer, tps)
+        return await fetch_end_offsets(consumer, tps)
+    ends: dict[TopicPartition, int] = await consumer.end_offsets(list(tps))
+    return ends
 
 
 async def consumed_to_end(consumer: AIOKafkaConsumer, timeout: float = 30.0) -> None:

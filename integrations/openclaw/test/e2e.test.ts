@@ -1,5 +1,5 @@
 /**
- * End to end: the plugin (real kafkajs transport) against `loopfuse broker` +
+ * End to end: the plugin (real kafkajs transport) against `loopfuse broker --kafka` +
  * `loopfuse worker`, driven like OpenClaw drives it; the verdicts the plugin acted on
  * must equal `loopfuse replay` of the events it published.
  *
@@ -179,15 +179,18 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
   before(async () => {
     assert.ok(existsSync(LOOPFUSE), `${LOOPFUSE} missing: create the venv (python3 -m venv .venv && .venv/bin/pip install -e '.[test,rocksdb]') or set LOOPFUSE_BIN`);
     writeFileSync(configFile, JSON.stringify(DETECTION));
-    const broker = start(["broker"], {}, "broker.log");
-    bootstrap = await waitFor("the broker's bootstrap line", 30_000, () => {
+    // Apache Kafka (one KRaft node: `loopfuse broker --kafka`) unless the suite runs on
+    // the embedded broker (LOOPFUSE_TEST_BROKER=embedded, as pytest's broker choice).
+    const embedded = (process.env.LOOPFUSE_TEST_BROKER ?? "").toLowerCase() === "embedded";
+    const broker = start(embedded ? ["broker"] : ["broker", "--kafka"], {}, "broker.log");
+    bootstrap = await waitFor("the broker's bootstrap line", 120_000, () => {
       const m = /bootstrap=(\S+)/.exec((broker as ChildProcess & { log: string[] }).log.join(""));
       return m?.[1];
     });
     const webPort = await freePort();
     worker = start(["worker"], {
       LOOPFUSE_BOOTSTRAP_SERVERS: bootstrap,
-      LOOPFUSE_EMBEDDED_BROKER: "true",
+      LOOPFUSE_EMBEDDED_BROKER: String(embedded),
       LOOPFUSE_BROKER_SESSION_TIMEOUT: "6",
       LOOPFUSE_BROKER_HEARTBEAT_INTERVAL: "1",
       LOOPFUSE_FETCH_MAX_WAIT_MS: "10",
