@@ -256,7 +256,9 @@ async def outage(
         after_ready,
         after_events,
         compare(expected1, delivered1),
-        compare(expected2, delivered2),
+        # A broker that kept its data still holds part 1's verdicts on the topic, which
+        # the collector reads from its start: then all of them are compared.
+        compare(expected2 if empty else expected, delivered2),
         by_partition,
         unsettled,
         (tmp_path / "worker.log").read_text(errors="replace"),

@@ -76,8 +76,8 @@ async def commit_offsets(bootstrap: str, group: str, offsets: dict[TopicPartitio
 
     Joins the group as its only member, commits, and leaves: aiokafka has no admin
     call that commits for a group, and the embedded broker refuses a consumer's
-    commit from outside the group (generation -1: UnknownMemberId), which Apache
-    Kafka takes from an empty group. Joining works on both.
+    commit from outside the group (generation -1: UnknownMemberId). Joining works on
+    both brokers.
     """
     consumer = AIOKafkaConsumer(
         *sorted({tp.topic for tp in offsets}),
