@@ -13,6 +13,9 @@ subprocess (``python -m streams.worker``). Measures:
     at ``--rate`` (1k calls/s) and at 80% of the throughput measured in (a);
     beside each the same measurement through a trivial in-process echo
     (consumer -> producer) over the same broker.
+(b') the latency-throughput curve (``--no-curve`` skips it): verdict p99 beside the raw
+    echo's p99 at paced rates from 250/s, doubling, up to the backlog maximum of (a);
+    the highest rate whose verdict p99 is within 3x the echo's.
 (c) scale-out: one worker, then two workers in one group, on the same number of
     partitions, both started and assigned before the events are produced.
 
@@ -20,6 +23,7 @@ The last line printed is machine-readable:
 worker_events_per_s=... raw_pipe_events_per_s=... ratio=... verdict_p99_ms=... raw_rtt_p99_ms=...
 verdict_p50_ms=... raw_rtt_p50_ms=... verdict_p99_at_80pct_ms=... raw_rtt_p99_at_80pct_ms=...
 one_worker_events_per_s=... two_workers_events_per_s=... two_worker_speedup=...
+max_rate_p99_within_3x_echo=...
 """
 
 from __future__ import annotations
@@ -430,6 +434,29 @@ async def scale_out(bootstrap: str, embedded: bool, partitions: int, tmp: Path,
     return rates[0], rates[1]
 
 
+async def latency_curve(bootstrap: str, worker: BenchWorker, top: float, seconds: float,
+                        partitions: int) -> tuple[float, list[str]]:
+    """Verdict p99 beside the raw echo's p99 at paced rates from 250/s, doubling, up to
+    ``top`` (the backlog maximum); the highest rate at which the verdict's p99 stays
+    within 3x the echo's (0 when none does), and a line per rate."""
+    rates, rate = [], 250.0
+    while rate < top:
+        rates.append(rate)
+        rate *= 2
+    rates.append(top)
+    best, lines = 0.0, []
+    for rate in rates:
+        verdict = percentile(await worker_latency(bootstrap, worker, rate, seconds), 99)
+        echo = percentile(await raw_latency(bootstrap, rate, seconds, partitions), 99)
+        within = verdict <= 3 * echo
+        if within:
+            best = max(best, rate)
+        lines.append(f"curve: {rate:,.0f}/s verdict p99={verdict:.1f} ms echo p99={echo:.1f} ms "
+                     f"ratio={verdict / echo:.1f}{'' if within else ' (over 3x)'}")
+        print(lines[-1], flush=True)
+    return best, lines
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -454,6 +481,10 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
             verdict_ms = await worker_latency(bootstrap, worker, args.rate, args.seconds)
             rate80 = 0.8 * worker_rate
             verdict80_ms = await worker_latency(bootstrap, worker, rate80, args.seconds)
+            best_rate = float("nan")
+            if args.curve:
+                best_rate, _ = await latency_curve(bootstrap, worker, worker_rate,
+                                                   args.seconds, args.partitions)
         except BaseException:
             print(worker.tail(3000), file=sys.stderr)
             raise
@@ -483,7 +514,8 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
             f" verdict_p50_ms={v50:.3f} raw_rtt_p50_ms={r50:.3f}"
             f" verdict_p99_at_80pct_ms={v80:.3f} raw_rtt_p99_at_80pct_ms={r80:.3f}"
             f" one_worker_events_per_s={one:.1f} two_workers_events_per_s={two:.1f}"
-            f" two_worker_speedup={two / one:.3f}")
+            f" two_worker_speedup={two / one:.3f}"
+            f" max_rate_p99_within_3x_echo={best_rate:.0f}")
 
 
 def main() -> int:
@@ -503,6 +535,9 @@ def main() -> int:
     parser.add_argument("--spy", metavar="PATH",
                         help="sample the worker with py-spy during (a) into PATH (raw "
                              "stacks) and print where its threads spend their time")
+    parser.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True,
+                        help="also the latency-throughput curve: verdict p99 beside the raw "
+                             "echo's at paced rates from 250/s doubling to the backlog max")
     parser.add_argument("--scale-out", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure one vs two workers (c)")
     args = parser.parse_args()

@@ -60,6 +60,22 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
     # Its log is in pytest's tmp dir: if the broker dies, the reason is there.
     with started(_choice(), tmp_path_factory.mktemp("broker")) as broker:
         yield KafkaBroker(broker.bootstrap, broker.kind)
+        if broker.process is not None and broker.process.pid is not None:
+            from streams.kafka_broker import rss_mib
+
+            _SUMMARY.append(
+                f"{broker.description}: resident memory {rss_mib(broker.process.pid):.0f} MiB "
+                "at the end of the session"
+            )
+
+
+#: Lines for the end of pytest's report.
+_SUMMARY: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _SUMMARY:
+        terminalreporter.write_line(f"broker: {line}")
 
 
 @pytest.fixture(scope="session")
