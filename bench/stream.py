@@ -58,10 +58,11 @@ from streams.worker_process import (  # noqa: E402
 )
 from tests.support.brokers import run_on  # noqa: E402
 
-# Client-side fetch wait: Tansu holds a fetch for the whole max wait when there is
-# nothing new, so every consumer in the benchmark (ours and the worker's) polls
-# with a short wait; the same value for the worker and the raw paths.
-CLIENT_FETCH_WAIT_MS = 2
+# The benchmark's own consumers' fetch wait, set by run() to what the worker uses by
+# default on that broker (streams.settings.Settings.fetch_wait_ms): the embedded broker
+# holds a fetch for the whole max wait when there is nothing new, so there every consumer
+# polls with a short wait; Apache Kafka answers at the first record.
+CLIENT_FETCH_WAIT_MS = 500
 
 
 # -- workload -------------------------------------------------------------------------
@@ -154,6 +155,7 @@ class BenchWorker(WorkerProcess):
     def __init__(self, bootstrap: str, embedded: bool, partitions: int, tmp: Path,
                  extra_env: dict[str, str], profile: str | None = None) -> None:
         self.topics = unique_topics("bench")
+        self.partitions = partitions
         super().__init__(
             {
                 "bootstrap_servers": bootstrap,
@@ -163,7 +165,6 @@ class BenchWorker(WorkerProcess):
                 "data_dir": str(tmp / "data"),
                 "broker_session_timeout": "6",
                 "broker_heartbeat_interval": "1",
-                "fetch_max_wait_ms": str(CLIENT_FETCH_WAIT_MS),
                 **topic_settings(self.topics),
                 **{k.removeprefix("LOOPFUSE_").lower(): v for k, v in extra_env.items()},
             },
@@ -193,6 +194,8 @@ async def worker_throughput(bootstrap: str, worker: BenchWorker,
                             events: list[dict[str, Any]], spy: str | None = None) -> float:
     messages = [(worker.topic_for(e), e["session_key"].encode(), orjson.dumps(e)) for e in events]
     expected = sum(1 for e in events if e["type"] == "tool_call")
+    # The backlog waits on topics the worker will find (Apache Kafka creates none on demand).
+    await create_topics(bootstrap, list(worker.topics.values()), worker.partitions)
     await produce_all(bootstrap, messages)
     cons = consumer(bootstrap, worker.topics["verdicts"])
     await cons.start()
@@ -468,6 +471,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
+    global CLIENT_FETCH_WAIT_MS
+    CLIENT_FETCH_WAIT_MS = 5 if embedded else 500
     events = workload(args.events, args.sessions)
     with tempfile.TemporaryDirectory(prefix="loopfuse-bench-") as tmp:
         extra = dict(kv.split("=", 1) for kv in args.worker_env)

@@ -126,7 +126,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
 
     @app.on_partitions_assigned.connect
     async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
-        prepare_consumer(app, fetches, fetch_max_wait_ms=settings.fetch_max_wait_ms)
+        prepare_consumer(app, fetches, fetch_max_wait_ms=settings.fetch_wait_ms)
         processor.assigned(range(settings.partitions))
 
     async def _recovered() -> None:

@@ -171,7 +171,10 @@ async def _demo(args: argparse.Namespace) -> int:
             log_path=workdir / "worker.log",
         ).start()
         await asyncio.to_thread(worker.wait_ready, 90.0)
-        client = GatewayClient(bootstrap, topics=topics, timeout=30.0, fail_policy="open")
+        client = GatewayClient(
+            bootstrap, topics=topics, timeout=30.0, fail_policy="open",
+            verdict_fetch_wait_ms=5 if isinstance(broker, EmbeddedBroker) else 500,
+        )
         await client.start()
         feed = LoopEventFeed(bootstrap, defaults.topic_loop_events)
         await feed.start()

@@ -246,7 +246,7 @@ async def follow_board(settings: Settings, board: BreakerBoard) -> None:
     every worker reads every partition; nothing is committed)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False,
-        auto_offset_reset="earliest", fetch_max_wait_ms=max(settings.fetch_max_wait_ms, 50),
+        auto_offset_reset="earliest", fetch_max_wait_ms=max(settings.fetch_wait_ms, 50),
         **settings.kafka_client_kwargs(),
     )
     await consumer.start()

@@ -242,9 +242,14 @@ class GatewayClient:
         sticky_blocks: bool = True,
         client_id: str | None = None,
         linger_ms: int = 0,
+        verdict_fetch_wait_ms: int = 500,
         **kafka_options: Any,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        # The verdict reader's fetch long-poll. Apache Kafka answers it at the first
+        # verdict, so a long one costs no latency and spares the broker a poll every few
+        # ms per gateway; the embedded broker waits it out whole: pass ~5 there.
+        self._verdict_fetch_wait_ms = verdict_fetch_wait_ms
         self.topics = topics or Topics()
         self.timeout = timeout
         self.fail_policy: FailPolicy = fail_policy
@@ -310,7 +315,7 @@ class GatewayClient:
             client_id=f"{self.client_id}-verdicts",
             group_id=None,
             enable_auto_commit=False,
-            fetch_max_wait_ms=5,
+            fetch_max_wait_ms=self._verdict_fetch_wait_ms,
             **self._kafka_options,
         )
         await self._consumer.start()

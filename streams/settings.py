@@ -110,7 +110,11 @@ class Settings(BaseSettings):
     batch_max: int = Field(
         default=1_000, ge=1, description="events per batch (a batch is what fetches brought)"
     )
-    fetch_max_wait_ms: int = Field(default=5, ge=0, description="consumer fetch long-poll bound")
+    fetch_max_wait_ms: int | None = Field(
+        default=None,
+        ge=0,
+        description="consumer fetch long-poll bound (default: see fetch_wait_ms)",
+    )
     producer_linger_ms: float = Field(default=1.0, ge=0)
     producer_max_batch_size: int = Field(default=262_144, ge=1_024)
     producer_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
@@ -174,6 +178,17 @@ class Settings(BaseSettings):
         if self.security_protocol == "SSL":
             return faust.SSLCredentials(kwargs["ssl_context"])  # type: ignore[arg-type]
         return None
+
+    @property
+    def fetch_wait_ms(self) -> int:
+        """The consumers' fetch long-poll: ``fetch_max_wait_ms`` when set; else 500 ms on
+        Apache Kafka, which answers a fetch as soon as a record arrives (a shorter wait
+        only polls: an idle worker at 5 ms took 14-17% of a core and its broker ~30% of
+        one more, at 500 ms 1.6% and ~2%), and 5 ms on the embedded broker, which waits
+        out the whole long-poll when nothing is new (a verdict would wait that long)."""
+        if self.fetch_max_wait_ms is not None:
+            return self.fetch_max_wait_ms
+        return 5 if self.embedded_broker else 500
 
     def kafka_client_kwargs(self) -> dict[str, object]:
         """Security options for an aiokafka client (admin, producer, consumer)."""

@@ -395,6 +395,8 @@ class HermesPlugin:
             fail_policy=self.settings.fail_policy,
             hash_locally=self.settings.hash_locally,
             client_id=f"hermes-{uuid.uuid4().hex[:12]}",
+            # LOOPFUSE_FETCH_MAX_WAIT_MS, else the broker kind's default (settings)
+            verdict_fetch_wait_ms=kafka.fetch_wait_ms,
             **security,
         )
         try:

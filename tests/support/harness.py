@@ -94,7 +94,6 @@ def worker_settings(
         "config_file": str(CONFIG),
         "broker_session_timeout": "6",
         "broker_heartbeat_interval": "1",
-        "fetch_max_wait_ms": "10",
         "commit_interval": "0.5",
         **{f"topic_{name}": topic for name, topic in topics.items()},
     }

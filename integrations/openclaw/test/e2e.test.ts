@@ -193,7 +193,6 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
       LOOPFUSE_EMBEDDED_BROKER: String(embedded),
       LOOPFUSE_BROKER_SESSION_TIMEOUT: "6",
       LOOPFUSE_BROKER_HEARTBEAT_INTERVAL: "1",
-      LOOPFUSE_FETCH_MAX_WAIT_MS: "10",
       LOOPFUSE_APP_ID: `oc-e2e-${RUN_ID}`,
       LOOPFUSE_TOPIC_TOOL_CALLS: TOPICS.toolCalls,
       LOOPFUSE_TOPIC_TOOL_RESULTS: TOPICS.toolResults,
