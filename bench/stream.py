@@ -57,6 +57,7 @@ from streams.worker_process import (  # noqa: E402
     unique_topics,
 )
 from tests.support.brokers import run_on  # noqa: E402
+from tests.support.harness import worker_committed  # noqa: E402
 
 # The benchmark's own consumers' fetch wait, set by run() to what the worker uses by
 # default on that broker (streams.settings.Settings.fetch_wait_ms): the embedded broker
@@ -448,7 +449,12 @@ async def latency_curve(bootstrap: str, worker: BenchWorker, top: float, seconds
         rate *= 2
     rates.append(top)
     best, lines = 0.0, []
+    settings = {key.removeprefix("LOOPFUSE_").lower(): value
+                for key, value in worker.env.items() if key.startswith("LOOPFUSE_")}
     for rate in rates:
+        # Each rate from a caught-up worker: what the last one left unjudged is not
+        # this one's latency.
+        await worker_committed(bootstrap, settings, timeout=300)
         verdict = percentile(await worker_latency(bootstrap, worker, rate, seconds), 99)
         echo = percentile(await raw_latency(bootstrap, rate, seconds, partitions), 99)
         within = verdict <= 3 * echo
@@ -484,12 +490,16 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
                   flush=True)
             await worker.ready()
             verdict_ms = await worker_latency(bootstrap, worker, args.rate, args.seconds)
-            rate80 = 0.8 * worker_rate
-            verdict80_ms = await worker_latency(bootstrap, worker, rate80, args.seconds)
             best_rate = float("nan")
             if args.curve:
                 best_rate, _ = await latency_curve(bootstrap, worker, worker_rate,
                                                    args.seconds, args.partitions)
+            rate80 = 0.8 * worker_rate
+            await worker_committed(bootstrap, {
+                key.removeprefix("LOOPFUSE_").lower(): value
+                for key, value in worker.env.items() if key.startswith("LOOPFUSE_")
+            }, timeout=300)
+            verdict80_ms = await worker_latency(bootstrap, worker, rate80, args.seconds)
         except BaseException:
             print(worker.tail(3000), file=sys.stderr)
             raise

@@ -183,8 +183,8 @@ class Settings(BaseSettings):
     def fetch_wait_ms(self) -> int:
         """The consumers' fetch long-poll: ``fetch_max_wait_ms`` when set; else 500 ms on
         Apache Kafka, which answers a fetch as soon as a record arrives (a shorter wait
-        only polls: an idle worker at 5 ms took 14-17% of a core and its broker ~30% of
-        one more, at 500 ms 1.6% and ~2%), and 5 ms on the embedded broker, which waits
+        only polls: an idle worker at 5 ms took 14-18% of a core and its broker 25-30
+        points more, at 500 ms 1.4-1.6% and under 2: bench/idle.py), and 5 ms on the embedded broker, which waits
         out the whole long-poll when nothing is new (a verdict would wait that long)."""
         if self.fetch_max_wait_ms is not None:
             return self.fetch_max_wait_ms
