@@ -252,8 +252,6 @@ class ApacheKafka(BrokerProcess):
     _STOP_TIMEOUT = 20.0
     # The JVM starts in 5-7 s on this machine when idle; a loaded one is slower.
     _START_TIMEOUT = 90.0
-    # A taken port shows as an exit; the controller port can be taken as well.
-    _PORT_ATTEMPTS = 3
 
     def __init__(
         self,

@@ -145,6 +145,15 @@ def test_taken_port_fails_fast(tmp_path: Path) -> None:
         assert not broker.running
 
 
+def first_stdout_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The first line ``proc`` prints on stdout, waiting at most ``timeout`` s for it."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        assert selector.select(timeout=timeout), f"nothing on stdout within {timeout:.0f} s"
+    return proc.stdout.readline().decode()
+
+
 def _child_pids(parent: int) -> list[int]:
     """Pids whose parent is ``parent`` (scans /proc: .../task/N/children is not on every kernel)."""
     found = []
@@ -190,11 +199,7 @@ def test_run_broker_cli_prints_bootstrap_and_stops_on_signal(stop_signal: signal
         stderr=subprocess.PIPE,
     )
     try:
-        assert proc.stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(proc.stdout, selectors.EVENT_READ)
-            assert selector.select(timeout=30), "no bootstrap line within 30 s"
-        line = proc.stdout.readline().decode()
+        line = first_stdout_line(proc, 30)
         match = re.fullmatch(r"bootstrap=(127\.0\.0\.1):(\d+)\n", line)
         assert match, f"unexpected first stdout line: {line!r}"
         host, port = match.group(1), int(match.group(2))

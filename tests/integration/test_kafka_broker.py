@@ -9,7 +9,6 @@ resolved jars) and say so when those are missing.
 from __future__ import annotations
 
 import asyncio
-import selectors
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from tests.integration.test_broker import (
     _port_closed,
     _process_gone,
     _round_trip,
+    first_stdout_line,
 )
 from tests.support.harness import read_all, unique
 
@@ -153,12 +153,8 @@ def test_loopfuse_broker_kafka_prints_bootstrap_and_stops_on_sigterm() -> None:
         stderr=subprocess.PIPE,
     )
     try:
-        assert proc.stdout is not None
         started = time.monotonic()
-        with selectors.DefaultSelector() as selector:
-            selector.register(proc.stdout, selectors.EVENT_READ)
-            assert selector.select(timeout=120), "no bootstrap line within 120 s"
-        line = proc.stdout.readline().decode()
+        line = first_stdout_line(proc, 120)
         assert line.startswith("bootstrap=127.0.0.1:"), line
         port = int(line.strip().rsplit(":", 1)[1])
         print(f"loopfuse broker --kafka: bootstrap after {time.monotonic() - started:.1f} s")
