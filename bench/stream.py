@@ -45,7 +45,6 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,7 +56,7 @@ from streams.worker_process import (  # noqa: E402
     unique_topics,
 )
 from tests.support.brokers import run_on  # noqa: E402
-from tests.support.harness import worker_committed  # noqa: E402
+from tests.support.harness import create_topics, worker_committed  # noqa: E402
 
 # The benchmark's own consumers' fetch wait, set by run() to what the worker uses by
 # default on that broker (streams.settings.Settings.fetch_wait_ms): the embedded broker
@@ -98,15 +97,6 @@ def workload(n_events: int, n_sessions: int, seed: int = 7) -> list[dict[str, An
 
 
 # -- broker helpers -------------------------------------------------------------------
-
-
-async def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(n, partitions, 1) for n in names])
-    finally:
-        await admin.close()
 
 
 def producer(bootstrap: str) -> AIOKafkaProducer:

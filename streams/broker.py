@@ -461,6 +461,7 @@ class BrokerProcess:
 
     def _stop_at_exit(self) -> None:
         self.stop(timeout=3.0)
+        self.close()
 
     # -- context managers -------------------------------------------------
 
@@ -473,7 +474,7 @@ class BrokerProcess:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
+        self.close()
 
     async def __aenter__(self) -> Self:
         return await self.start_async()
@@ -484,7 +485,7 @@ class BrokerProcess:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.stop_async()
+        await asyncio.to_thread(self.close)
 
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.running else "stopped"

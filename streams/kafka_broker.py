@@ -23,22 +23,17 @@ interpreter's exit).
 from __future__ import annotations
 
 import base64
-import contextlib
 import fcntl
 import hashlib
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from streams.broker import (
     DEFAULT_HOST,
@@ -66,7 +61,7 @@ MIN_JAVA = 17
 #: Heap of a node: Kafka's own start script gives 1 GiB; one node of a test broker
 #: on a 2-core machine shared with the tests stays well inside 512 MiB (see README,
 #: Apache Kafka), and a three-node cluster must fit beside the workers too.
-DEFAULT_HEAP = "512m"
+_HEAP_FLAGS = ("-Xms256m", "-Xmx512m")
 
 #: Kafka's start script's GC flags (kafka-run-class.sh), bar the heap.
 _JVM_FLAGS = (
@@ -243,7 +238,8 @@ class ApacheKafka(BrokerProcess):
 
     ``port`` is the client listener's (free when None); the controller listener
     takes another free port. ``data_dir`` keeps the node's logs there (kept after
-    close); by default a temporary folder is used and removed on close. ``say`` gets
+    close); by default a temporary folder is used and removed on close (also the
+    context managers' and the interpreter's exit: :meth:`close`). ``say`` gets
     the first run's one-line notice that the jars are being resolved.
     """
 
@@ -260,14 +256,12 @@ class ApacheKafka(BrokerProcess):
         host: str = DEFAULT_HOST,
         data_dir: str | os.PathLike[str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
-        heap: str = DEFAULT_HEAP,
         overrides: dict[str, str] | None = None,
         say: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(port, host=host, log_path=log_path)
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
         self._tmp_dir: Path | None = None
-        self._heap = heap
         self._overrides = dict(overrides or {})
         self._say = say
         self._controller_port: int | None = None
@@ -331,8 +325,7 @@ class ApacheKafka(BrokerProcess):
         assert self._java is not None and self._libs is not None
         return [
             str(self._java),
-            f"-Xms{min(self._heap, '256m', key=_heap_bytes)}",
-            f"-Xmx{self._heap}",
+            *_HEAP_FLAGS,
             *_JVM_FLAGS,
             f"-Dlog4j2.configurationFile={INFRA / 'log4j2.yaml'}",
             "-cp",
@@ -364,63 +357,3 @@ class ApacheKafka(BrokerProcess):
         if self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
             self._tmp_dir = None
-
-    def _stop_at_exit(self) -> None:
-        self.close()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        import asyncio
-
-        await asyncio.to_thread(self.close)
-
-    async def __aenter__(self) -> Self:
-        return await self.start_async()
-
-
-def _heap_bytes(size: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    size = size.strip().lower()
-    return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
-
-
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process in MiB (0 when it is gone)."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def measure_start(heap: str = DEFAULT_HEAP) -> tuple[float, float]:
-    """(seconds from spawn to answering, RSS in MiB once answering) of one fresh node,
-    jars already resolved (``python -m streams.kafka_broker --measure``)."""
-    resolve_kafka(lambda line: print(line, file=sys.stderr))
-    kafka = ApacheKafka(heap=heap)
-    try:
-        started = time.monotonic()
-        kafka.start()
-        elapsed = time.monotonic() - started
-        assert kafka.pid is not None
-        return elapsed, rss_mib(kafka.pid)
-    finally:
-        kafka.close()
-
-
-if __name__ == "__main__":  # pragma: no cover - a measuring aid
-    for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 3):
-        seconds, rss = measure_start()
-        print(f"kafka start: {seconds:.2f} s to answering, RSS {rss:.0f} MiB")

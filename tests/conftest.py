@@ -61,10 +61,11 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
     with started(_choice(), tmp_path_factory.mktemp("broker")) as broker:
         yield KafkaBroker(broker.bootstrap, broker.kind)
         if broker.process is not None and broker.process.pid is not None:
-            from streams.kafka_broker import rss_mib
+            from tests.support.harness import rss_kb
 
             _SUMMARY.append(
-                f"{broker.description}: resident memory {rss_mib(broker.process.pid):.0f} MiB "
+                f"{broker.description}: resident memory "
+                f"{rss_kb(broker.process.pid) / 1024:.0f} MiB "
                 "at the end of the session"
             )
 
