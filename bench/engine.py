@@ -43,10 +43,10 @@ from typing import Any
 
 import orjson
 
-from schemas import decode_event, parse_config
-from streams.compiled_engine import PURE_ENV
-from streams.engine import COMPILED, Engine, SessionState
-from streams.replay import replay_lines
+from loopfuse.schemas import decode_event, parse_config
+from loopfuse.streams.engine import COMPILED, Engine, SessionState
+from loopfuse.streams.engine.compiled import PURE_ENV
+from loopfuse.streams.replay import replay_lines
 
 TOOLS = ["read", "write", "exec", "web_search", "web_fetch", "browser", "memory_search"]
 WORDS = [

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.worker_process import WorkerProcess  # noqa: E402
+from loopfuse.streams.local.worker_process import WorkerProcess  # noqa: E402
 from tests.support.brokers import choose, describe, started  # noqa: E402
 from tests.support.harness import new_topics, unique, worker_settings  # noqa: E402
 

@@ -2,7 +2,7 @@
 
     python bench/kafka_start.py [--runs 5]
 
-Each run starts a fresh node (streams.kafka_broker.ApacheKafka: storage formatted,
+Each run starts a fresh node (loopfuse.streams.local.kafka_broker.ApacheKafka: storage formatted,
 JVM start, until a Kafka client gets metadata from it) with the jars already resolved
 (the first run resolves them if needed, outside the timing), prints the seconds and the
 node's resident memory, and closes it. The last line is machine-readable:
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.kafka_broker import ApacheKafka, resolve_kafka  # noqa: E402
+from loopfuse.streams.local.kafka_broker import ApacheKafka, resolve_kafka  # noqa: E402
 from tests.support.harness import rss_kb  # noqa: E402
 
 

@@ -35,9 +35,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from schemas.decode import decode_event  # noqa: E402
-from streams.engine import Engine  # noqa: E402
-from streams.worker_process import WorkerProcess, topic_settings, unique_topics  # noqa: E402
+from loopfuse.schemas.decode import decode_event  # noqa: E402
+from loopfuse.streams.engine import Engine  # noqa: E402
+from loopfuse.streams.local.worker_process import WorkerProcess, topic_settings, unique_topics  # noqa: E402
 from tests.support.brokers import run_on  # noqa: E402
 
 CLIENT_FETCH_WAIT_MS = 2  # the raw read's: a changelog read to its end always has data

@@ -4,7 +4,7 @@
 
 Starts the broker ``--broker`` names (Apache Kafka, one local KRaft node, by default;
 ``embedded``: the embedded Tansu; ``HOST:PORT``: a running one), and one worker
-subprocess (``python -m streams.worker``). Measures:
+subprocess (``python -m loopfuse.streams.worker.run``). Measures:
 
 (a) throughput: N pre-produced events (tool_call/tool_result pairs over ~200
     sessions, a few of them looping) through the worker until every verdict is
@@ -49,7 +49,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.worker_process import (  # noqa: E402
+from loopfuse.streams.local.worker_process import (  # noqa: E402
     WorkerProcess,
     input_topic_for,
     topic_settings,
@@ -59,7 +59,7 @@ from tests.support.brokers import run_on  # noqa: E402
 from tests.support.harness import create_topics, worker_committed  # noqa: E402
 
 # The benchmark's own consumers' fetch wait, set by run() to what the worker uses by
-# default on that broker (streams.settings.Settings.fetch_wait_ms): the embedded broker
+# default on that broker (loopfuse.streams.settings.Settings.fetch_wait_ms): the embedded broker
 # holds a fetch for the whole max wait when there is nothing new, so there every consumer
 # polls with a short wait; Apache Kafka answers at the first record.
 CLIENT_FETCH_WAIT_MS = 500

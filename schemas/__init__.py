@@ -1,15 +1,15 @@
 """Wire-format and configuration models of loopfuse (no Kafka, no Faust)."""
 
-from schemas.config import (
+from loopfuse.schemas.config import (
     ConfigError,
     DetectionConfigFile,
     LoopDetectionConfig,
     load_config,
     parse_config,
 )
-from schemas.decode import EventRejected, decode_event
-from schemas.event_schema import input_event_adapter, validate_event
-from schemas.events import (
+from loopfuse.schemas.decode import EventRejected, decode_event
+from loopfuse.schemas.event_schema import input_event_adapter, validate_event
+from loopfuse.schemas.events import (
     Compaction,
     DeadLetter,
     InputEvent,

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 from pydantic import ValidationError as _PydanticValidationError
 
-from schemas.rules import (
+from loopfuse.schemas.rules import (
     NUMBER_FIELDS,
     AgentEntryLoopfuse,
     RulesConfig,

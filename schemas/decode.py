@@ -1,12 +1,12 @@
 """Bytes to a validated input event, or a classified rejection (for the dead-letter topic).
 
 Two passes, one decision. Nearly every event is decoded and validated by msgspec in
-one pass in C straight into its event type (schemas.events), then checked for what
+one pass in C straight into its event type (loopfuse.schemas.events), then checked for what
 that pass cannot see (the exactly-one-of rules, the history scope, identifier sizes
 in UTF-8 bytes, nesting). Whatever the pass refuses or is not sure of - a value the
 models would convert, like RFC 3339 text for ``ts``, an unknown field, a rejection
 to word - is decoded again as it always was: parsed by orjson, validated by the
-pydantic models of schemas.event_schema, which word every rejection. So the first
+pydantic models of loopfuse.schemas.event_schema, which word every rejection. So the first
 pass never decides a rejection, and where it accepts an event it builds the very
 event the models would have: tests/unit/test_decode.py holds the two to that.
 """
@@ -20,8 +20,8 @@ import orjson
 from msgspec import UNSET
 from pydantic import ValidationError
 
-from schemas.event_schema import validate_event
-from schemas.events import (
+from loopfuse.schemas.event_schema import validate_event
+from loopfuse.schemas.events import (
     DEFAULT_MAX_IDENTIFIER_BYTES,
     IDENTIFIERS_OF,
     ErrorDetail,

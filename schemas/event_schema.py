@@ -1,7 +1,7 @@
 """The input events' validation and JSON Schema: pydantic models of wire format v1.
 
-The decoder (schemas.decode) validates most events in one msgspec pass straight into
-the engine's events (schemas.events); whatever that pass is not sure of is validated
+The decoder (loopfuse.schemas.decode) validates most events in one msgspec pass straight into
+the engine's events (loopfuse.schemas.events); whatever that pass is not sure of is validated
 here, where every rejection is worded, and converted by :func:`to_event`. The
 exported ``input-event.schema.json`` is these models'. Their fields and defaults are
 the events' own (tests/unit/test_decode.py holds them to that): the models word, the
@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from schemas import events
-from schemas.events import DEFAULT_MAX_IDENTIFIER_BYTES, MAX_WIRE_INT, NonEmptyStr, WireInt
+from loopfuse.schemas import events
+from loopfuse.schemas.events import DEFAULT_MAX_IDENTIFIER_BYTES, MAX_WIRE_INT, NonEmptyStr, WireInt
 
 
 def _to_epoch_ms(value: Any) -> Any:

@@ -1,9 +1,9 @@
 """Wire format v1: the input events gateways publish and the outputs loopfuse publishes.
 
-The input events are msgspec Structs: what the decoder (schemas.decode) returns, the
+The input events are msgspec Structs: what the decoder (loopfuse.schemas.decode) returns, the
 engine folds and a session's state keeps waiting. The decoder validates an event's
 JSON into them in one pass, or leaves the event to the pydantic models of
-schemas.event_schema, which word every rejection and export the JSON Schema. The
+loopfuse.schemas.event_schema, which word every rejection and export the JSON Schema. The
 outputs are pydantic models, one per JSON object on the wire.
 """
 
@@ -30,7 +30,7 @@ MAX_WIRE_INT = 2**53 - 1
 #: Default bound of identifiers and tokens, in UTF-8 bytes (``LOOPFUSE_MAX_IDENTIFIER_BYTES``).
 DEFAULT_MAX_IDENTIFIER_BYTES = 512
 #: The fields that identify something (and end up in state, outputs or messages);
-#: each is at most ``max_identifier_bytes`` UTF-8 bytes (checked in schemas.decode).
+#: each is at most ``max_identifier_bytes`` UTF-8 bytes (checked in loopfuse.schemas.decode).
 IDENTIFIER_FIELDS = (
     "event_id",
     "session_key",
@@ -55,7 +55,7 @@ NonEmptyStr = Annotated[
 
 # -- input events ------------------------------------------------------------------
 #
-# The same fields as the models of schemas.event_schema (and defaults: a test holds
+# The same fields as the models of loopfuse.schemas.event_schema (and defaults: a test holds
 # them so), with the types of the models' plain case: what the models would convert
 # (RFC 3339 text or 10.0 for ``ts``) or reject makes the decoder's msgspec pass fail,
 # and the models decide. ``args`` and ``result`` are UNSET when the gateway did not

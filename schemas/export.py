@@ -1,7 +1,7 @@
 """Export the wire models and the config model as JSON Schema files beside this module.
 
 Gateways in other languages (OpenClaw's is TypeScript) validate against these files.
-Regenerate with ``python -m schemas.export``; tests/unit/test_schema_export.py fails
+Regenerate with ``python -m loopfuse.schemas.export``; tests/unit/test_schema_export.py fails
 when a file drifts from the models.
 """
 
@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from schemas.config import DetectionConfigFile
-from schemas.event_schema import input_event_adapter
-from schemas.events import DeadLetter, LoopEvent, Verdict
+from loopfuse.schemas.config import DetectionConfigFile
+from loopfuse.schemas.event_schema import input_event_adapter
+from loopfuse.schemas.events import DeadLetter, LoopEvent, Verdict
 
 SCHEMA_DIR = Path(__file__).parent
 

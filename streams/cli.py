@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from schemas.config import ConfigError, DetectionConfigFile, load_config
+from loopfuse.schemas.config import ConfigError, DetectionConfigFile, load_config
 
 
 def _load(path: str | None) -> DetectionConfigFile | None:
@@ -17,15 +17,15 @@ def _load(path: str | None) -> DetectionConfigFile | None:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from streams.replay import run_replay
+    from loopfuse.streams.replay import run_replay
 
     config = _load(args.config)
     return run_replay(args.events, config, sys.stdout.buffer, progress=args.progress)
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from streams.settings import Settings
-    from streams.worker import run_worker
+    from loopfuse.streams.settings import Settings
+    from loopfuse.streams.worker.run import run_worker
 
     overrides = {
         name: value
@@ -39,25 +39,25 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         }.items()
         if value is not None
     }
-    settings = Settings(**overrides)  # type: ignore[arg-type]
+    settings = Settings(**overrides)
     # run_worker loads the config file first and exits 2 naming the key path.
     return run_worker(settings, loglevel=args.loglevel)
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from streams.broker import run_broker_cli
+    from loopfuse.streams.local.broker import run_broker_cli
 
     return run_broker_cli(args.port, kafka=args.kafka, data_dir=args.data_dir)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from streams.demo import run_demo
+    from loopfuse.streams.local.demo import run_demo
 
     return run_demo(args)
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from streams.audit import run_audit
+    from loopfuse.streams.ops.audit import run_audit
 
     if args.events is None and args.bootstrap is None:
         args.events = "-" if not sys.stdin.isatty() else None
@@ -76,19 +76,19 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    from streams.tail import run_tail
+    from loopfuse.streams.ops.tail import run_tail
 
     return run_tail(args)
 
 
 def _cmd_notify(args: argparse.Namespace) -> int:
-    from streams.notify import run_notify
+    from loopfuse.streams.ops.notify import run_notify
 
     return run_notify(args)
 
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
-    from streams.config_check import run_config_check
+    from loopfuse.streams.ops.config_check import run_config_check
 
     return run_config_check(args.file, args.agent)
 
@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"loopfuse {args.command}: invalid config: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:  # settings from LOOPFUSE_* variables or flags
-        from streams.settings import describe_settings_error
+        from loopfuse.streams.settings import describe_settings_error
 
         print(f"loopfuse {args.command}: {describe_settings_error(exc)}", file=sys.stderr)
         return 2

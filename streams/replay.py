@@ -12,10 +12,10 @@ import sys
 from collections.abc import Iterator
 from typing import IO
 
-from schemas.config import DetectionConfigFile
-from schemas.decode import DEFAULT_MAX_EVENT_BYTES, EventRejected, decode_event
-from streams.engine import Engine
-from streams.processor import Limits, SessionFold, Source, dead_letter
+from loopfuse.schemas.config import DetectionConfigFile
+from loopfuse.schemas.decode import DEFAULT_MAX_EVENT_BYTES, EventRejected, decode_event
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.worker.processor import Limits, SessionFold, Source, dead_letter
 
 log = logging.getLogger("loopfuse.replay")
 
@@ -37,7 +37,7 @@ def replay_lines(
     """Yield one JSON document (bytes, no newline) per output, in input order.
 
     Every line gets its outputs or a dead letter; a bad line changes nothing else
-    (the same poison isolation as the worker's, see streams.processor).
+    (the same poison isolation as the worker's, see loopfuse.streams.worker.processor).
     """
     limits = limits or Limits(dead_letter_original_bytes=ORIGINAL_LIMIT)
     max_identifier_bytes = limits.max_identifier_bytes

@@ -38,7 +38,7 @@ class KafkaBroker:
 
     ``kind`` is ``"kafka"`` (Apache Kafka, local, in a container or external) or
     ``"tansu"`` (the embedded broker, whose known gaps turn on
-    ``streams.faust_compat.end_offsets`` in the workers).
+    ``loopfuse.streams.worker.faust_compat.end_offsets`` in the workers).
     """
 
     bootstrap: str
@@ -82,7 +82,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture(scope="session")
 def embedded_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap of an embedded Tansu broker (the smoke set's), whatever the session's."""
-    from streams.broker import EmbeddedBroker
+    from loopfuse.streams.local.broker import EmbeddedBroker
 
     broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("embedded") / "tansu.log")
     broker.start(timeout=30)

@@ -3,7 +3,7 @@
 Installed with ``pip install "loopfuse[hermes]"``; Hermes finds it through the
 ``hermes_agent.plugins`` entry point ``loopfuse`` and loads it once it is listed in
 ``plugins.enabled``. Settings: ``plugins.entries.loopfuse`` in Hermes' config.yaml,
-over ``LOOPFUSE_*`` variables (see ``integrations.hermes.settings``).
+over ``LOOPFUSE_*`` variables (see ``loopfuse.integrations.hermes.settings``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import inspect
 import logging
 from typing import Any
 
-from integrations.hermes.plugin import HermesPlugin
-from integrations.hermes.settings import load
+from loopfuse.integrations.hermes.plugin import HermesPlugin
+from loopfuse.integrations.hermes.settings import load
 
 __all__ = ["HermesPlugin", "active", "register"]
 

@@ -27,10 +27,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from integrations.hermes.settings import HermesConfig
-from schemas import Verdict
-from streams.gateway import TIMEOUT_MESSAGE, GatewayClient, GatewaySession, Topics
-from streams.gateway import blocked_tool_result as loopfuse_blocked_result
+from loopfuse.integrations.hermes.settings import HermesConfig
+from loopfuse.schemas import Verdict
+from loopfuse.streams.gateway.client import TIMEOUT_MESSAGE, GatewayClient, GatewaySession, Topics
+from loopfuse.streams.gateway.client import blocked_tool_result as loopfuse_blocked_result
 
 log = logging.getLogger("loopfuse.hermes")
 

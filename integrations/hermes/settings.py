@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from streams.settings import Settings
+from loopfuse.streams.settings import Settings
 
 #: Keys of ``plugins.entries.loopfuse`` that Hermes itself owns (not ours to validate).
 HERMES_ENTRY_KEYS = frozenset({"enabled", "allow_tool_override", "llm"})

@@ -6,18 +6,18 @@ the same events and clocks give the same states and outputs, which is what lets 
 session processor go back to a state by applying its events again.
 
 Its modules may be compiled with mypyc (``./dev build-engine``, see
-streams.compiled_engine); ``COMPILED`` says whether this process runs that build.
+loopfuse.streams.local.compiled_engine); ``COMPILED`` says whether this process runs that build.
 """
 
-from streams.compiled_engine import select as _select
+from loopfuse.streams.engine.compiled import select as _select
 
 COMPILED: bool = _select()  # before any engine module is imported
 
-from streams.engine.config import ConfigResolver, ResolvedConfig, resolve_config  # noqa: E402
-from streams.engine.history import Record  # noqa: E402
-from streams.engine.outputs import LoopEvent, Notice, Output, Rejection, Verdict  # noqa: E402
-from streams.engine.state import SessionState  # noqa: E402
-from streams.engine.step import Engine  # noqa: E402
+from loopfuse.streams.engine.config import ConfigResolver, ResolvedConfig, resolve_config  # noqa: E402
+from loopfuse.streams.engine.history import Record  # noqa: E402
+from loopfuse.streams.engine.outputs import LoopEvent, Notice, Output, Rejection, Verdict  # noqa: E402
+from loopfuse.streams.engine.state import SessionState  # noqa: E402
+from loopfuse.streams.engine.step import Engine  # noqa: E402
 
 __all__ = [
     "COMPILED",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from schemas.config import DetectionConfigFile, LoopDetectionConfig
+from loopfuse.schemas.config import DetectionConfigFile, LoopDetectionConfig
 
 DEFAULT_HISTORY_SIZE = 30
 DEFAULT_WARNING_THRESHOLD = 10

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.events import Detector, Level
-from streams.engine.config import ResolvedConfig
-from streams.engine.history import Record
+from loopfuse.schemas.events import Detector, Level
+from loopfuse.streams.engine.config import ResolvedConfig
+from loopfuse.streams.engine.history import Record
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from xxhash import xxh3_64_intdigest, xxh3_128_hexdigest
 
-from streams.engine.canonical import canonical_json
+from loopfuse.streams.engine.canonical import canonical_json
 
 ERROR_PREFIX = "error:"
 #: An unknown-tool name taken from error text is cut to this many characters (an

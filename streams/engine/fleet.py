@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from schemas.events import Action, Level, unvalidated
-from streams.engine.outputs import LoopEvent, Output, Verdict
-from streams.engine.rules import RuleBook
-from streams.engine.step import verdict_id
+from loopfuse.schemas.events import Action, Level, unvalidated
+from loopfuse.streams.engine.outputs import LoopEvent, Output, Verdict
+from loopfuse.streams.engine.rules import RuleBook
+from loopfuse.streams.engine.step import verdict_id
 
 #: Detectors whose warnings strike a tool too (a critical of any detector does).
 _STRIKING_WARNINGS = frozenset({"unknown_tool_repeat", "repeated_failure"})

@@ -1,8 +1,8 @@
 """What the engine emits: verdicts, loop events, rejections and notices.
 
-Verdicts and loop events are the wire models themselves (schemas.events), so their
+Verdicts and loop events are the wire models themselves (loopfuse.schemas.events), so their
 fields have one definition. The engine builds them from values it computed without
-validating them again (schemas.events.unvalidated, in Engine._verdict and
+validating them again (loopfuse.schemas.events.unvalidated, in Engine._verdict and
 Engine._loop_event), which costs about what a slotted dataclass does, and they
 serialise with orjson (``to_json``).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.events import InputEvent, LoopEvent, Verdict
+from loopfuse.schemas.events import InputEvent, LoopEvent, Verdict
 
 __all__ = ["LoopEvent", "Notice", "Output", "Rejection", "Verdict"]
 

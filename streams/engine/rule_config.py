@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from schemas.config import DetectionConfigFile
-from streams.engine.config import ResolvedConfig, _positive_int, clamp_thresholds
+from loopfuse.schemas.config import DetectionConfigFile
+from loopfuse.streams.engine.config import ResolvedConfig, _positive_int, clamp_thresholds
 
 DEFAULT_CRITICALS_PER_RUN = 2  # OpenClaw's "recover once": the second critical ends the run
 DEFAULT_BLOCKED_STREAK = 3  # OpenClaw's BLOCKED_STREAK_TERMINATE_THRESHOLD

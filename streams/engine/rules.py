@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 
 from xxhash import xxh3_64_intdigest
 
-from schemas.config import DetectionConfigFile
-from schemas.events import Detector, Level, ToolCall, ToolResult
-from streams.engine.config import ResolvedConfig
-from streams.engine.detectors import Detection
-from streams.engine.history import Record
-from streams.engine.rule_config import ResolvedRules, RulesResolver, RunCaps
-from streams.engine.rule_state import RuleState, RunTally
-from streams.engine.state import SessionState, run_key
+from loopfuse.schemas.config import DetectionConfigFile
+from loopfuse.schemas.events import Detector, Level, ToolCall, ToolResult
+from loopfuse.streams.engine.config import ResolvedConfig
+from loopfuse.streams.engine.detectors import Detection
+from loopfuse.streams.engine.history import Record
+from loopfuse.streams.engine.rule_config import ResolvedRules, RulesResolver, RunCaps
+from loopfuse.streams.engine.rule_state import RuleState, RunTally
+from loopfuse.streams.engine.state import SessionState, run_key
 
 #: OpenClaw's TOOL_LOOP_RUN_ENDED_NOTICE, appended to the critical that ends a run.
 RUN_ENDED_NOTICE = (

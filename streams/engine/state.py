@@ -1,7 +1,7 @@
 """Per-session state: the rolling call history, guards, warning buckets, ordering.
 
 The domain side of a session's state; its bytes (the changelog-backed table's values)
-are streams.engine.state_codec's. Fingerprints are kept as 64-bit ints. A call id is
+are loopfuse.streams.engine.state_codec's. Fingerprints are kept as 64-bit ints. A call id is
 only kept while its record waits for a result: once the result is in, nothing can
 match on it again.
 """
@@ -14,14 +14,14 @@ from operator import attrgetter
 import msgspec
 from xxhash import xxh3_64_intdigest
 
-from schemas.events import (
+from loopfuse.schemas.events import (
     IDENTIFIERS_OF,
     Action,
     Detector,
     InputEvent,
 )
-from streams.engine.history import Record, array_header, encode_record
-from streams.engine.rule_state import RuleState
+from loopfuse.streams.engine.history import Record, array_header, encode_record
+from loopfuse.streams.engine.rule_state import RuleState
 
 MAX_WARNING_KEYS = 256
 MAX_SEEN_EVENT_IDS = 32
@@ -285,7 +285,7 @@ class SessionState:
             written = self._record_bytes = list(map(encode_record, self.history))
         return array_header(len(written)) + b"".join(written)
 
-    # -- bytes (streams.engine.state_codec) ----------------------------------------
+    # -- bytes (loopfuse.streams.engine.state_codec) ----------------------------------------
 
     def to_bytes(self) -> bytes:
         return _codec.encode(self)
@@ -306,4 +306,4 @@ class SessionState:
 
 # Last: the codec builds on the classes above. (Not imported inside the methods: an
 # import statement there costs more than encoding a small state.)
-from streams.engine import state_codec as _codec  # noqa: E402
+from loopfuse.streams.engine import state_codec as _codec  # noqa: E402

@@ -13,10 +13,10 @@ msgspec in C (its fields: ``_Body`` below)::
     [next_seq+1, verdict_floor, incarnation, history, guards, warnings, seen_ids,
      decisions, parked, skipped, retired, pending, rules]
 
-``history`` holds one array per record (streams.engine.history.Record, its fields in
+``history`` holds one array per record (loopfuse.streams.engine.history.Record, its fields in
 order, the run as its 64-bit key); a decision's action and detector are indexes
 into ACTIONS and DETECTORS; parked and pending events are their JSON; ``rules`` is
-streams.engine.rule_state's bytes. A state is one msgspec call each way. Version 3
+loopfuse.streams.engine.rule_state's bytes. A state is one msgspec call each way. Version 3
 wrote the history column by column with a string table and varints: about half the
 bytes, but about a hundred calls each way, which cost three times as much.
 
@@ -36,10 +36,10 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from schemas.events import Action, Detector, InputEvent
-from streams.engine.history import Record
-from streams.engine.rule_state import decode_rule_state, encode_rule_state
-from streams.engine.state import Decision, Guard, SessionState, encode_event, run_key
+from loopfuse.schemas.events import Action, Detector, InputEvent
+from loopfuse.streams.engine.history import Record
+from loopfuse.streams.engine.rule_state import decode_rule_state, encode_rule_state
+from loopfuse.streams.engine.state import Decision, Guard, SessionState, encode_event, run_key
 
 FORMAT_VERSION: Final = 4
 
@@ -103,12 +103,12 @@ _Body = NamedTuple(  # noqa: UP014 - the functional form, see above
         ("skipped", list[tuple[int, int]]),
         ("retired", list[tuple[int, int]]),
         ("pending", list[bytes]),  # the events' JSON
-        ("rules", bytes),  # streams.engine.rule_state's bytes; empty: no rule touched it
+        ("rules", bytes),  # loopfuse.streams.engine.rule_state's bytes; empty: no rule touched it
     ],
 )
 
 _BODY_ENCODER: Final = msgspec.msgpack.Encoder()
-# Events at rest as JSON (streams.engine.state.encode_event; formats 1 to 3 kept JSON
+# Events at rest as JSON (loopfuse.streams.engine.state.encode_event; formats 1 to 3 kept JSON
 # too, written by the pydantic models then: the same fields, which this reads back).
 _EVENT_DECODER: Final = msgspec.json.Decoder(InputEvent)
 _BODY_DECODER: Final = msgspec.msgpack.Decoder(_Body)
@@ -312,7 +312,7 @@ def _read_v3(data: bytes) -> tuple[SessionState, int]:
     pos = _read_common_tail(data, pos, strings, state)
     state.incarnation = _U64.unpack_from(data, pos)[0]
     pos = _read_retired_and_pending(data, pos + 8, state)
-    if pos < len(data):  # the opt-in rules' trailer (streams.engine.rule_state)
+    if pos < len(data):  # the opt-in rules' trailer (loopfuse.streams.engine.rule_state)
         state.rules, pos = decode_rule_state(data, pos, _read_uvarint)
     return state, pos
 

@@ -18,8 +18,8 @@ import orjson
 from msgspec import UNSET
 from msgspec.structs import replace
 
-from schemas.config import DetectionConfigFile
-from schemas.events import (
+from loopfuse.schemas.config import DetectionConfigFile
+from loopfuse.schemas.events import (
     Action,
     Compaction,
     Detector,
@@ -30,9 +30,9 @@ from schemas.events import (
     ToolResult,
     unvalidated,
 )
-from streams.engine.config import ConfigResolver, ResolvedConfig
-from streams.engine.detectors import Detection, detect, guard_message, message_for
-from streams.engine.fingerprint import (
+from loopfuse.streams.engine.config import ConfigResolver, ResolvedConfig
+from loopfuse.streams.engine.detectors import Detection, detect, guard_message, message_for
+from loopfuse.streams.engine.fingerprint import (
     action_of,
     args_hash,
     digest,
@@ -44,17 +44,17 @@ from streams.engine.fingerprint import (
     signature,
     unknown_tool_name,
 )
-from streams.engine.history import Record
-from streams.engine.outputs import (
+from loopfuse.streams.engine.history import Record
+from loopfuse.streams.engine.outputs import (
     LoopEvent,
     Notice,
     Output,
     Rejection,
     Verdict,
 )
-from streams.engine.rule_config import ResolvedRules
-from streams.engine.rules import Judgement, RuleBook
-from streams.engine.state import (
+from loopfuse.streams.engine.rule_config import ResolvedRules
+from loopfuse.streams.engine.rules import Judgement, RuleBook
+from loopfuse.streams.engine.state import (
     MAX_DECISIONS,
     MAX_GUARDS,
     MAX_RETIRED_INCARNATIONS,
@@ -191,7 +191,7 @@ class Engine:
         ``state`` is changed in place and returned (a new one when it is None). If
         the step raises, ``state`` may be partly changed: a caller that goes on with
         the session must go back to its state before the event, as
-        streams.processor.SessionFold does (it keeps the last good state bytes and
+        loopfuse.streams.worker.processor.SessionFold does (it keeps the last good state bytes and
         the events applied since, and rebuilds from them).
 
         ``watermark_ms`` is the event time up to which every input the session's

@@ -40,10 +40,10 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pydantic import ValidationError
 
-from schemas.events import Verdict
-from streams.engine.fingerprint import args_hash, result_token
-from streams.engine.step import verdict_id
-from streams.settings import Settings
+from loopfuse.schemas.events import Verdict
+from loopfuse.streams.engine.fingerprint import args_hash, result_token
+from loopfuse.streams.engine.step import verdict_id
+from loopfuse.streams.settings import Settings
 
 log = logging.getLogger("loopfuse.gateway")
 

@@ -9,7 +9,7 @@ engine and Apache Kafka cannot be downloaded. Everything it stores is lost when
 it stops. Its known protocol gaps (wrong ``ListOffsets(latest)`` after a
 multi-record batch, no idempotent producer / transactions, slow group joins)
 are documented in the architecture notes; the end-offset workaround lives in
-:mod:`streams.faust_compat.end_offsets`.
+:mod:`loopfuse.streams.worker.faust_compat.end_offsets`.
 
 Process hygiene is the main concern here, because a leaked broker keeps a port
 and memory until the machine is recycled:
@@ -543,7 +543,7 @@ def run_broker_cli(
     """Body of ``loopfuse broker [--kafka]``: run a broker until SIGINT / SIGTERM.
 
     The embedded Tansu by default; with ``kafka``, one Apache Kafka KRaft node
-    (:class:`streams.kafka_broker.ApacheKafka`, its data in ``data_dir`` or a
+    (:class:`loopfuse.streams.local.kafka_broker.ApacheKafka`, its data in ``data_dir`` or a
     temporary folder removed on stop). Prints exactly one line on stdout,
     ``bootstrap=HOST:PORT`` (scripts parse it), and human notes on stderr. Returns
     the process exit code: 0 after a clean stop, 1 if the broker cannot start or
@@ -562,7 +562,7 @@ def run_broker_cli(
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     broker: BrokerProcess
     if kafka:
-        from streams.kafka_broker import ApacheKafka, kafka_version
+        from loopfuse.streams.local.kafka_broker import ApacheKafka, kafka_version
 
         broker = ApacheKafka(port, data_dir=data_dir, log_path=log_path, say=_say)
         where = data_dir if data_dir is not None else "a temporary folder, removed on stop"

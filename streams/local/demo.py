@@ -29,12 +29,13 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from schemas.config import parse_config
-from streams.broker import BrokerProcess, EmbeddedBroker
-from streams.gateway import GatewayClient, Topics
-from streams.settings import Settings
-from streams.simulator import DEMO_CONFIG, KINDS, FleetStats, run_fleet
-from streams.worker_process import WorkerProcess
+from loopfuse.schemas.config import parse_config
+from loopfuse.streams.gateway.client import GatewayClient, Topics
+from loopfuse.streams.local.broker import BrokerProcess, EmbeddedBroker
+from loopfuse.streams.local.kafka_broker import ApacheKafka, kafka_version
+from loopfuse.streams.local.simulator import DEMO_CONFIG, KINDS, FleetStats, run_fleet
+from loopfuse.streams.local.worker_process import WorkerProcess
+from loopfuse.streams.settings import Settings
 
 REFRESH_SECONDS = 0.5
 PLAIN_EVERY_SECONDS = 3.0
@@ -131,7 +132,14 @@ def _plain_line(stats: FleetStats, elapsed: float) -> str:
 async def _demo(args: argparse.Namespace) -> int:
     tui = not args.no_tui and sys.stdout.isatty()
     console = Console()
-    say = console.print if tui else (lambda text: print(text, flush=True))
+
+    def say(text: str) -> None:
+        # plain text either way: a line may carry a broker address or a path
+        if tui:
+            console.print(text, markup=False, highlight=False)
+        else:
+            print(text, flush=True)
+
     defaults = Settings.model_construct()  # the worker's default topic names
     topics = Topics.from_settings(defaults)
     workdir = Path(tempfile.mkdtemp(prefix="loopfuse-demo-"))
@@ -145,8 +153,6 @@ async def _demo(args: argparse.Namespace) -> int:
         if args.bootstrap:
             bootstrap, where = args.bootstrap, args.bootstrap
         elif getattr(args, "kafka", False):
-            from streams.kafka_broker import ApacheKafka, kafka_version
-
             say(f"demo: starting Apache Kafka {kafka_version()} (one KRaft node)")
             broker = ApacheKafka(
                 log_path=workdir / "kafka.log", say=lambda line: say(f"demo: {line}")

@@ -1,6 +1,6 @@
 """Apache Kafka on this machine: one KRaft node from Maven Central's jars.
 
-An *edge* module like :mod:`streams.broker`: it starts and stops a broker process for
+An *edge* module like :mod:`loopfuse.streams.local.broker`: it starts and stops a broker process for
 tests, benchmarks, the demo and ``loopfuse broker --kafka``, and knows nothing about
 detection.
 
@@ -14,7 +14,7 @@ outside the work tree, ``~/.cache/loopfuse/kafka/VERSION`` or
 identity, listeners and folders; its logging is ``infra/kafka/log4j2.yaml`` (warnings
 only).
 
-A restart (:meth:`ApacheKafka.stop` then :meth:`~streams.broker.BrokerProcess.start`)
+A restart (:meth:`ApacheKafka.stop` then :meth:`~loopfuse.streams.local.broker.BrokerProcess.start`)
 keeps the node's data and ports, as a real broker restart does; the temporary folder
 goes when the object is closed (context-manager exit, :meth:`ApacheKafka.close`, or the
 interpreter's exit).
@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from streams.broker import (
+from loopfuse.streams.local.broker import (
     DEFAULT_HOST,
     BrokerError,
     BrokerProcess,
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 #: infra/kafka of the source tree: the Maven descriptor, broker settings and logging.
-INFRA = Path(__file__).resolve().parents[1] / "infra" / "kafka"
+INFRA = Path(__file__).resolve().parents[2] / "infra" / "kafka"
 
 #: Java the Kafka 4 broker needs at least.
 MIN_JAVA = 17

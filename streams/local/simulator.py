@@ -19,12 +19,12 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas import validate_event
-from schemas.config import DetectionConfigFile
-from schemas.events import Verdict
-from streams.engine import Engine, SessionState
-from streams.engine.outputs import Verdict as ExpectedVerdict
-from streams.gateway import GatewayClient, GatewaySession, blocked_tool_result
+from loopfuse.schemas import validate_event
+from loopfuse.schemas.config import DetectionConfigFile
+from loopfuse.schemas.events import Verdict
+from loopfuse.streams.engine import Engine, SessionState
+from loopfuse.streams.engine.outputs import Verdict as ExpectedVerdict
+from loopfuse.streams.gateway.client import GatewayClient, GatewaySession, blocked_tool_result
 
 KINDS = ("healthy", "generic_repeat", "polling", "ping_pong", "unknown_tool", "compaction_loop")
 

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Self
 
-from streams.broker import free_port, pdeathsig_preexec
+from loopfuse.streams.local.broker import free_port, pdeathsig_preexec
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TOPIC_ROLES = ("tool_calls", "tool_results", "compactions", "verdicts", "loop_events", "dead_letters")
 
 
@@ -43,7 +43,7 @@ def input_topic_for(topics: Mapping[str, str], event: Mapping[str, Any]) -> str:
 
 
 class WorkerProcess:
-    """``python -m streams.worker`` with the given settings; never leaves an orphan."""
+    """``python -m loopfuse.streams.worker.run`` with the given settings; never leaves an orphan."""
 
     def __init__(
         self,
@@ -78,7 +78,7 @@ class WorkerProcess:
         if self.log_path is not None and self._log is None:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, *self.python_options, "-m", "streams.worker"],
+            [sys.executable, *self.python_options, "-m", "loopfuse.streams.worker.run"],
             cwd=REPO_ROOT,
             env=self.env,
             stdin=subprocess.DEVNULL,

@@ -3,7 +3,7 @@
 Loop events come from a JSONL file (``loopfuse replay`` output: verdicts and dead
 letters in it are skipped) or from the loop-events topic, read up to its end offsets
 as they were at the start. One :class:`AuditSummary` is computed from them; the
-terminal tables and the HTML report (``streams.audit_report``) are both drawn from
+terminal tables and the HTML report (``loopfuse.streams.ops.audit_report``) are both drawn from
 its :meth:`AuditSummary.to_dict`, so they cannot disagree.
 
 Shadow-mode events (``enforced: false``: the gateway was told ``allow``) are counted
@@ -77,7 +77,7 @@ def loop_events_from_lines(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
 async def loop_events_from_topic(
     bootstrap: str, topic: str, since_ms: int | None, kafka_options: dict[str, Any]
 ) -> AsyncIterator[dict[str, Any]]:
-    from streams.topic_reader import read_snapshot
+    from loopfuse.streams.ops.topic_reader import read_snapshot
 
     # Records are looked up by their broker time; a loop event is written after its
     # event time, so start a little earlier and filter on event_ts (skewed clocks).
@@ -396,7 +396,7 @@ def run_audit(
             return 2
         source = "stdin" if events == "-" else events
     else:
-        from streams.topic_reader import TopicMissing, reader_settings
+        from loopfuse.streams.ops.topic_reader import TopicMissing, reader_settings
 
         settings = reader_settings(bootstrap)
         topic = topic or settings.topic_loop_events
@@ -422,7 +422,7 @@ def run_audit(
     console = Console(file=out or sys.stdout, width=120, highlight=False, soft_wrap=True)
     render_terminal(data, console, source)
     if html is not None:
-        from streams.audit_report import render_html
+        from loopfuse.streams.ops.audit_report import render_html
 
         with open(html, "w", encoding="utf-8") as stream:
             stream.write(render_html(data, source=source))

@@ -2,7 +2,7 @@
 
 A config file says little on its own: an agent's block is merged over the global one,
 values fall back to defaults and thresholds are clamped into order at run time
-(``streams.engine.config``). This prints the outcome per agent, with where each value
+(``loopfuse.streams.engine.config``). This prints the outcome per agent, with where each value
 came from, so an operator sees what the worker will do before it does it.
 """
 
@@ -16,9 +16,9 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from schemas.config import ConfigError, DetectionConfigFile, load_config
-from streams.engine.config import ConfigResolver, ResolvedConfig, merge_blocks
-from streams.engine.rule_config import ResolvedRules, RulesResolver
+from loopfuse.schemas.config import ConfigError, DetectionConfigFile, load_config
+from loopfuse.streams.engine.config import ConfigResolver, ResolvedConfig, merge_blocks
+from loopfuse.streams.engine.rule_config import ResolvedRules, RulesResolver
 
 #: ResolvedConfig field -> its key path inside a loopDetection block.
 KEYS: dict[str, tuple[str, ...]] = {

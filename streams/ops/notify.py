@@ -226,7 +226,7 @@ class Notifier:
 
 
 def run_notify(args: argparse.Namespace) -> int:
-    from streams.topic_reader import TopicMissing, follow, reader_settings
+    from loopfuse.streams.ops.topic_reader import TopicMissing, follow, reader_settings
 
     if not args.webhook.startswith(("http://", "https://")):
         print("loopfuse notify: --webhook must be an http:// or https:// URL", file=sys.stderr)

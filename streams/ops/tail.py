@@ -93,7 +93,7 @@ async def tail(
     count: int | None = None,
     kafka_options: dict[str, Any] | None = None,
 ) -> int:
-    from streams.topic_reader import follow
+    from loopfuse.streams.ops.topic_reader import follow
 
     def ready(partitions: int) -> None:
         print(
@@ -123,7 +123,7 @@ async def tail(
 
 
 def run_tail(args: argparse.Namespace) -> int:
-    from streams.topic_reader import TopicMissing, reader_settings
+    from loopfuse.streams.ops.topic_reader import TopicMissing, reader_settings
 
     settings = reader_settings(args.bootstrap)
     kind = "verdict" if args.verdicts else "loop_event"

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.faust_compat.end_offsets import fetch_end_offsets
+from loopfuse.streams.worker.faust_compat.end_offsets import fetch_end_offsets
 
 if TYPE_CHECKING:
-    from streams.settings import Settings
+    from loopfuse.streams.settings import Settings
 
 
 def reader_settings(bootstrap: str | None) -> Settings:
     """The worker's settings (LOOPFUSE_* variables: topics, security), ``--bootstrap`` first."""
-    from streams.settings import Settings
+    from loopfuse.streams.settings import Settings
 
     return Settings(bootstrap_servers=bootstrap) if bootstrap else Settings()
 
@@ -69,7 +69,7 @@ async def read_snapshot(
 
     ``since_ms`` skips, where the broker can say so (ListOffsets by time), the part of
     each partition written before that time; callers still filter by the records'
-    own times. The end offsets come from Fetch responses (``streams.faust_compat.end_offsets``): the
+    own times. The end offsets come from Fetch responses (``loopfuse.streams.worker.faust_compat.end_offsets``): the
     embedded broker's ListOffsets is wrong after multi-record batches.
     """
     consumer = _consumer(bootstrap, kafka_options or {})

@@ -1,7 +1,7 @@
 """The worker's wiring: Faust app, topics, session table, the agent, timers, web pages.
 
-No logic of its own: batches go to :class:`streams.processor.SessionProcessor`; what
-Faust and aiokafka do not offer (or do wrong) is in :mod:`streams.faust_compat`.
+No logic of its own: batches go to :class:`loopfuse.streams.worker.processor.SessionProcessor`; what
+Faust and aiokafka do not offer (or do wrong) is in :mod:`loopfuse.streams.worker.faust_compat`.
 """
 
 from __future__ import annotations
@@ -11,24 +11,26 @@ import os
 from typing import Any
 
 import faust
+from faust.types import StreamT
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from schemas.config import DetectionConfigFile, load_config
-from streams import faust_compat as compat
-from streams.engine import Engine
-from streams.faust_compat.assignment import prepare_consumer
-from streams.faust_compat.consumer import FaustInputOffsets, owned_inputs
-from streams.faust_compat.delivery import FetchBatches
-from streams.faust_compat.end_offsets import install_end_offset_workaround
-from streams.faust_compat.producer import Publisher
-from streams.faust_compat.recovery import ChangelogRestore
-from streams.faust_compat.tables import FaustSessionStore, session_table
-from streams.faust_compat.web import operators_only_web
-from streams.fleet_breaker import install_fleet_breaker
-from streams.metrics import Metrics
-from streams.processor import Limits, OutputTopics, SessionProcessor
-from streams.settings import Settings
-from streams.topics import SESSION_TABLE, Readiness
+from loopfuse.schemas.config import DetectionConfigFile, load_config
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.settings import Settings
+from loopfuse.streams.worker import faust_compat as compat
+from loopfuse.streams.worker.faust_compat.assignment import prepare_consumer
+from loopfuse.streams.worker.faust_compat.consumer import FaustInputOffsets, owned_inputs
+from loopfuse.streams.worker.faust_compat.delivery import FetchBatches
+from loopfuse.streams.worker.faust_compat.end_offsets import install_end_offset_workaround
+from loopfuse.streams.worker.faust_compat.producer import Publisher
+from loopfuse.streams.worker.faust_compat.recovery import ChangelogRestore
+from loopfuse.streams.worker.faust_compat.tables import FaustSessionStore, session_table
+from loopfuse.streams.worker.faust_compat.typed import every, on_assigned, recovery_completed
+from loopfuse.streams.worker.faust_compat.web import operators_only_web
+from loopfuse.streams.worker.fleet_breaker import install_fleet_breaker
+from loopfuse.streams.worker.metrics import Metrics
+from loopfuse.streams.worker.processor import Limits, OutputTopics, SessionProcessor
+from loopfuse.streams.worker.topics import SESSION_TABLE, Readiness
 
 log = logging.getLogger("loopfuse.worker")
 
@@ -74,13 +76,14 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     processor = SessionProcessor(
         engine, settings.input_topics,
         OutputTopics(settings.topic_verdicts, settings.topic_loop_events,
-                     settings.topic_dead_letters, board and settings.topic_tool_strikes),
+                     settings.topic_dead_letters,
+                     settings.topic_tool_strikes if board is not None else None),
         store, FaustInputOffsets(app),
         limits=Limits(settings.max_session_state_bytes, settings.producer_max_request_size,
                       settings.dead_letter_original_bytes, settings.max_identifier_bytes),
         max_event_bytes=settings.max_event_bytes,
         session_ttl_ms=int(settings.session_ttl_seconds * 1000), metrics=Metrics(),
-        breakers=board and board.broken,
+        breakers=board.broken if board is not None else None,
     )
     inputs = app.topic(*settings.input_topics, key_serializer="raw", value_serializer="raw",
                        partitions=settings.partitions)
@@ -95,7 +98,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
                            restore=ChangelogRestore(app, table, processor.on_changelog))
 
     @app.agent(inputs, name="judge")
-    async def judge_events(stream: faust.Stream) -> None:
+    async def judge_events(stream: StreamT[Any]) -> None:
         # Whole fetches, not the stream's events one by one (faust_compat.delivery).
         while True:
             batch = await fetches.take()  # aiokafka ConsumerRecords
@@ -111,23 +114,24 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
             # At-least-once: Faust commits acked offsets only after producer.flush().
             fetches.ack(batch)
 
-    @app.timer(0.25, name="release_waiting_sessions")
+    @every(app, 0.25, name="release_waiting_sessions")
     async def release_waiting_sessions() -> None:
         # A restarted gateway's first call waits for the input to move on, and the
         # gateway sends nothing else until it has the verdict: no batch would come.
         if processor.waiting and not (app.rebalancing or app.in_recovery):
             await publish(processor.release_waiting())
 
-    @app.timer(settings.idle_scan_interval_seconds, name="expire_idle_sessions")
+    @every(app, settings.idle_scan_interval_seconds, name="expire_idle_sessions")
     async def expire_idle_sessions() -> None:
-        if not (app.rebalancing or app.in_recovery or not app.tables.recovery.completed.is_set()):
+        if not (app.rebalancing or app.in_recovery or not recovery_completed(app)):
             processor.expire_idle({partition for _, partition in owned()})
             await publish([])  # the tombstones
 
-    @app.on_partitions_assigned.connect
-    async def _on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
+    async def _on_assigned() -> None:
         prepare_consumer(app, fetches, fetch_max_wait_ms=settings.fetch_wait_ms)
         processor.assigned(range(settings.partitions))
+
+    on_assigned(app, _on_assigned)
 
     async def _recovered() -> None:
         processor.recovered({partition for _, partition in owned()})

@@ -4,16 +4,16 @@ many sessions at once is broken fleet-wide until the window clears.
 Three parts, wired by :func:`install_fleet_breaker` only when ``loopfuse.rules.
 fleetBreaker`` is configured (else nothing here runs and no topic is touched):
 
-1. the session processor publishes a *strike* (``schemas.events.ToolStrike``: tool,
+1. the session processor publishes a *strike* (``loopfuse.schemas.events.ToolStrike``: tool,
    session hash, detector, event time) to ``loopfuse.tool-strikes``, keyed by tool, for
-   each loop event that qualifies (``streams.engine.fleet.strikes``);
+   each loop event that qualifies (``loopfuse.streams.engine.fleet.strikes``);
 2. the ``fleet_breaker`` agent (Faust's ordinary stream path: strikes are rare) counts
    distinct sessions per tool in a sliding window of event time
    (:class:`FleetWindows`); at K it publishes the breaker's state to the compacted
    ``loopfuse.tool-breakers`` topic and one ``fleet_tool_breaker`` loop event;
 3. every worker reads ``loopfuse.tool-breakers`` whole (:class:`BreakerBoard`,
    :func:`follow_board`) and the processor overlays the broken tools on its verdicts
-   (``streams.engine.fleet.overlay``); expiry is by the calls' event time.
+   (``loopfuse.streams.engine.fleet.overlay``); expiry is by the calls' event time.
 
 Why a plain aiokafka reader and not a Faust GlobalTable: a GlobalTable is recovered
 by Faust's table recovery, which this worker patches for its one session table
@@ -40,14 +40,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.types import StreamT
 from pydantic import ValidationError
 
-from schemas.events import FleetBreak, LoopEvent, ToolBreakerState, ToolStrike
-from streams.engine import Engine
-from streams.engine.fingerprint import digest
-from streams.engine.fleet import ToolBreaker, breaker_message
-from streams.engine.rule_config import FleetBreaker
-from streams.faust_compat.end_offsets import fetch_end_offsets
-from streams.faust_compat.producer import send_retrying
-from streams.settings import Settings
+from loopfuse.schemas.events import FleetBreak, LoopEvent, ToolBreakerState, ToolStrike
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.fingerprint import digest
+from loopfuse.streams.engine.fleet import ToolBreaker, breaker_message
+from loopfuse.streams.engine.rule_config import FleetBreaker
+from loopfuse.streams.settings import Settings
+from loopfuse.streams.worker.faust_compat.end_offsets import fetch_end_offsets
+from loopfuse.streams.worker.faust_compat.producer import send_retrying
 
 log = logging.getLogger("loopfuse.fleet_breaker")
 

@@ -33,9 +33,9 @@ from typing import Literal, Protocol
 import msgspec
 import orjson
 
-from schemas.decode import EventRejected, decode_event
-from schemas.events import DeadLetter, InputEvent
-from streams.engine import (
+from loopfuse.schemas.decode import EventRejected, decode_event
+from loopfuse.schemas.events import DeadLetter, InputEvent
+from loopfuse.streams.engine import (
     Engine,
     LoopEvent,
     Notice,
@@ -45,10 +45,10 @@ from streams.engine import (
     Verdict,
     fleet,
 )
-from streams.engine.fingerprint import hash64
-from streams.engine.state_codec import StateTooLarge
-from streams.metrics import Metrics
-from streams.progress import InputProgress
+from loopfuse.streams.engine.fingerprint import hash64
+from loopfuse.streams.engine.state_codec import StateTooLarge
+from loopfuse.streams.worker.metrics import Metrics
+from loopfuse.streams.worker.progress import InputProgress
 
 log = logging.getLogger("loopfuse.processor")
 
@@ -177,7 +177,7 @@ def encode_outputs(
 
 
 def tool_strikes(outputs: Sequence[Output]) -> list[Outgoing]:
-    """The fleet breaker's strikes of one step, keyed by tool (streams.fleet_breaker).
+    """The fleet breaker's strikes of one step, keyed by tool (loopfuse.streams.worker.fleet_breaker).
 
     No args, results or session key: the session travels as a 64-bit hash, enough to
     count distinct sessions per tool.
@@ -494,7 +494,7 @@ class SessionProcessor:
        ``expire_idle(partitions)`` on a long one, ``measure_lag`` per scrape.
 
     Every method is synchronous: nothing can interleave between reading a session's
-    state and writing it back. Nothing raises because of input (streams.processor's
+    state and writing it back. Nothing raises because of input (loopfuse.streams.worker.processor's
     poison isolation), so a batch is never acknowledged unjudged.
     """
 

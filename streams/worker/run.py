@@ -9,12 +9,12 @@ import sys
 import faust
 from pydantic import ValidationError
 
-from schemas.config import ConfigError, load_config
-from streams.app import create_app
-from streams.engine.rule_config import RulesResolver
-from streams.faust_compat import UnsupportedVersion, check_versions
-from streams.settings import Settings, describe_settings_error
-from streams.topics import TopicMismatchError, ensure_topics
+from loopfuse.schemas.config import ConfigError, load_config
+from loopfuse.streams.engine.rule_config import RulesResolver
+from loopfuse.streams.settings import Settings, describe_settings_error
+from loopfuse.streams.worker.app import create_app
+from loopfuse.streams.worker.faust_compat import UnsupportedVersion, check_versions
+from loopfuse.streams.worker.topics import TopicMismatchError, ensure_topics
 
 log = logging.getLogger("loopfuse.worker")
 

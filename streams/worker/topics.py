@@ -17,9 +17,9 @@ import orjson
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from streams.faust_compat.producer import broker_metadata
-from streams.faust_compat.recovery import recovery_progress
-from streams.settings import Settings
+from loopfuse.streams.settings import Settings
+from loopfuse.streams.worker.faust_compat.producer import broker_metadata
+from loopfuse.streams.worker.faust_compat.recovery import recovery_progress
 
 log = logging.getLogger("loopfuse.worker")
 

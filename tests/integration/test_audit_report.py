@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from streams.audit import AuditSummary, loop_events_from_lines
+from loopfuse.streams.ops.audit import AuditSummary, loop_events_from_lines
 from tests.support.chromium import chromium_page, find_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ async def test_report_renders_in_chromium_and_agrees_with_the_terminal(tmp_path:
         pytest.fail("chromium not found: apt-get install chromium (.ci/run installs it)")
     report = tmp_path / "audit.html"
     run = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "audit", str(FIXTURE), "--html", str(report)],
+        [sys.executable, "-m", "loopfuse.streams.cli", "audit", str(FIXTURE), "--html", str(report)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streams.audit import AuditSummary, in_range, loop_events_from_lines
+from loopfuse.streams.ops.audit import AuditSummary, in_range, loop_events_from_lines
 from tests.support.kafka import FIXTURE, new_topic, produce
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _audit(*args: str) -> list[str]:
     run = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "audit", *args],
+        [sys.executable, "-m", "loopfuse.streams.cli", "audit", *args],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr

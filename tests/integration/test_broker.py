@@ -1,4 +1,4 @@
-"""The embedded broker launcher (streams.broker): start, serve Kafka clients, stop cleanly.
+"""The embedded broker launcher (loopfuse.streams.local.broker): start, serve Kafka clients, stop cleanly.
 
 These tests start their own brokers (not the session one) because they stop them.
 """
@@ -25,7 +25,7 @@ pytest.importorskip(
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streams.broker import (
+from loopfuse.streams.local.broker import (
     BrokerStartError,
     EmbeddedBroker,
     find_tansu,
@@ -169,7 +169,7 @@ def _child_pids(parent: int) -> list[int]:
 
 
 def test_auto_port_retries_when_the_port_was_taken(monkeypatch: pytest.MonkeyPatch) -> None:
-    import streams.broker as broker_module
+    import loopfuse.streams.local.broker as broker_module
 
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
@@ -191,7 +191,7 @@ def test_run_broker_cli_prints_bootstrap_and_stops_on_signal(stop_signal: signal
         [
             sys.executable,
             "-c",
-            "from streams.broker import run_broker_cli; raise SystemExit(run_broker_cli(None))",
+            "from loopfuse.streams.local.broker import run_broker_cli; raise SystemExit(run_broker_cli(None))",
         ],
         cwd=REPO_ROOT,
         stdin=subprocess.DEVNULL,

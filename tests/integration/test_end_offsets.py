@@ -3,7 +3,7 @@
 Tansu 0.6 answers ListOffsets(latest) with "last batch's base offset + 1", so after
 one producer batch of 100 records aiokafka's ``end_offsets()`` says 1. Faust uses
 end offsets to decide when table recovery is complete, so the workaround in
-streams.faust_compat.end_offsets takes them from a Fetch response's high watermark instead.
+loopfuse.streams.worker.faust_compat.end_offsets takes them from a Fetch response's high watermark instead.
 On Apache Kafka both ways agree (asserted), so the worker installs the workaround only
 for the embedded broker; one test here pins that Tansu still needs it.
 """
@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.types import TP
 
-from streams.faust_compat.end_offsets import (
+from loopfuse.streams.worker.faust_compat.end_offsets import (
     end_offset_workaround_installed,
     fetch_end_offsets,
     install_end_offset_workaround,
@@ -102,7 +102,7 @@ async def test_the_embedded_broker_still_answers_list_offsets_wrongly(
     embedded_bootstrap: str,
 ) -> None:
     # Why the workaround exists; the day this fails, Tansu is fixed and it can go
-    # (update streams/faust_compat/__init__.py).
+    # (update streams/worker/faust_compat/__init__.py).
     plain, fetched = await _end_offsets_after_a_batch_of_100(embedded_bootstrap)
     assert (plain, fetched) == (1, 100)
 
@@ -240,7 +240,7 @@ def test_fetch_response_reading_covers_lso_and_out_of_range() -> None:
     aborted, preferred_replica, records)."""
     from types import SimpleNamespace
 
-    from streams.faust_compat.end_offsets import _read_fetch_response
+    from loopfuse.streams.worker.faust_compat.end_offsets import _read_fetch_response
 
     a, b, c = (TopicPartition("t", i) for i in range(3))
     response = SimpleNamespace(

@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-from streams.faust_compat.recovery import keep_undelivered_records
+from loopfuse.streams.worker.faust_compat.recovery import keep_undelivered_records
 from tests.support.harness import unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -118,7 +118,7 @@ async def test_records_fetched_while_flow_stopped_are_fetched_again(kafka_bootst
 
 async def test_without_the_workaround_faust_loses_them(kafka_bootstrap: str) -> None:
     # The upstream hole the workaround exists for; if this starts failing, an upgrade
-    # fixed it and the workaround can go (update streams/faust_compat/__init__.py).
+    # fixed it and the workaround can go (update streams/worker/faust_compat/__init__.py).
     # What the dropped answer held is never fetched again: the rest comes, from later
     # offsets on (on the embedded broker the one answer held all five).
     seen = await _records_arriving_after_flow_stopped(kafka_bootstrap, give_back=False)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.gateway import GatewayClient, Topics
-from streams.worker_process import WorkerProcess
+from loopfuse.streams.gateway.client import GatewayClient, Topics
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support import fleet
 from tests.support.harness import (
     Collector,

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from schemas import Verdict
-from streams.gateway import GatewayClient, Topics, blocked_tool_result
-from streams.worker_process import REPO_ROOT, WorkerProcess
+from loopfuse.schemas import Verdict
+from loopfuse.streams.gateway.client import GatewayClient, Topics, blocked_tool_result
+from loopfuse.streams.local.worker_process import REPO_ROOT, WorkerProcess
 from tests.support.harness import Collector, new_topics, unique, worker_settings
 
 pytestmark = pytest.mark.timeout(180)
@@ -224,7 +224,7 @@ def test_demo_runs_end_to_end_without_mismatches_or_leftovers() -> None:
         [
             sys.executable,
             "-m",
-            "streams.cli",
+            "loopfuse.streams.cli",
             "demo",
             "--duration",
             "15",

@@ -21,10 +21,15 @@ from typing import Any
 import pytest
 import yaml
 
-from schemas import load_config, validate_event
-from streams.engine import Engine, Verdict
-from streams.gateway import TIMEOUT_MESSAGE
-from streams.worker_process import REPO_ROOT, WorkerProcess, topic_settings, unique_topics
+from loopfuse.schemas import load_config, validate_event
+from loopfuse.streams.engine import Engine, Verdict
+from loopfuse.streams.gateway.client import TIMEOUT_MESSAGE
+from loopfuse.streams.local.worker_process import (
+    REPO_ROOT,
+    WorkerProcess,
+    topic_settings,
+    unique_topics,
+)
 from tests.support.harness import unique, worker_settings
 
 pytest.importorskip("model_tools", reason="hermes-agent is not installed (./dev test installs it)")
@@ -74,15 +79,15 @@ class Hermes:
     def __init__(self, home: Path, entry: dict[str, Any]) -> None:
         from hermes_cli.plugins import discover_plugins, get_plugin_manager
 
-        import integrations.hermes
+        import loopfuse.integrations.hermes
 
         config = {"plugins": {"enabled": ["loopfuse"], "entries": {"loopfuse": entry}}}
         (home / "config.yaml").write_text(yaml.safe_dump(config))
         discover_plugins(force=True)
         (loaded,) = [p for p in get_plugin_manager().list_plugins() if p["key"] == "loopfuse"]
         assert loaded["enabled"] and loaded["source"] == "entrypoint", loaded["error"]
-        assert loaded["hooks"] == len(integrations.hermes.HOOKS)
-        plugin = integrations.hermes.active()
+        assert loaded["hooks"] == len(loopfuse.integrations.hermes.HOOKS)
+        plugin = loopfuse.integrations.hermes.active()
         assert plugin is not None
         self.plugin = plugin
         self.events: list[dict[str, Any]] = []

@@ -1,4 +1,4 @@
-"""The Apache Kafka launcher (streams.kafka_broker): one KRaft node that serves Kafka
+"""The Apache Kafka launcher (loopfuse.streams.local.kafka_broker): one KRaft node that serves Kafka
 clients on loopback, keeps its data across a restart, and leaves nothing behind.
 
 These tests start nodes of their own (not the session broker) because they stop them;
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.kafka_broker import ApacheKafka, kafka_unavailable_reason
+from loopfuse.streams.local.kafka_broker import ApacheKafka, kafka_unavailable_reason
 from tests.integration.test_broker import (
     REPO_ROOT,
     _child_pids,
@@ -146,7 +146,7 @@ async def _round_trip_into(bootstrap: str, topic: str, values: list[bytes]) -> N
 
 def test_loopfuse_broker_kafka_prints_bootstrap_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streams.cli", "broker", "--kafka"],
+        [sys.executable, "-m", "loopfuse.streams.cli", "broker", "--kafka"],
         cwd=REPO_ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -28,7 +28,7 @@ async def test_notify_posts_critical_loop_events_from_the_topic(kafka_bootstrap:
     port = _free_port()
     with Webhook(statuses=[500]) as hook:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "streams.cli", "notify", "--bootstrap", kafka_bootstrap,
+            sys.executable, "-m", "loopfuse.streams.cli", "notify", "--bootstrap", kafka_bootstrap,
             "--topic", topic, "--webhook", hook.url, "--metrics-port", str(port),
             "--backoff", "0.05",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, cwd=ROOT,

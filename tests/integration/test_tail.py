@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def _start_tail(*args: str) -> asyncio.subprocess.Process:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "streams.cli", "tail", *args,
+        sys.executable, "-m", "loopfuse.streams.cli", "tail", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
     )
     assert process.stderr is not None

@@ -18,9 +18,9 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from schemas import load_config, validate_event
-from streams.engine import Engine
-from streams.worker_process import WorkerProcess
+from loopfuse.schemas import load_config, validate_event
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.harness import (
     CONFIG,
     ROOT,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.worker_process import REPO_ROOT
+from loopfuse.streams.local.worker_process import REPO_ROOT
 from tests.support.harness import new_topics, unique, worker_settings
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
@@ -41,7 +41,7 @@ def test_a_worker_dies_with_the_process_that_started_it(
     parent = textwrap.dedent(
         f"""
         import os, sys
-        from streams.worker_process import WorkerProcess
+        from loopfuse.streams.local.worker_process import WorkerProcess
         worker = WorkerProcess({settings!r}).start()
         worker.wait_ready(120)
         print(worker.pid, flush=True)

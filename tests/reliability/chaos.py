@@ -40,8 +40,8 @@ from typing import Any
 
 import orjson
 
-from streams.engine import SessionState
-from streams.worker_process import WorkerProcess
+from loopfuse.streams.engine import SessionState
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.brokers import choose, describe, started
 from tests.support.harness import (
     Collector,

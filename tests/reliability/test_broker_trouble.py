@@ -46,8 +46,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from streams.broker import free_port
-from streams.worker_process import WorkerProcess
+from loopfuse.streams.local.broker import free_port
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.brokers import kind_of, own_broker, restart_empty
 from tests.support.harness import (
     Collector,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.worker_process import WorkerProcess
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support import fleet
 from tests.support.harness import Collector, encode, produce, settle, unique, worker_settings
 from tests.support.pair import owned, start_pair

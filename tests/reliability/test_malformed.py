@@ -35,7 +35,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from streams.worker_process import WorkerProcess
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.harness import (
     CONFIG,
     LONG,
@@ -384,7 +384,7 @@ def test_the_same_corpus_through_replay(tmp_path: Path) -> None:
     bad_lines = {n for n, (is_bad, _) in enumerate(lines, start=1) if is_bad}
 
     proc = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "replay", "--config", str(CONFIG), str(path)],
+        [sys.executable, "-m", "loopfuse.streams.cli", "replay", "--config", str(CONFIG), str(path)],
         cwd=ROOT,
         capture_output=True,
         timeout=600,

@@ -20,7 +20,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
-from streams.worker_process import WorkerProcess
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.harness import (
     Collector,
     committed_offsets,

@@ -1,6 +1,6 @@
 """A worker restarting onto a backlog judges every waiting event, once, in seq order.
 
-Regression test for the hole the long chaos run found (streams/faust_compat/recovery.py):
+Regression test for the hole the long chaos run found (streams/worker/faust_compat/recovery.py):
 when table recovery ended, Faust resumed fetching the input topics, then sought
 each partition to its committed offset, then resumed flow control, which cleared
 its queues - dropping input fetched in between - and counted the dropped offsets
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.worker_process import WorkerProcess
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.harness import (
     Collector,
     compare,

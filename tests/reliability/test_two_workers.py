@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.worker_process import WorkerProcess
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.harness import (
     Collector,
     compare,

@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from schemas.config import parse_config
-from streams.simulator import DEMO_CONFIG, run_fleet
+from loopfuse.schemas.config import parse_config
+from loopfuse.streams.local.simulator import DEMO_CONFIG, run_fleet
 from tests.support.loopback_gateway import LoopbackClient
 
 STRETCH = 40  # event-time speed-up: 6 s of simulation -> 4 min of timeline

@@ -3,11 +3,11 @@
 ``LOOPFUSE_TEST_BROKER`` (pytest) or ``--broker`` (chaos, ``bench/*.py``):
 
 - ``kafka`` (the default): Apache Kafka, one KRaft node started from Maven Central's
-  jars (:class:`streams.kafka_broker.ApacheKafka`), wherever Java 17+ and Maven (or
+  jars (:class:`loopfuse.streams.local.kafka_broker.ApacheKafka`), wherever Java 17+ and Maven (or
   jars already resolved) are present. Where they are not, the default falls back to
   the embedded broker and :func:`describe` says so in one line; an explicit
   ``kafka`` fails instead.
-- ``embedded``: the embedded Tansu (:class:`streams.broker.EmbeddedBroker`).
+- ``embedded``: the embedded Tansu (:class:`loopfuse.streams.local.broker.EmbeddedBroker`).
 - ``docker``: testcontainers' Kafka (a Docker engine must answer); also taken by
   default where one answers and Kafka cannot run locally.
 - ``HOST:PORT[,HOST:PORT]``: a broker that is already running (nothing is started or
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from streams.broker import BrokerProcess
+from loopfuse.streams.local.broker import BrokerProcess
 
 _T = TypeVar("_T")
 
@@ -84,7 +84,7 @@ def _docker_engine_reachable(timeout: float = 2.0) -> bool:
 
 def choose(value: str | None = None) -> BrokerChoice:
     """The broker ``value`` (else ``$LOOPFUSE_TEST_BROKER``) names, defaults applied."""
-    from streams.kafka_broker import kafka_unavailable_reason
+    from loopfuse.streams.local.kafka_broker import kafka_unavailable_reason
 
     raw = (value if value is not None else os.environ.get("LOOPFUSE_TEST_BROKER", "")).strip()
     choice = raw.lower()
@@ -113,7 +113,7 @@ def choose(value: str | None = None) -> BrokerChoice:
 
 def describe(choice: BrokerChoice) -> str:
     """One line for a report header."""
-    from streams.kafka_broker import kafka_version
+    from loopfuse.streams.local.kafka_broker import kafka_version
 
     if choice.kind == "kafka":
         return f"broker: Apache Kafka {kafka_version()} (one local KRaft node)"
@@ -163,7 +163,7 @@ def _started(
         yield StartedBroker(choice.bootstrap, _kind_of(choice), None, f"external {choice.bootstrap}")
         return
     if choice.kind == "docker":
-        from streams.kafka_broker import kafka_version
+        from loopfuse.streams.local.kafka_broker import kafka_version
 
         try:
             from testcontainers.kafka import KafkaContainer
@@ -177,7 +177,7 @@ def _started(
             container.stop()
         return
     if choice.kind == "kafka":
-        from streams.kafka_broker import ApacheKafka, kafka_version
+        from loopfuse.streams.local.kafka_broker import ApacheKafka, kafka_version
 
         kafka = ApacheKafka(
             log_path=workdir / "kafka.log",
@@ -191,7 +191,7 @@ def _started(
         finally:
             kafka.close()
         return
-    from streams.broker import EmbeddedBroker
+    from loopfuse.streams.local.broker import EmbeddedBroker
 
     broker = EmbeddedBroker(log_path=workdir / "tansu.log")
     broker.start(timeout=30)
@@ -205,11 +205,11 @@ def own_broker(workdir: Path, port: int | None = None) -> BrokerProcess:
     """A broker for one test to stop, kill, wipe and restart: Apache Kafka (data in
     ``workdir/kafka``) unless the session runs on the embedded broker or Kafka cannot
     run here. Not started."""
-    from streams.kafka_broker import ApacheKafka, kafka_unavailable_reason
+    from loopfuse.streams.local.kafka_broker import ApacheKafka, kafka_unavailable_reason
 
     workdir.mkdir(parents=True, exist_ok=True)
     if embedded_in_use() or kafka_unavailable_reason() is not None:
-        from streams.broker import EmbeddedBroker
+        from loopfuse.streams.local.broker import EmbeddedBroker
 
         return EmbeddedBroker(port, log_path=workdir / "tansu.log")
     return ApacheKafka(port, log_path=workdir / "kafka.log", data_dir=workdir / "kafka")
@@ -217,7 +217,7 @@ def own_broker(workdir: Path, port: int | None = None) -> BrokerProcess:
 
 def kind_of(broker: BrokerProcess) -> str:
     """What a worker on ``broker`` is told it is: ``tansu`` or ``kafka``."""
-    from streams.broker import EmbeddedBroker
+    from loopfuse.streams.local.broker import EmbeddedBroker
 
     return "tansu" if isinstance(broker, EmbeddedBroker) else "kafka"
 
@@ -225,7 +225,7 @@ def kind_of(broker: BrokerProcess) -> str:
 def restart_empty(broker: BrokerProcess) -> None:
     """Stop ``broker`` and start it on the same port with nothing: every topic, record
     and group offset gone (a total loss; the embedded broker's only kind of restart)."""
-    from streams.kafka_broker import ApacheKafka
+    from loopfuse.streams.local.kafka_broker import ApacheKafka
 
     broker.stop()
     if isinstance(broker, ApacheKafka):

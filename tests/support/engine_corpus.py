@@ -22,10 +22,18 @@ from typing import Any
 import orjson
 
 from bench.engine import build_workload
-from schemas import DetectionConfigFile, decode_event, load_config, parse_config
-from schemas.decode import EventRejected
-from schemas.events import InputEvent
-from streams.engine import COMPILED, Engine, LoopEvent, Notice, Rejection, SessionState, Verdict
+from loopfuse.schemas import DetectionConfigFile, decode_event, load_config, parse_config
+from loopfuse.schemas.decode import EventRejected
+from loopfuse.schemas.events import InputEvent
+from loopfuse.streams.engine import (
+    COMPILED,
+    Engine,
+    LoopEvent,
+    Notice,
+    Rejection,
+    SessionState,
+    Verdict,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import orjson
 from aiokafka import TopicPartition
 from aiokafka.partitioner import murmur2
 
-from streams.worker_process import WorkerProcess
+from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.harness import Collector, http_get, new_topics, wait_committed
 
 

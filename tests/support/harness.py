@@ -24,8 +24,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from schemas import load_config, validate_event
-from streams.engine import Engine, Verdict
+from loopfuse.schemas import load_config, validate_event
+from loopfuse.streams.engine import Engine, Verdict
 from tests.support.brokers import embedded_in_use
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def worker_settings(
     data_dir: Path,
     **overrides: Any,
 ) -> dict[str, str]:
-    """Settings for :class:`streams.worker_process.WorkerProcess` (LOOPFUSE_* sans prefix)."""
+    """Settings for :class:`loopfuse.streams.local.worker_process.WorkerProcess` (LOOPFUSE_* sans prefix)."""
     settings = {
         "bootstrap_servers": bootstrap,
         "embedded_broker": str(kind == "tansu").lower(),
@@ -429,9 +429,9 @@ async def end_offsets(
 ) -> dict[TopicPartition, int]:
     """End offsets: ``ListOffsets(latest)`` on Apache Kafka; on the embedded broker,
     whose answer is wrong after multi-record batches, the high watermarks of a Fetch
-    answer (see streams.faust_compat.end_offsets)."""
+    answer (see loopfuse.streams.worker.faust_compat.end_offsets)."""
     if embedded_in_use():
-        from streams.faust_compat.end_offsets import fetch_end_offsets
+        from loopfuse.streams.worker.faust_compat.end_offsets import fetch_end_offsets
 
         return await fetch_end_offsets(consumer, tps)
     ends: dict[TopicPartition, int] = await consumer.end_offsets(list(tps))

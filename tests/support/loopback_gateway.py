@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas import validate_event
-from schemas.config import DetectionConfigFile, parse_config
-from streams.engine import Engine, SessionState
-from streams.engine.outputs import Verdict as EngineVerdict
-from streams.gateway import GatewayClient
-from streams.simulator import DEMO_CONFIG
+from loopfuse.schemas import validate_event
+from loopfuse.schemas.config import DetectionConfigFile, parse_config
+from loopfuse.streams.engine import Engine, SessionState
+from loopfuse.streams.engine.outputs import Verdict as EngineVerdict
+from loopfuse.streams.gateway.client import GatewayClient
+from loopfuse.streams.local.simulator import DEMO_CONFIG
 
 
 class LoopbackClient(GatewayClient):

@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 from typing import Any
 
-from schemas import LoopEvent, Verdict, parse_config, validate_event
+from loopfuse.schemas import LoopEvent, Verdict, parse_config, validate_event
 
 _counter = itertools.count(1)
 _MISSING: Any = object()
@@ -118,7 +118,7 @@ def loop_config(**loop: Any) -> dict[str, Any]:
 
 def engine_with(**loop: Any) -> Any:
     """An Engine whose global loopDetection block is ``enabled: true`` plus ``loop``."""
-    from streams.engine import Engine
+    from loopfuse.streams.engine import Engine
 
     return Engine(parse_config(loop_config(**loop)))
 

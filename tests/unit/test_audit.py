@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from streams.audit import AuditSummary, parse_time
-from streams.cli import main
+from loopfuse.streams.cli import main
+from loopfuse.streams.ops.audit import AuditSummary, parse_time
 
 
 def _event(session: str, action: str, detector: str = "generic_repeat", **extra: Any) -> dict[str, Any]:

@@ -10,8 +10,8 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.engine.canonical import canonical_json
-from streams.engine.fingerprint import args_hash
+from loopfuse.streams.engine.canonical import canonical_json
+from loopfuse.streams.engine.fingerprint import args_hash
 from tests.unit.conftest import actions, call, engine_with, verdicts
 
 SAFE = 2**53 - 1

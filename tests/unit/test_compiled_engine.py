@@ -1,4 +1,4 @@
-"""The mypyc-compiled engine judges exactly as the pure one (streams.compiled_engine).
+"""The mypyc-compiled engine (``./dev build-engine``) judges exactly as the pure one.
 
 Both run tests/support/engine_corpus.py in a subprocess of their own: the pure
 engine from this checkout, the compiled one from a build in pytest's cache (kept
@@ -17,23 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from streams import compiled_engine
+from loopfuse.streams.engine import compiled as choice
+from loopfuse.streams.local import compiled_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _compiled_tree(cache_dir: Path) -> Path:
-    """A copy of the engine's sources with the compiled engine built beside them."""
+    """A copy of the package with the compiled engine built beside its sources."""
     tree = cache_dir / "tree"
     engine_dir = tree / "streams" / "engine"
-    stamp = engine_dir / compiled_engine.STAMP
-    fresh = compiled_engine.source_digest(ROOT / "streams" / "engine")
+    stamp = engine_dir / choice.STAMP
+    fresh = choice.source_digest(ROOT / "streams" / "engine")
     if not stamp.exists() or stamp.read_text().strip() != fresh:
         shutil.rmtree(tree, ignore_errors=True)
-        shutil.copytree(ROOT / "streams" / "engine", engine_dir,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd",
-                                                      compiled_engine.STAMP))
-        shutil.copytree(ROOT / "schemas", tree / "schemas")
         _refresh(tree)
         compiled_engine.build(tree)
     _refresh(tree)
@@ -41,22 +38,26 @@ def _compiled_tree(cache_dir: Path) -> Path:
 
 
 def _refresh(tree: Path) -> None:
-    """What is not compiled is always today's: the schemas, the engine's __init__ and
-    the module that chooses the engine."""
-    shutil.rmtree(tree / "schemas")
-    shutil.copytree(ROOT / "schemas", tree / "schemas",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("__init__.py", "compiled_engine.py", "engine/__init__.py"):
-        shutil.copy2(ROOT / "streams" / name, tree / "streams" / name)
+    """Everything but the build is today's checkout: the package linked in as in the
+    repository (loopfuse/ -> ../streams, ../schemas), the rest of streams/ and schemas/
+    copied over (a changed engine source gives a new digest and so a new build)."""
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", choice.STAMP)
+    for part in ("streams", "schemas"):
+        shutil.copytree(ROOT / part, tree / part, ignore=skip, dirs_exist_ok=True)
+    (tree / "loopfuse").mkdir(exist_ok=True)
+    shutil.copy2(ROOT / "loopfuse" / "__init__.py", tree / "loopfuse" / "__init__.py")
+    for part in ("streams", "schemas"):
+        if not (tree / "loopfuse" / part).is_symlink():
+            (tree / "loopfuse" / part).symlink_to(Path("..") / part)
 
 
 def _corpus_run(pythonpath: list[Path], out: Path, *, pure: bool) -> list[bytes]:
     """The corpus's lines from the engine that ``pythonpath[0]`` holds (run from
     there: ``-m`` puts the working directory first on the path)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, pythonpath))}
-    env.pop(compiled_engine.PURE_ENV, None)
+    env.pop(choice.PURE_ENV, None)
     if pure:
-        env[compiled_engine.PURE_ENV] = "1"
+        env[choice.PURE_ENV] = "1"
     subprocess.run(
         [sys.executable, "-W", "error::RuntimeWarning", "-m", "tests.support.engine_corpus",
          str(out)], env=env, cwd=pythonpath[0], check=True, timeout=300,
@@ -88,11 +89,11 @@ def test_the_compiled_engine_gives_the_pure_engines_outputs_and_states(
 def test_a_build_that_no_longer_matches_its_sources_gives_way_to_the_pure_engine(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    tree = shutil.copytree(_compiled_or_skip(request), tmp_path / "tree")
-    probe = "import streams.engine as e, streams.engine.step as s; print(e.COMPILED, s.__file__)"
+    tree = shutil.copytree(_compiled_or_skip(request), tmp_path / "tree", symlinks=True)
+    probe = "import loopfuse.streams.engine as e, loopfuse.streams.engine.step as s; print(e.COMPILED, s.__file__)"
 
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    env.pop(compiled_engine.PURE_ENV, None)
+    env.pop(choice.PURE_ENV, None)
 
     def engine_in_use() -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -1,8 +1,8 @@
 """Static checks of the container deployment: docker-compose.yml, Dockerfile, infra/.
 
 No Docker engine needed: the files are parsed and compared with the code they
-configure (``streams.settings.Settings``, the topic and changelog names of
-``streams.app``, ``schemas.config.load_config``), so a renamed setting, a topic
+configure (``loopfuse.streams.settings.Settings``, the topic and changelog names of
+``loopfuse.streams.worker.app``, ``loopfuse.schemas.config.load_config``), so a renamed setting, a topic
 list that drifts from the workers' settings or a public port fails here rather
 than at ``docker compose up``.
 """
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from schemas.config import load_config, parse_config
-from streams.settings import Settings
+from loopfuse.schemas.config import load_config, parse_config
+from loopfuse.streams.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -194,7 +194,7 @@ def test_every_loopfuse_variable_is_a_setting(compose: dict[str, Any]) -> None:
         for name, where in names
         if name.startswith(PREFIX) and name[len(PREFIX):].lower() not in fields
     ]
-    assert not unknown, f"not fields of streams.settings.Settings: {unknown}"
+    assert not unknown, f"not fields of loopfuse.streams.settings.Settings: {unknown}"
 
 
 @pytest.mark.parametrize("name", [*WORKERS, "simulator"])
@@ -255,7 +255,7 @@ def test_simulator_matches_the_topic_layout(
 def test_create_topics_matches_worker_settings(
     services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from streams.topics import changelog_topic
+    from loopfuse.streams.worker.topics import changelog_topic
 
     settings = settings_from(worker_env(services, "worker-1"), monkeypatch)
     env = env_of(services["create-topics"])
@@ -343,14 +343,14 @@ def test_mounted_config_exists_and_loads(
 
 def test_config_agrees_with_the_simulator() -> None:
     """The simulator expects the demo config's verdicts; the compose workers answer too."""
-    from streams.engine.config import ConfigResolver
-    from streams.simulator import DEMO_CONFIG, KINDS
+    from loopfuse.streams.engine.config import ConfigResolver
+    from loopfuse.streams.local.simulator import DEMO_CONFIG, KINDS
 
     ours = ConfigResolver(load_config(ROOT / "infra" / "loop-detection.json5"))
     demo = ConfigResolver(parse_config(DEMO_CONFIG))
     assert (ours.enforce, ours.send_tools) == (demo.enforce, demo.send_tools)
     for kind in KINDS:
-        agent = f"agent-{kind}"  # streams/simulator.py names its agents so
+        agent = f"agent-{kind}"  # streams/local/simulator.py names its agents so
         assert ours.resolve(agent) == demo.resolve(agent), agent
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.cli import main
+from loopfuse.streams.cli import main
 
 CONFIG = """{
   tools: { loopDetection: { enabled: true, warningThreshold: 15, criticalThreshold: 20 } },

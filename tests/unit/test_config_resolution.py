@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from schemas import ConfigError, parse_config
-from streams.engine import Engine
-from streams.engine.config import resolve_config
+from loopfuse.schemas import ConfigError, parse_config
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.config import resolve_config
 
 NUMERIC_DEFAULTS = {
     "historySize": ("history_size", 30),

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from msgspec import UNSET
 from pydantic import ValidationError
 
-from schemas import decode as decode_module
-from schemas import event_schema
-from schemas.decode import EventRejected, _depth, check_identifiers, decode_event
-from schemas.event_schema import input_event_adapter, to_event
-from schemas.events import (
+from loopfuse.schemas import decode as decode_module
+from loopfuse.schemas import event_schema
+from loopfuse.schemas.decode import EventRejected, _depth, check_identifiers, decode_event
+from loopfuse.schemas.event_schema import input_event_adapter, to_event
+from loopfuse.schemas.events import (
     IDENTIFIER_FIELDS,
     MAX_WIRE_INT,
     Compaction,

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from schemas.config import parse_config
-from streams.demo import render
-from streams.simulator import DEMO_CONFIG, KINDS, FleetStats, run_fleet
+from loopfuse.schemas.config import parse_config
+from loopfuse.streams.local.demo import render
+from loopfuse.streams.local.simulator import DEMO_CONFIG, KINDS, FleetStats, run_fleet
 from tests.support.loopback_gateway import LoopbackClient
 
 ACTIONS = ("allow", "warn", "block", "abort")

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from schemas import parse_config, validate_event
-from streams.engine import Engine
-from streams.engine.state import run_key
+from loopfuse.schemas import parse_config, validate_event
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.state import run_key
 from tests.unit.conftest import (
     LOOP_BLOCK_RESULT,
     actions,

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from streams.settings import Settings
+from loopfuse.streams.settings import Settings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
@@ -19,7 +19,7 @@ def test_quickstart_gives_the_two_commands_that_ci_uses() -> None:
 
 
 def test_every_command_is_in_the_commands_table() -> None:
-    from streams.cli import build_parser
+    from loopfuse.streams.cli import build_parser
 
     commands = next(
         action for action in build_parser()._actions if action.dest == "command"

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import ConfigError, load_config, parse_config
-from schemas.decode import EventRejected, decode_event
-from streams.engine import Engine, LoopEvent, SessionState
-from streams.processor import Limits, SessionFold, Source
-from streams.replay import replay_lines
+from loopfuse.schemas import ConfigError, load_config, parse_config
+from loopfuse.schemas.decode import EventRejected, decode_event
+from loopfuse.streams.engine import Engine, LoopEvent, SessionState
+from loopfuse.streams.replay import replay_lines
+from loopfuse.streams.worker.processor import Limits, SessionFold, Source
 from tests.unit.conftest import call, result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_a_deeply_nested_config_is_a_one_line_error(tmp_path: Path) -> None:
 def test_a_settings_error_names_the_variable_and_never_prints_a_secret() -> None:
     env = {**os.environ, "LOOPFUSE_SASL_MECHANISM": "PLAIN",
            "LOOPFUSE_SASL_PASSWORD": "hunter2-very-secret", "LOOPFUSE_SASL_USERNAME": "u"}
-    for command in (["-m", "streams.worker"], ["-m", "streams.cli", "worker"]):
+    for command in (["-m", "loopfuse.streams.worker.run"], ["-m", "loopfuse.streams.cli", "worker"]):
         done = subprocess.run([sys.executable, *command], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2

@@ -1,7 +1,7 @@
-"""The Faust / aiokafka internals streams/faust_compat relies on are still there.
+"""The Faust / aiokafka internals streams/worker/faust_compat relies on are still there.
 
 Each workaround names what it patches or reads (see the table in
-streams/faust_compat/__init__.py); an upgrade that moves one fails here, by name,
+streams/worker/faust_compat/__init__.py); an upgrade that moves one fails here, by name,
 rather than silently in production. The behaviour of each is pinned by the tests
 the table lists.
 """
@@ -12,8 +12,8 @@ import inspect
 
 import pytest
 
-from streams import faust_compat
-from streams.faust_compat import UnsupportedVersion, check_versions
+from loopfuse.streams.worker import faust_compat
+from loopfuse.streams.worker.faust_compat import UnsupportedVersion, check_versions
 
 
 def test_the_installed_versions_are_the_verified_ones() -> None:
@@ -94,7 +94,7 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
 def test_the_operators_only_web_driver_mounts_no_faust_view() -> None:
     from faust.web.drivers import by_url
 
-    from streams.faust_compat.web import operators_only_web
+    from loopfuse.streams.worker.faust_compat.web import operators_only_web
 
     driver = by_url(operators_only_web())
     assert driver.__name__ == "OperatorsOnlyWeb"
@@ -105,7 +105,7 @@ def test_the_operators_only_web_driver_mounts_no_faust_view() -> None:
 async def test_a_seek_to_the_committed_offsets_never_goes_back_past_our_own_commit() -> None:
     from faust.types import TP
 
-    from streams.faust_compat.recovery import latest_commits
+    from loopfuse.streams.worker.faust_compat.recovery import latest_commits
 
     ours: dict[TP, int | None] = {TP("in", 0): 40}
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-from streams.faust_compat.recovery import keep_queues_on_redundant_resume
+from loopfuse.streams.worker.faust_compat.recovery import keep_queues_on_redundant_resume
 
 
 def test_a_resume_while_flowing_keeps_the_queued_messages() -> None:

@@ -19,7 +19,7 @@ from weakref import WeakSet
 from faust.types import TP
 from mode.utils.queues import FlowControlEvent
 
-from streams.faust_compat.delivery import FetchBatches
+from loopfuse.streams.worker.faust_compat.delivery import FetchBatches
 
 
 @dataclass(frozen=True)

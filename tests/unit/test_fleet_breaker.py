@@ -10,23 +10,23 @@ from typing import Any
 import orjson
 import pytest
 
-from schemas import ConfigError, parse_config
-from schemas.events import LoopEvent as WireLoopEvent
-from schemas.events import ToolStrike
-from streams.config_check import describe_rules
-from streams.engine import Engine
-from streams.engine.fingerprint import hash64
-from streams.engine.fleet import ToolBreaker, overlay, strikes
-from streams.engine.step import verdict_id
-from streams.fleet_breaker import (
+from loopfuse.schemas import ConfigError, parse_config
+from loopfuse.schemas.events import LoopEvent as WireLoopEvent
+from loopfuse.schemas.events import ToolStrike
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.fingerprint import hash64
+from loopfuse.streams.engine.fleet import ToolBreaker, overlay, strikes
+from loopfuse.streams.engine.step import verdict_id
+from loopfuse.streams.ops.config_check import describe_rules
+from loopfuse.streams.settings import Settings
+from loopfuse.streams.worker.fleet_breaker import (
     BreakerBoard,
     FleetBreakerJudge,
     FleetWindows,
     install_fleet_breaker,
 )
-from streams.processor import DictStore, InputRecord, OutputTopics, SessionProcessor
-from streams.settings import Settings
-from streams.topics import wanted_topics
+from loopfuse.streams.worker.processor import DictStore, InputRecord, OutputTopics, SessionProcessor
+from loopfuse.streams.worker.topics import wanted_topics
 from tests.unit.conftest import call, loop_events, pair, verdicts
 
 T0 = 1_700_000_000_000

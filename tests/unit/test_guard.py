@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from schemas import parse_config
-from streams.engine import Engine
+from loopfuse.schemas import parse_config
+from loopfuse.streams.engine import Engine
 from tests.unit.conftest import (
     actions,
     call,

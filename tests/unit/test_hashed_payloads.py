@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import parse_config, validate_event
-from streams.engine import Engine
-from streams.engine.fingerprint import args_hash, result_token
+from loopfuse.schemas import parse_config, validate_event
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.fingerprint import args_hash, result_token
 from tests.unit.conftest import verdicts
 
 CALLS: list[tuple[str, dict[str, Any], Any]] = [

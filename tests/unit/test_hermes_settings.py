@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from integrations.hermes.plugin import with_warning
-from integrations.hermes.settings import PluginSettings, load
+from loopfuse.integrations.hermes.plugin import with_warning
+from loopfuse.integrations.hermes.settings import PluginSettings, load
 
 
 def test_defaults_are_the_gateway_clients() -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from schemas import parse_config
-from streams.engine import Engine, SessionState
+from loopfuse.schemas import parse_config
+from loopfuse.streams.engine import Engine, SessionState
 from tests.unit.conftest import call, result, verdicts
 
 LOOP = {"command": "make test"}

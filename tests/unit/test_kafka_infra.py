@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from streams.kafka_broker import INFRA, broker_settings, kafka_version, new_cluster_id
+from loopfuse.streams.local.kafka_broker import (
+    INFRA,
+    broker_settings,
+    kafka_version,
+    new_cluster_id,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}

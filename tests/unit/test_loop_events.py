@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from schemas import parse_config
-from streams.engine import Engine
+from loopfuse.schemas import parse_config
+from loopfuse.streams.engine import Engine
 from tests.unit.conftest import (
     call,
     engine_with,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from streams.engine.fingerprint import result_token
+from loopfuse.streams.engine.fingerprint import result_token
 from tests.unit.conftest import (
     LOOP_BLOCK_RESULT,
     call,
@@ -304,8 +304,8 @@ def test_configured_provider_send_tools() -> None:
 
 
 def test_provider_send_tools_from_the_config_file() -> None:
-    from schemas import parse_config
-    from streams.engine import Engine
+    from loopfuse.schemas import parse_config
+    from loopfuse.streams.engine import Engine
 
     doc = {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 1,
                                        "criticalThreshold": 2}},

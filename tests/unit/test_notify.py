@@ -15,7 +15,7 @@ import orjson
 import pytest
 from prometheus_client import start_http_server
 
-from streams.notify import Delivery, Notifier
+from loopfuse.streams.ops.notify import Delivery, Notifier
 from tests.support.kafka import fixture_records
 from tests.support.webhook import Webhook
 

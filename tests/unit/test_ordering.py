@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas import parse_config
-from streams.engine import Engine, SessionState
+from loopfuse.schemas import parse_config
+from loopfuse.streams.engine import Engine, SessionState
 from tests.unit.conftest import call, loop_events, run_ended, verdicts
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import orjson
 
-from schemas import EventRejected, decode_event, parse_config
-from schemas import LoopEvent as WireLoopEvent
-from schemas import Verdict as WireVerdict
-from streams.engine import Engine, LoopEvent, SessionState, Verdict
-from streams.engine.fleet import ToolBreaker, overlay
+from loopfuse.schemas import EventRejected, decode_event, parse_config
+from loopfuse.schemas import LoopEvent as WireLoopEvent
+from loopfuse.schemas import Verdict as WireVerdict
+from loopfuse.streams.engine import Engine, LoopEvent, SessionState, Verdict
+from loopfuse.streams.engine.fleet import ToolBreaker, overlay
 from tests.support.engine_corpus import corpora
 from tests.unit.conftest import call, engine_with, result
 

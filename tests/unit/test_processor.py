@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from schemas import parse_config
-from streams.engine import Engine
-from streams.processor import (
+from loopfuse.schemas import parse_config
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.worker.processor import (
     DictStore,
     InputRecord,
     Limits,

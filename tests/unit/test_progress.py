@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams.progress import NOTHING_READ, InputProgress
+from loopfuse.streams.worker.progress import NOTHING_READ, InputProgress
 
 TOPICS = ("calls", "results", "compactions")
 

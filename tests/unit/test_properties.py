@@ -7,9 +7,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import parse_config, validate_event
-from streams.engine import Engine, SessionState
-from streams.engine.rule_state import RuleState
+from loopfuse.schemas import parse_config, validate_event
+from loopfuse.streams.engine import Engine, SessionState
+from loopfuse.streams.engine.rule_state import RuleState
 from tests.unit.conftest import comparable, verdicts
 
 TOOLS = [("read", {"p": 1}), ("read", {"p": 2}), ("list", {"d": 1}),

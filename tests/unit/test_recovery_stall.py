@@ -1,8 +1,8 @@
-"""/livez fails when table recovery stops moving (streams.topics.RecoveryStall)."""
+"""/livez fails when table recovery stops moving (loopfuse.streams.worker.topics.RecoveryStall)."""
 
 from __future__ import annotations
 
-from streams.topics import RecoveryStall
+from loopfuse.streams.worker.topics import RecoveryStall
 
 
 class Clock:

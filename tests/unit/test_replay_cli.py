@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from streams.cli import main
+from loopfuse.streams.cli import main
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def replay(*args: str, stdin: bytes | None = None) -> tuple[int, list[dict], str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "replay", *args],
+        [sys.executable, "-m", "loopfuse.streams.cli", "replay", *args],
         input=stdin,
         capture_output=True,
         timeout=60,
@@ -84,7 +84,7 @@ def test_guard_arming_is_logged_with_verbose() -> None:
         [
             sys.executable,
             "-m",
-            "streams.cli",
+            "loopfuse.streams.cli",
             "-v",
             "replay",
             str(FIXTURES / "compaction_loop.jsonl"),

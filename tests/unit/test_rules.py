@@ -8,9 +8,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from schemas import ConfigError, parse_config
-from streams.engine import Engine, SessionState
-from streams.engine.rules import RUN_ENDED_NOTICE, normalise_error
+from loopfuse.schemas import ConfigError, parse_config
+from loopfuse.streams.engine import Engine, SessionState
+from loopfuse.streams.engine.rules import RUN_ENDED_NOTICE, normalise_error
 from tests.unit.conftest import (
     LOOP_BLOCK_RESULT,
     call,
@@ -477,7 +477,7 @@ def test_agent_rule_errors_name_their_key_path() -> None:
 async def test_the_gateway_answers_the_call_with_the_block_and_ends_the_run() -> None:
     import asyncio
 
-    from streams.gateway import GatewayClient, _Pending
+    from loopfuse.streams.gateway.client import GatewayClient, _Pending
 
     engine = rules_engine({"runEnding": {}}, warningThreshold=2, criticalThreshold=3)
     events = [*repeat_pairs("read", {"p": 1}, 3), call("read", {"p": 1})]
@@ -510,7 +510,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "rules"
     ("shadow", "repeated_failure", False),
 ])
 def test_each_example_shows_its_rule(name: str, detector: str, enforced: bool) -> None:
-    from schemas import decode_event, load_config
+    from loopfuse.schemas import decode_event, load_config
 
     engine = Engine(load_config(EXAMPLES / f"{name}.json5"))
     lines = (EXAMPLES / f"{name}.jsonl").read_text().splitlines()
@@ -534,7 +534,7 @@ def test_every_rules_example_in_the_readme_is_valid() -> None:
 def test_config_check_shows_the_rules_each_agent_gets() -> None:
     import io
 
-    from streams.config_check import render_check
+    from loopfuse.streams.ops.config_check import render_check
 
     config = parse_config({
         "loopfuse": {"rules": {"runEnding": {}, "tools": {"read": {"exempt": True}}}},
@@ -550,7 +550,7 @@ def test_config_check_shows_the_rules_each_agent_gets() -> None:
 
 
 def test_fit_sheds_the_oldest_run_tallies_before_remembered_verdicts() -> None:
-    from streams.engine.rule_state import MAX_RUN_TALLIES
+    from loopfuse.streams.engine.rule_state import MAX_RUN_TALLIES
 
     engine = rules_engine({"runCaps": {"maxToolCalls": 100}})
     events = [call("read", {"n": n}, run=f"run-{n}") for n in range(MAX_RUN_TALLIES + 5)]

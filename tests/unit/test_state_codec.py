@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import parse_config, validate_event
-from schemas.events import Action, Detector
-from streams.engine import Engine, SessionState
-from streams.engine import state_codec as codec
-from streams.engine.rule_state import RuleState
+from loopfuse.schemas import parse_config, validate_event
+from loopfuse.schemas.events import Action, Detector
+from loopfuse.streams.engine import Engine, SessionState
+from loopfuse.streams.engine import state_codec as codec
+from loopfuse.streams.engine.rule_state import RuleState
 from tests.unit.conftest import call, compaction, engine_with, loop_config, result
 from tests.unit.test_ordering import SMALL_V3
 from tests.unit.test_properties import build, ops_strategy

@@ -53,7 +53,7 @@ def check_versions() -> None:
             wrong.append(f"{package} {installed} (verified: {', '.join(supported)})")
     if wrong:
         raise UnsupportedVersion(
-            "the worker's Faust/aiokafka workarounds (streams/faust_compat) were not "
+            "the worker's Faust/aiokafka workarounds (streams/worker/faust_compat) were not "
             f"verified with {'; '.join(wrong)}: install the verified versions "
             "(pip install -e .) or verify the workarounds and add the versions"
         )

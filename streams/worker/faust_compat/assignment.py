@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import faust
 
-from streams.faust_compat.consumer import tune_fetch_wait
-from streams.faust_compat.delivery import FetchBatches, install_fast_delivery
-from streams.faust_compat.recovery import (
+from loopfuse.streams.worker.faust_compat.consumer import tune_fetch_wait
+from loopfuse.streams.worker.faust_compat.delivery import FetchBatches, install_fast_delivery
+from loopfuse.streams.worker.faust_compat.recovery import (
     give_back_fetches_across_rebalances,
     keep_commits_on_seek,
     keep_queues_on_redundant_resume,

@@ -9,7 +9,7 @@ from faust.types import TP
 
 
 class FaustInputOffsets:
-    """:class:`streams.processor.InputOffsets` read off Faust's (aiokafka) consumer."""
+    """:class:`loopfuse.streams.worker.processor.InputOffsets` read off Faust's (aiokafka) consumer."""
 
     def __init__(self, app: faust.App) -> None:
         self.app = app

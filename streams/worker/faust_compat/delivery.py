@@ -116,7 +116,7 @@ class FetchBatches:
         self, app: faust.App, topics: frozenset[str], max_batch: int, restore: Any = None
     ) -> None:
         self.app = app
-        # streams.faust_compat.recovery.ChangelogRestore: changelog records during recovery
+        # loopfuse.streams.worker.faust_compat.recovery.ChangelogRestore: changelog records during recovery
         self.restore = restore
         self.topics = topics
         self.max_batch = max_batch

@@ -1,6 +1,6 @@
 """Workarounds for Kafka-protocol brokers that are not Apache Kafka (today: Tansu).
 
-Tansu 0.6 (the embedded broker, see :mod:`streams.broker`) answers
+Tansu 0.6 (the embedded broker, see :mod:`loopfuse.streams.local.broker`) answers
 ``ListOffsets(latest)`` with *the last batch's base offset + 1* instead of the
 high watermark. Measured with aiokafka 0.14: after one producer batch of 100
 records to an empty partition ``end_offsets()`` says 1, after a further batch

@@ -149,7 +149,7 @@ class ChangelogRestore:
     channel queue and ``Recovery._slurp_changelogs`` (a task per ``wait_for`` per
     record): ~3k records/s on a 2-core machine, where a plain consumer reads the same
     changelog at >150k/s (bench/recovery.py). During recovery, the delivery callback
-    (:class:`streams.faust_compat.delivery.FetchBatches`) hands each record of an
+    (:class:`loopfuse.streams.worker.faust_compat.delivery.FetchBatches`) hands each record of an
     *active* changelog partition here instead, and it is applied at once with
     Faust's own bookkeeping: ``active_offsets`` (which ``need_recovery`` and the
     progress log read), the last-event time, skipping offsets already applied, and

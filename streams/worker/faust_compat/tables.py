@@ -1,4 +1,4 @@
-"""The session table as a :class:`streams.processor.SessionStore`."""
+"""The session table as a :class:`loopfuse.streams.worker.processor.SessionStore`."""
 
 from __future__ import annotations
 
