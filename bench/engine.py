@@ -44,7 +44,7 @@ from typing import Any
 import orjson
 
 from loopfuse.schemas import decode_event, parse_config
-from loopfuse.streams.engine import COMPILED, Engine, SessionState
+from loopfuse.streams.engine import COMPILED, Engine, SessionState, state_codec
 from loopfuse.streams.engine.compiled import PURE_ENV
 from loopfuse.streams.replay import replay_lines
 
@@ -342,7 +342,7 @@ def main() -> None:
     latencies_ns.sort()
     p50 = latencies_ns[len(latencies_ns) // 2] / 1000
     p99 = latencies_ns[int(len(latencies_ns) * 0.99)] / 1000
-    blobs = [state.to_bytes() for state in states.values()]
+    blobs = [state_codec.encode(state) for state in states.values()]
     sizes = sorted(map(len, blobs))
     median_size = sizes[len(sizes) // 2]
     # The bench's own fixtures (every event decoded, with its payload's dicts and
@@ -352,16 +352,16 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     encode_us = 1e6 / _median_rate(
-        len(states), opts.rounds, lambda: [state.to_bytes() for state in states.values()]
+        len(states), opts.rounds, lambda: [state_codec.encode(state) for state in states.values()]
     )
     decode_us = 1e6 / _median_rate(
-        len(blobs), opts.rounds, lambda: [SessionState.from_bytes(blob) for blob in blobs]
+        len(blobs), opts.rounds, lambda: [state_codec.decode(blob) for blob in blobs]
     )
     # A state's first write after it was read: every record written (the worker reads a
     # session it has not cached, then writes it; later writes write what changed).
-    fresh = [[SessionState.from_bytes(blob) for blob in blobs] for _ in range(opts.rounds)]
+    fresh = [[state_codec.decode(blob) for blob in blobs] for _ in range(opts.rounds)]
     first_us = 1e6 / _median_rate(
-        len(blobs), opts.rounds, lambda: [state.to_bytes() for state in fresh.pop()]
+        len(blobs), opts.rounds, lambda: [state_codec.encode(state) for state in fresh.pop()]
     )
     rate = statistics.median(rates)
     print(f"engine step: median {rate:,.0f} events/s; per event p50 {p50:.1f} us, p99 {p99:.1f} us")

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loopfuse.schemas.decode import decode_event  # noqa: E402
-from loopfuse.streams.engine import Engine  # noqa: E402
+from loopfuse.streams.engine import Engine, state_codec  # noqa: E402
 from loopfuse.streams.local.worker_process import WorkerProcess, topic_settings, unique_topics  # noqa: E402
 from tests.support.brokers import run_on  # noqa: E402
 
@@ -61,7 +61,7 @@ def state_values(count: int = 64) -> list[bytes]:
                            "result": "running" if looping else f"content {n} {i}"}):
                 state, _ = engine.step(state, decode_event(orjson.dumps(event)), 0)
         assert state is not None
-        values.append(state.to_bytes())
+        values.append(state_codec.encode(state))
     return values
 
 

@@ -284,26 +284,3 @@ class SessionState:
         if written is None:
             written = self._record_bytes = list(map(encode_record, self.history))
         return array_header(len(written)) + b"".join(written)
-
-    # -- bytes (loopfuse.streams.engine.state_codec) ----------------------------------------
-
-    def to_bytes(self) -> bytes:
-        return _codec.encode(self)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> SessionState:
-        """The state in ``data``; ValueError if the bytes are truncated or corrupt."""
-        return _codec.decode(data)
-
-    @staticmethod
-    def idle_stamps(data: bytes) -> tuple[int, int]:
-        return _codec.idle_stamps(data)
-
-    def fit(self, cap: int) -> bytes:
-        """The state's bytes within ``cap``, shedding the oldest evidence (state_codec.fit)."""
-        return _codec.fit(self, cap)
-
-
-# Last: the codec builds on the classes above. (Not imported inside the methods: an
-# import statement there costs more than encoding a small state.)
-from loopfuse.streams.engine import state_codec as _codec  # noqa: E402

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from loopfuse.streams.worker.faust_compat.end_offsets import fetch_end_offsets
+from loopfuse.streams.end_offsets import fetch_end_offsets
 
 if TYPE_CHECKING:
     from loopfuse.streams.settings import Settings

@@ -41,12 +41,12 @@ from faust.types import StreamT
 from pydantic import ValidationError
 
 from loopfuse.schemas.events import FleetBreak, LoopEvent, ToolBreakerState, ToolStrike
+from loopfuse.streams.end_offsets import fetch_end_offsets
 from loopfuse.streams.engine import Engine
 from loopfuse.streams.engine.fingerprint import digest
 from loopfuse.streams.engine.fleet import ToolBreaker, breaker_message
 from loopfuse.streams.engine.rule_config import FleetBreaker
 from loopfuse.streams.settings import Settings
-from loopfuse.streams.worker.faust_compat.end_offsets import fetch_end_offsets
 from loopfuse.streams.worker.faust_compat.producer import send_retrying
 
 log = logging.getLogger("loopfuse.fleet_breaker")

@@ -44,6 +44,7 @@ from loopfuse.streams.engine import (
     SessionState,
     Verdict,
     fleet,
+    state_codec,
 )
 from loopfuse.streams.engine.fingerprint import hash64
 from loopfuse.streams.engine.state_codec import StateTooLarge
@@ -309,7 +310,7 @@ class SessionFold:
 
     def _encode(self, state: SessionState) -> bytes:
         before = len(state.history)
-        data = state.fit(self.limits.max_state_bytes)
+        data = state_codec.fit(state, self.limits.max_state_bytes)
         if len(state.history) < before:
             self.shed += 1
         return data
@@ -373,7 +374,7 @@ class SessionFold:
 
 
 def _decode(data: bytes | None) -> SessionState | None:
-    return None if data is None else SessionState.from_bytes(data)
+    return None if data is None else state_codec.decode(data)
 
 
 # -- the session processor -------------------------------------------------------------
@@ -712,7 +713,7 @@ class SessionProcessor:
         if cached is not None and (cached[0] is raw or cached[0] == raw):
             return cached[1]
         try:
-            return SessionState.from_bytes(raw)
+            return state_codec.decode(raw)
         except Exception:
             log.exception("unreadable state of session %r: starting it afresh", key[:80])
             return None
@@ -791,7 +792,7 @@ class SessionProcessor:
                 self.key_partition.pop(key, None)
                 continue
             try:
-                touched_ms, last_event_ms = SessionState.idle_stamps(raw)
+                touched_ms, last_event_ms = state_codec.idle_stamps(raw)
             except ValueError:  # unreadable: judging would start it afresh anyway
                 log.warning("unreadable state of session %r: expiring it", key[:80])
             else:

@@ -22,9 +22,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.types import TP
 
+from loopfuse.streams.end_offsets import fetch_end_offsets
 from loopfuse.streams.worker.faust_compat.end_offsets import (
     end_offset_workaround_installed,
-    fetch_end_offsets,
     install_end_offset_workaround,
 )
 from tests.support.harness import unique
@@ -240,7 +240,7 @@ def test_fetch_response_reading_covers_lso_and_out_of_range() -> None:
     aborted, preferred_replica, records)."""
     from types import SimpleNamespace
 
-    from loopfuse.streams.worker.faust_compat.end_offsets import _read_fetch_response
+    from loopfuse.streams.end_offsets import _read_fetch_response
 
     a, b, c = (TopicPartition("t", i) for i in range(3))
     response = SimpleNamespace(

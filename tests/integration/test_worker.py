@@ -19,7 +19,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from loopfuse.schemas import load_config, validate_event
-from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine import Engine, state_codec
 from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.harness import (
     CONFIG,
@@ -251,7 +251,7 @@ async def test_a_restart_onto_a_written_changelog_restores_every_session(
             state, _ = engine.step(state, parsed, parsed.ts)
         assert state is not None
         changelog.append((f"{worker.env['LOOPFUSE_APP_ID']}-sessions-changelog",
-                          key.encode(), state.to_bytes()))
+                          key.encode(), state_codec.encode(state)))
 
     worker.start()
     worker.wait_ready()  # creates the changelog topic

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from loopfuse.streams.engine import SessionState
+from loopfuse.streams.engine import state_codec
 from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.brokers import choose, describe, started
 from tests.support.harness import (
@@ -249,7 +249,7 @@ async def _diagnose(
     history: dict[bytes, list[tuple[int, int, int]]] = {}
     for partition, offset, key, value in sorted(records, key=lambda r: (r[0], r[1])):
         if key is not None and value is not None:
-            seq = SessionState.from_bytes(value).next_seq
+            seq = state_codec.decode(value).next_seq
             history.setdefault(key, []).append((partition, offset, -1 if seq is None else seq))
     regressions = [
         (key, prev, cur)
@@ -283,7 +283,7 @@ async def _diagnose(
         if raw is None:
             say(f"  {key}: {n} missing (seqs {seqs[:12]}), no state")
             continue
-        st = SessionState.from_bytes(raw)
+        st = state_codec.decode(raw)
         say(
             f"  {key}: {n} missing (seqs {seqs[:12]}); state next_seq={st.next_seq} "
             f"parked={sorted(st.parked)[:12]} skipped={st.skipped}"

@@ -33,6 +33,7 @@ from loopfuse.streams.engine import (
     Rejection,
     SessionState,
     Verdict,
+    state_codec,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,9 +99,9 @@ def run(lines: list[bytes], config: DetectionConfigFile) -> list[bytes]:
     for key, state in sorted(states.items()):
         for output in engine.release(state, state.touched_ms + 60_000, None):
             out.append(_line(output))
-        data = state.to_bytes()
+        data = state_codec.encode(state)
         out.append(orjson.dumps(["state", key, data.hex()]))
-        out.append(orjson.dumps(["again", key, SessionState.from_bytes(data).to_bytes().hex()]))
+        out.append(orjson.dumps(["again", key, state_codec.encode(state_codec.decode(data)).hex()]))
     return out
 
 

@@ -431,7 +431,7 @@ async def end_offsets(
     whose answer is wrong after multi-record batches, the high watermarks of a Fetch
     answer (see loopfuse.streams.worker.faust_compat.end_offsets)."""
     if embedded_in_use():
-        from loopfuse.streams.worker.faust_compat.end_offsets import fetch_end_offsets
+        from loopfuse.streams.end_offsets import fetch_end_offsets
 
         return await fetch_end_offsets(consumer, tps)
     ends: dict[TopicPartition, int] = await consumer.end_offsets(list(tps))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopfuse.schemas import parse_config
-from loopfuse.streams.engine import Engine, SessionState
+from loopfuse.streams.engine import Engine, SessionState, state_codec
 from tests.unit.conftest import call, loop_events, run_ended, verdicts
 
 
@@ -152,9 +152,9 @@ def test_a_redelivered_tool_call_gets_the_identical_verdict_and_changes_nothing(
     state, outputs = feed(eng, events)
     last = verdicts(outputs)[-1]
     assert last.action == "warn"
-    before = state.to_bytes()
+    before = state_codec.encode(state)
     state, again = feed(eng, [events[-1]], state=state)
-    assert state.to_bytes() == before
+    assert state_codec.encode(state) == before
     (repeat,) = verdicts(again)
     assert (repeat.verdict_id, repeat.action, repeat.count, repeat.message) == (
         last.verdict_id,
@@ -168,13 +168,13 @@ def test_a_redelivered_tool_call_gets_the_identical_verdict_and_changes_nothing(
 def test_parked_events_and_skipped_gaps_survive_the_state_bytes() -> None:
     eng = engine(gap_timeout_ms=10)
     state, _ = feed(eng, [call("read", {"path": "/x"}, call_id="x", seq=5, ts=100)])
-    restored = SessionState.from_bytes(state.to_bytes())
+    restored = state_codec.decode(state_codec.encode(state))
     assert restored == state
     restored, released = feed(
         eng, [call("read", {"path": "/y"}, call_id="y", seq=6, ts=200)], state=restored
     )
     assert [v.call_id for v in verdicts(released)] == ["x", "y"]
-    again = SessionState.from_bytes(restored.to_bytes())
+    again = state_codec.decode(state_codec.encode(restored))
     assert again.skipped == [(0, 4)] and again.next_seq == 7
 
 
@@ -216,7 +216,7 @@ def test_a_session_waiting_on_a_gap_is_not_idle() -> None:
     eng = engine()
     state, _ = feed(eng, [call("read", {}, call_id="c0", seq=0)], now=1_000)
     state, _ = feed(eng, [call("read", {}, call_id="c2", seq=2)], now=9_000)
-    assert SessionState.idle_stamps(state.to_bytes())[0] == 9_000
+    assert state_codec.idle_stamps(state_codec.encode(state))[0] == 9_000
 
 
 def test_a_session_is_stamped_with_its_newest_event_time() -> None:
@@ -225,13 +225,13 @@ def test_a_session_is_stamped_with_its_newest_event_time() -> None:
     # parked (seq 1 missing) and older than the last one: the newest event time stays
     state, _ = feed(eng, [call("read", {}, call_id="c2", seq=2, ts=7_000)], now=11_000, state=state)
     state, _ = feed(eng, [call("read", {}, call_id="c1", seq=1, ts=6_000)], now=12_000, state=state)
-    assert SessionState.idle_stamps(state.to_bytes()) == (12_000, 7_000)
+    assert state_codec.idle_stamps(state_codec.encode(state)) == (12_000, 7_000)
     # a gateway clock running ahead counts as the worker's now
     state, _ = feed(eng, [call("read", {}, call_id="c3", seq=3, ts=99_000)], now=13_000, state=state)
-    assert SessionState.idle_stamps(state.to_bytes()) == (13_000, 13_000)
+    assert state_codec.idle_stamps(state_codec.encode(state)) == (13_000, 13_000)
     # a redelivered event is no sign of life
     state, _ = feed(eng, [call("read", {}, call_id="c3", seq=3, ts=99_000)], now=50_000, state=state)
-    assert SessionState.from_bytes(state.to_bytes()).last_event_ms == 13_000
+    assert state_codec.decode(state_codec.encode(state)).last_event_ms == 13_000
 
 
 #: A session with one pending call (seq 0, ts 5000, touched at 10 000) as format 3
@@ -245,18 +245,18 @@ SMALL_V3 = bytes.fromhex(
 def test_state_written_before_event_stamps_still_reads() -> None:
     eng = engine()
     state, _ = feed(eng, [call("read", {}, call_id="c0", seq=0, ts=5_000)], now=10_000)
-    raw = state.to_bytes()
+    raw = state_codec.encode(state)
     # The same state as format 3 wrote it (3eeaf21): with no guards and no warnings,
     # format 2 is format 3 without its incarnation bookkeeping at the end (8-byte
     # incarnation, no retired, nothing pending) ...
     v3 = SMALL_V3
-    assert SessionState.from_bytes(v3).to_bytes() == raw
+    assert state_codec.encode(state_codec.decode(v3)) == raw
     assert v3[-10:] == bytes(10)
     v2 = bytes((2,)) + v3[1:-10]
-    assert SessionState.from_bytes(v2).to_bytes() == raw
+    assert state_codec.encode(state_codec.decode(v2)) == raw
     # ... and format 1 is format 2 without the 8-byte event stamp after touched_ms.
     old = bytes((1,)) + v2[1:9] + v2[17:]
-    restored = SessionState.from_bytes(old)
+    restored = state_codec.decode(old)
     assert (restored.touched_ms, restored.last_event_ms, restored.next_seq) == (10_000, 0, 1)
-    assert SessionState.idle_stamps(old) == (10_000, 0)
+    assert state_codec.idle_stamps(old) == (10_000, 0)
     assert len(restored.history) == 1

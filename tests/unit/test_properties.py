@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopfuse.schemas import parse_config, validate_event
-from loopfuse.streams.engine import Engine, SessionState
+from loopfuse.streams.engine import Engine, SessionState, state_codec
 from loopfuse.streams.engine.rule_state import RuleState
 from tests.unit.conftest import comparable, verdicts
 
@@ -123,9 +123,9 @@ def test_a_duplicate_event_changes_nothing(ops: Any, data: Any, with_seq: bool) 
     assert state is not None
     seen = {(v.verdict_id, v.action) for v in verdicts(outputs)}
     duplicate = events[data.draw(st.integers(0, cut - 1), label="duplicate")]
-    before = state.to_bytes()
+    before = state_codec.encode(state)
     state, again = engine.step(state, duplicate, duplicate.ts + 5)
-    assert state.to_bytes() == before
+    assert state_codec.encode(state) == before
     assert {(v.verdict_id, v.action) for v in verdicts(again)} <= seen
 
 
@@ -136,14 +136,14 @@ def test_state_round_trips_through_bytes(prefix: Any, rest: Any, with_seq: bool)
     events = build(prefix + rest, with_seq=with_seq)
     state, _ = fold(engine, events[:len(prefix)])
     state = state or SessionState()
-    raw = state.to_bytes()
-    restored = SessionState.from_bytes(raw)
-    assert restored.to_bytes() == raw
+    raw = state_codec.encode(state)
+    restored = state_codec.decode(raw)
+    assert state_codec.encode(restored) == raw
     original_end, original_out = fold(engine, events[len(prefix):], state)
     restored_end, restored_out = fold(engine, events[len(prefix):], restored)
     assert [comparable(o) for o in restored_out] == [comparable(o) for o in original_out]
     assert restored_end is not None and original_end is not None
-    assert restored_end.to_bytes() == original_end.to_bytes()
+    assert state_codec.encode(restored_end) == state_codec.encode(original_end)
 
 
 def test_round_trip_keeps_a_sticky_block() -> None:
@@ -151,7 +151,7 @@ def test_round_trip_keeps_a_sticky_block() -> None:
     ops = [("call", 0, 0, 0), ("result", 0, 0, 0)] * 3 + [("call", 0, 0, 0)]
     state, outputs = fold(engine, build(ops, with_seq=False))
     assert verdicts(outputs)[-1].action == "block"
-    restored = SessionState.from_bytes(state.to_bytes())  # type: ignore[union-attr]
+    restored = state_codec.decode(state_codec.encode(state))  # type: ignore[union-attr]
     again = validate_event(
         {"type": "tool_call", "event_id": "later", "ts": 5000, "session_key": "s1",
          "run_id": "r0", "call_id": "c-later", "tool_name": "read", "args": {"p": 1}})
@@ -208,7 +208,7 @@ def test_state_with_rules_round_trips_through_bytes(prefix: Any, rest: Any,
     events = build(prefix + rest, with_seq=with_seq)
     state, _ = fold(engine, events[:len(prefix)])
     state = state or SessionState()
-    restored = SessionState.from_bytes(state.to_bytes())
+    restored = state_codec.decode(state_codec.encode(state))
     assert (restored.rules or RuleState()) == (state.rules or RuleState())  # empty: not written
     _, original_out = fold(engine, events[len(prefix):], state)
     _, restored_out = fold(engine, events[len(prefix):], restored)

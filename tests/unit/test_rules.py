@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from loopfuse.schemas import ConfigError, parse_config
-from loopfuse.streams.engine import Engine, SessionState
+from loopfuse.streams.engine import Engine, SessionState, state_codec
 from loopfuse.streams.engine.rules import RUN_ENDED_NOTICE, normalise_error
 from tests.unit.conftest import (
     LOOP_BLOCK_RESULT,
@@ -409,7 +409,7 @@ def test_rule_counts_survive_the_state_bytes() -> None:
     events = (spend(500, 0.5, 1) + failing_fetch(2) + repeat_pairs("read", {"p": 1}, 3)
               + [call("read", {"p": 1})])
     state, _ = fold(engine, events)
-    restored = SessionState.from_bytes(state.to_bytes())
+    restored = state_codec.decode(state_codec.encode(state))
     assert restored.rules == state.rules
     _, outputs = fold(engine, [call("read", {"p": 1})], restored)
     assert decided(outputs)[-1] == ("abort", "tool_loop_run_ended", 2)
@@ -421,7 +421,7 @@ def test_a_session_no_rule_touched_keeps_its_old_bytes() -> None:
     without, _ = fold(rules_engine({}), events)
     assert with_rules.rules is not None  # the call tally
     with_rules.rules = None
-    assert with_rules.to_bytes() == without.to_bytes()
+    assert state_codec.encode(with_rules) == state_codec.encode(without)
 
 
 def test_a_redelivered_call_gets_the_rule_verdict_again() -> None:
@@ -557,6 +557,6 @@ def test_fit_sheds_the_oldest_run_tallies_before_remembered_verdicts() -> None:
     state, _ = fold(engine, events)
     assert state.rules is not None and len(state.rules.runs) == MAX_RUN_TALLIES
     state.history.clear()
-    size = len(state.to_bytes())
-    state.fit(size - 1)
+    size = len(state_codec.encode(state))
+    state_codec.fit(state, size - 1)
     assert 0 < len(state.rules.runs) < MAX_RUN_TALLIES

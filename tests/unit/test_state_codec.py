@@ -48,7 +48,7 @@ def _states() -> list[bytes]:
     states = []
     for event in events:
         state, _ = engine.step(state, event, event.ts)
-        states.append(state.to_bytes())
+        states.append(codec.encode(state))
     # A restarted gateway's first call waits while the input is not read up to it.
     restart = validate_event(
         {
@@ -65,13 +65,13 @@ def _states() -> list[bytes]:
         }
     )
     state, _ = engine.step(state, restart, 30, watermark_ms=0)
-    states.append(state.to_bytes())
+    states.append(codec.encode(state))
     # The opt-in rules' trailer (issue 14) after everything else.
     state.rules = RuleState()
     state.rules.tally(7).calls = 3
     state.rules.note_failure((7, 11), 13)
     state.rules.session_cost = 0.25
-    states.append(state.to_bytes())
+    states.append(codec.encode(state))
     return states
 
 
