@@ -5,7 +5,8 @@
 #   docker run --rm -e LOOPFUSE_BOOTSTRAP_SERVERS=kafka:9092 loopfuse:0.1.0          # = loopfuse worker
 #   docker run --rm loopfuse:0.1.0 replay --config /cfg.json5 - < events.jsonl       # any subcommand
 #
-# Settings come only from LOOPFUSE_* variables (streams/settings.py). Two stages: the
+# Settings come only from LOOPFUSE_* variables (streams/settings.py). The [worker] extra
+# adds Faust and RocksDB to the base install. Two stages: the
 # first builds wheels of the project and its dependencies (rocksdict, orjson, xxhash
 # ship manylinux wheels, so no compiler is needed); the second installs them without
 # the source tree, the build tools or pip's cache. No dev/test extras, no embedded
@@ -15,12 +16,14 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# loopfuse/ holds the package's __init__ and links to the three folders below
+COPY loopfuse ./loopfuse
 COPY schemas ./schemas
 COPY streams ./streams
 # the Hermes plugin is a package of the distribution (the OpenClaw one is a Node package)
 COPY integrations/__init__.py ./integrations/__init__.py
 COPY integrations/hermes ./integrations/hermes
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[rocksdb]"
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[worker]"
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -28,7 +31,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels "loopfuse[rocksdb]"
+    pip install --no-cache-dir --no-index --find-links /wheels "loopfuse[worker]"
 
 # Non-root; the data dir exists before VOLUME so a fresh named volume inherits its owner.
 RUN groupadd --system --gid 10001 loopfuse \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -10,6 +11,22 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from loopfuse.schemas.config import ConfigError, DetectionConfigFile, load_config
+
+
+def _worker_missing(command: str) -> int | None:
+    """Exit status 2 and one line when the [worker] extra is not installed, else None.
+
+    The base install (a gateway's, an operator's) has no Faust: `loopfuse worker` and
+    the demo (which starts a worker) need ``pip install "loopfuse[worker]"``.
+    """
+    if importlib.util.find_spec("faust") is not None:
+        return None
+    print(
+        f'loopfuse {command}: needs the worker\'s dependencies (Faust, RocksDB): '
+        'pip install "loopfuse[worker]"',
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _load(path: str | None) -> DetectionConfigFile | None:
@@ -24,6 +41,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    if (missing := _worker_missing("worker")) is not None:
+        return missing
     from loopfuse.streams.settings import Settings
     from loopfuse.streams.worker.run import run_worker
 
@@ -51,6 +70,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if (missing := _worker_missing("demo")) is not None:
+        return missing
     from loopfuse.streams.local.demo import run_demo
 
     return run_demo(args)

@@ -6,8 +6,9 @@ This is the only place that reads the environment; everything else is handed a
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -162,23 +163,6 @@ class Settings(BaseSettings):
         """The fleet breaker's topics: strikes (keyed by tool), breakers (compacted)."""
         return (self.topic_tool_strikes, self.topic_tool_breakers)
 
-    def faust_credentials(self) -> Any:
-        """The same security options as Faust's broker credentials (None: plaintext)."""
-        import faust
-
-        kwargs = self.kafka_client_kwargs()
-        if self.sasl_mechanism is not None:
-            secret = self.sasl_password.get_secret_value() if self.sasl_password else ""
-            return faust.SASLCredentials(
-                username=self.sasl_username or "",
-                password=secret,
-                mechanism=self.sasl_mechanism,
-                ssl_context=kwargs.get("ssl_context"),  # type: ignore[arg-type]
-            )
-        if self.security_protocol == "SSL":
-            return faust.SSLCredentials(kwargs["ssl_context"])  # type: ignore[arg-type]
-        return None
-
     @property
     def fetch_wait_ms(self) -> int:
         """The consumers' fetch long-poll: ``fetch_max_wait_ms`` when set; else 500 ms on
@@ -190,19 +174,24 @@ class Settings(BaseSettings):
             return self.fetch_max_wait_ms
         return 5 if self.embedded_broker else 500
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of an SSL or SASL_SSL connection (None: no TLS)."""
+        if not self.security_protocol.endswith("SSL"):
+            return None
+        context = ssl.create_default_context(
+            cafile=str(self.ssl_cafile) if self.ssl_cafile else None
+        )
+        if self.ssl_certfile:
+            context.load_cert_chain(
+                str(self.ssl_certfile), str(self.ssl_keyfile) if self.ssl_keyfile else None
+            )
+        return context
+
     def kafka_client_kwargs(self) -> dict[str, object]:
         """Security options for an aiokafka client (admin, producer, consumer)."""
         kwargs: dict[str, object] = {"security_protocol": self.security_protocol}
-        if self.security_protocol.endswith("SSL"):
-            import ssl
-
-            context = ssl.create_default_context(
-                cafile=str(self.ssl_cafile) if self.ssl_cafile else None
-            )
-            if self.ssl_certfile:
-                context.load_cert_chain(
-                    str(self.ssl_certfile), str(self.ssl_keyfile) if self.ssl_keyfile else None
-                )
+        context = self.ssl_context()
+        if context is not None:
             kwargs["ssl_context"] = context
         if self.sasl_mechanism is not None:
             kwargs["sasl_mechanism"] = self.sasl_mechanism

@@ -25,7 +25,12 @@ from loopfuse.streams.worker.faust_compat.end_offsets import install_end_offset_
 from loopfuse.streams.worker.faust_compat.producer import Publisher
 from loopfuse.streams.worker.faust_compat.recovery import ChangelogRestore
 from loopfuse.streams.worker.faust_compat.tables import FaustSessionStore, session_table
-from loopfuse.streams.worker.faust_compat.typed import every, on_assigned, recovery_completed
+from loopfuse.streams.worker.faust_compat.typed import (
+    every,
+    faust_credentials,
+    on_assigned,
+    recovery_completed,
+)
 from loopfuse.streams.worker.faust_compat.web import operators_only_web
 from loopfuse.streams.worker.fleet_breaker import install_fleet_breaker
 from loopfuse.streams.worker.metrics import Metrics
@@ -42,7 +47,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         config = load_config(settings.config_file)
     app = faust.App(
         settings.app_id, broker=[f"kafka://{h}" for h in settings.bootstrap_servers.split(",")],
-        broker_credentials=settings.faust_credentials(), store=settings.store,
+        broker_credentials=faust_credentials(settings), store=settings.store,
         datadir=str(settings.data_dir), autodiscover=False, topic_allow_declare=True,
         topic_disable_leader=True, topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,

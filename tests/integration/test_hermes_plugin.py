@@ -24,19 +24,12 @@ import yaml
 from loopfuse.schemas import load_config, validate_event
 from loopfuse.streams.engine import Engine, Verdict
 from loopfuse.streams.gateway.client import TIMEOUT_MESSAGE
-from loopfuse.streams.local.worker_process import (
-    REPO_ROOT,
-    WorkerProcess,
-    topic_settings,
-    unique_topics,
-)
+from loopfuse.streams.local.worker_process import WorkerProcess, topic_settings, unique_topics
 from tests.support.harness import unique, worker_settings
-
-pytest.importorskip("model_tools", reason="hermes-agent is not installed (./dev test installs it)")
 
 pytestmark = pytest.mark.timeout(180)
 
-CONFIG = REPO_ROOT / "tests" / "fixtures" / "small.json5"  # warning 3, critical 5
+CONFIG = Path(__file__).resolve().parents[1] / "fixtures" / "small.json5"  # warning 3, critical 5
 STUCK = json.dumps({"output": "error: still broken", "exit_code": 1})
 
 

@@ -1,5 +1,5 @@
 """Typed doors into Faust's untyped API: its timer decorator, its assignment signal,
-its table manager's recovery state.
+its table manager's recovery state, its broker credentials.
 
 Faust's ``app.timer`` is untyped, ``on_partitions_assigned.connect`` is typed for
 synchronous receivers only, and ``app.tables.recovery`` is not on ``TableManagerT``.
@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
+
+from loopfuse.streams.settings import Settings
 
 Tick = Callable[[], Awaitable[None]]
 
@@ -43,3 +45,19 @@ def recovery_completed(app: faust.App) -> bool:
     """Whether the table manager finished restoring the tables from their changelogs."""
     recovery: Any = getattr(app.tables, "recovery")  # noqa: B009  # not on TableManagerT
     return bool(recovery.completed.is_set())
+
+
+def faust_credentials(settings: Settings) -> faust.auth.Credentials | None:
+    """The settings' security options as Faust's broker credentials (None: plaintext)."""
+    context = settings.ssl_context()
+    if settings.sasl_mechanism is not None:
+        password = settings.sasl_password
+        return faust.SASLCredentials(
+            username=settings.sasl_username or "",
+            password=password.get_secret_value() if password is not None else "",
+            mechanism=settings.sasl_mechanism,
+            ssl_context=context,
+        )
+    if settings.security_protocol == "SSL":
+        return faust.SSLCredentials(context)
+    return None
