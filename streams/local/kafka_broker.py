@@ -53,7 +53,9 @@ __all__ = [
 ]
 
 #: infra/kafka of the source tree: the Maven descriptor, broker settings and logging.
-INFRA = Path(__file__).resolve().parents[2] / "infra" / "kafka"
+# infra/kafka (the pom that pins Kafka, the broker's settings, its log config), linked in
+# as package data so an installed copy has it too
+INFRA = Path(__file__).parent / "kafka"
 
 #: Java the Kafka 4 broker needs at least.
 MIN_JAVA = 17
@@ -91,8 +93,8 @@ def _pom() -> Path:
     pom = INFRA / "pom.xml"
     if not pom.is_file():
         raise KafkaUnavailableError(
-            f"Apache Kafka's Maven descriptor is not at {pom}: run from a loopfuse "
-            "source checkout (the launcher reads infra/kafka)"
+            f"Apache Kafka's Maven descriptor is not at {pom} (infra/kafka, which the "
+            "package ships): reinstall loopfuse"
         )
     return pom
 

@@ -151,5 +151,8 @@ def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
     assert "loopfuse/schemas/verdict.schema.json" in names
     assert "loopfuse/streams/engine/step.py" in names
     assert "loopfuse/integrations/hermes/plugin.py" in names
+    # `loopfuse broker --kafka` from an installed copy: the pom and the broker's settings
+    assert {"loopfuse/streams/local/kafka/pom.xml",
+            "loopfuse/streams/local/kafka/broker.properties"} <= set(names)
     assert not any(name.startswith("loopfuse/tests") or "/node_modules/" in name
                    for name in names)
