@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -143,10 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     opts = parser.parse_args(argv)
     script = Script(json.loads(opts.script.read_text()), opts.log)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(script, opts.port))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 
