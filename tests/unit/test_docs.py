@@ -25,6 +25,8 @@ from loopfuse.streams.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+#: every Markdown file whose links are checked: the docs and the OpenClaw package's README
+LINKED = [*DOCS, ROOT / "integrations" / "openclaw" / "README.md"]
 SHELL_LANGUAGES = {"sh", "bash", "console", "shell"}
 
 
@@ -313,7 +315,7 @@ def test_the_readme_leads_to_every_doc() -> None:
 
 def test_every_relative_link_resolves() -> None:
     broken = []
-    for doc in DOCS:
+    for doc in LINKED:
         text = read(doc)
         for n, target in links(text):
             if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
