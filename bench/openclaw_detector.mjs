@@ -4,7 +4,7 @@
  * JavaScript on V8, folding loopfuse's JSONL wire events (v1) one session at a time.
  *
  * This is NOT OpenClaw's code. It was written from the detection semantics in
- * ../shared/spec/loop-detection.md (and loopfuse's README where the wire format
+ * ../shared/spec/loop-detection.md (and loopfuse's docs/wire-format.md where the wire format
  * needs reading), the way OpenClaw's in-process detector computes them:
  *
  *   - call signature = tool name + SHA-256 hex digest of a stable (sorted keys,

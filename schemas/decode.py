@@ -104,7 +104,7 @@ def decode_event(
 ) -> InputEvent:
     """Parse and validate one wire event; raise EventRejected with a code and a reason.
 
-    Bounds (README, Wire format): the message size, JSON nesting, integers in
+    Bounds (docs/wire-format.md): the message size, JSON nesting, integers in
     0 .. 2**53-1 (the models), identifiers at most ``max_identifier_bytes``.
     """
     if not raw:

@@ -80,7 +80,7 @@ class _InputEvent(BaseModel):
     agent_id: Identifier | None = _identifier("selects per-agent config overrides")
     # Restart-safe extension to v1: the gateway's seq space. A gateway that restarts
     # (or otherwise starts counting seq from 0 again) sends a new incarnation, which
-    # opens a new seq space while the session keeps its history (README: Ordering).
+    # opens a new seq space while the session keeps its history (docs/wire-format.md: Ordering).
     incarnation: Annotated[Identifier, Field(min_length=1)] | None = _identifier(
         "the gateway's seq space: a new value per gateway start (e.g. a random id)"
     )
@@ -125,7 +125,7 @@ class ErrorDetail(BaseModel):
 
 
 class Usage(BaseModel):
-    """What the session spent since its previous usage report (run caps, README: Rules).
+    """What the session spent since its previous usage report (run caps, docs/configuration.md: Rules).
 
     An extension to v1 that older consumers ignore: the gateway reports each model
     turn's spend (and a tool's own, if it has one) once, on a tool result of the turn.

@@ -82,7 +82,7 @@ class _InputEvent(
     session_key: str | None = None
     run_id: str | None = None
     agent_id: str | None = None
-    # Restart-safe extension to v1: the gateway's seq space (README: Ordering).
+    # Restart-safe extension to v1: the gateway's seq space (docs/wire-format.md: Ordering).
     incarnation: _NonEmpty | None = None
     seq: _WireInt | None = None
     ts: _WireInt  # epoch milliseconds
@@ -119,7 +119,7 @@ class ErrorDetail(Struct, frozen=True, omit_defaults=True, gc=False):
 
 
 class Usage(Struct, frozen=True, omit_defaults=True, gc=False):
-    """What the session spent since its previous usage report (run caps, README: Rules)."""
+    """What the session spent since its previous usage report (run caps, docs/configuration.md: Rules)."""
 
     input_tokens: _WireInt | None = None
     output_tokens: _WireInt | None = None
@@ -186,7 +186,7 @@ Detector = Literal[
     "generic_repeat",
     "compaction_loop_persisted",
     "sequence_gap",
-    # opt-in rules (issue 14, README: Rules)
+    # opt-in rules (issue 14, docs/configuration.md: Rules)
     "tool_loop_run_ended",
     "cycle",
     "repeated_failure",

@@ -16,7 +16,7 @@ One producer and one verdict consumer serve any number of concurrent sessions.
 ``seq`` and ``event_id`` are assigned here, per session key, in publish order, in
 this client's *incarnation* (a random id per client): a gateway that restarts gets a
 new incarnation, so loopfuse continues its sessions in a new seq space instead of
-taking the new events for redeliveries (README: restart-safe gateways). A verdict is
+taking the new events for redeliveries (docs/wire-format.md: restart-safe gateways). A verdict is
 accepted only for the pending call it answers: same session, call id, seq,
 incarnation and args hash; anything else on the verdicts topic is counted and
 dropped. The verdict reader survives bad records, callback errors and consumer
@@ -187,7 +187,7 @@ class GatewaySession:
         """Publish a tool's outcome: ``result`` (OpenClaw's shape) or ``error`` text.
 
         ``usage``: what the session spent since its last report (``input_tokens``,
-        ``output_tokens``, ``total_tokens``, ``cost``), for the run caps (README: Rules).
+        ``output_tokens``, ``total_tokens``, ``cost``), for the run caps (docs/configuration.md: Rules).
         """
         event = self._envelope("tool_result")
         event.update(call_id=call_id, tool_name=tool_name)

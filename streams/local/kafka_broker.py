@@ -61,8 +61,8 @@ INFRA = Path(__file__).parent / "kafka"
 MIN_JAVA = 17
 
 #: Heap of a node: Kafka's own start script gives 1 GiB; one node of a test broker
-#: on a 2-core machine shared with the tests stays well inside 512 MiB (see README,
-#: Apache Kafka), and a three-node cluster must fit beside the workers too.
+#: on a 2-core machine shared with the tests stays well inside 512 MiB (see
+#: docs/operations.md, Apache Kafka), and a three-node cluster must fit beside the workers too.
 _HEAP_FLAGS = ("-Xms256m", "-Xmx512m")
 
 #: Kafka's start script's GC flags (kafka-run-class.sh), bar the heap.

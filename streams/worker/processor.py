@@ -529,7 +529,7 @@ class SessionProcessor:
             "loop_event": outputs.loop_events,
             "dead_letter": outputs.dead_letters,
         }
-        # The fleet breaker (README: Rules): strikes only when it is configured, and
+        # The fleet breaker (docs/configuration.md: Rules): strikes only when it is configured, and
         # the tools broken fleet-wide as the worker last read them (a live mapping).
         self.strike = outputs.tool_strikes is not None
         if outputs.tool_strikes is not None:

@@ -1,4 +1,4 @@
-"""The fleet-wide tool breaker (issue 14 item 6, README: Rules) without a broker: the
+"""The fleet-wide tool breaker (issue 14 item 6, docs/configuration.md: Rules) without a broker: the
 overlay on verdicts, strikes, the sliding window, the breaker's own loop event and the
 board every worker reads. The end-to-end test is tests/integration/test_fleet_breaker.py.
 """

@@ -1,4 +1,4 @@
-"""The opt-in rules of issue 14 (README: Rules), observed through verdicts and loop events."""
+"""The opt-in rules of issue 14 (docs/configuration.md: Rules), observed through verdicts and loop events."""
 
 from __future__ import annotations
 
@@ -518,13 +518,13 @@ def test_each_example_shows_its_rule(name: str, detector: str, enforced: bool) -
     assert (detector, enforced) in [(e.detector, e.enforced) for e in loop_events(outputs)]
 
 
-def test_every_rules_example_in_the_readme_is_valid() -> None:
+def test_every_rules_example_in_the_docs_is_valid() -> None:
     import re
 
     import json5
 
-    readme = (EXAMPLES.parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Rules beyond"):readme.index("### Worker settings")]
+    docs = (EXAMPLES.parents[1] / "docs" / "configuration.md").read_text()
+    section = docs[docs.index("## Rules beyond"):docs.index("## Worker settings")]
     blocks = re.findall(r"```json5\n(.*?)```", section, re.S)
     assert len(blocks) == 7
     for block in blocks:
