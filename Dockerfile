@@ -23,6 +23,8 @@ COPY streams ./streams
 # the Hermes plugin is a package of the distribution (the OpenClaw one is a Node package)
 COPY integrations/__init__.py ./integrations/__init__.py
 COPY integrations/hermes ./integrations/hermes
+# streams/local/kafka links it: the Kafka launcher's pom and settings, package data
+COPY infra/kafka ./infra/kafka
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[worker]"
 
 FROM python:3.11-slim

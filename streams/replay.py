@@ -80,6 +80,7 @@ def replay_lines(
 
 def _progress_lines(stream: IO[bytes], total: int | None) -> Iterator[bytes]:
     """Wrap a byte stream with a progress bar on stderr (only used on a terminal)."""
+    from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     with Progress(
@@ -87,7 +88,7 @@ def _progress_lines(stream: IO[bytes], total: int | None) -> Iterator[bytes]:
         BarColumn(),
         DownloadColumn(),
         TimeRemainingColumn(),
-        console=None,
+        console=Console(stderr=True),  # stdout carries the verdicts' JSON lines
         transient=True,
         redirect_stdout=False,
         redirect_stderr=False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 import subprocess
 import sys
@@ -173,3 +174,16 @@ def test_hostile_lines_are_dead_letters_and_replay_goes_on_to_exit_0() -> None:
     assert {d["error_code"] for d in letters} == {"invalid_event", "unknown_type"}
     verdicts = [line for line in out if line["type"] == "verdict"]
     assert [v["action"] for v in verdicts] == ["allow"] * 3 + ["warn", "warn", "block"]
+
+
+def test_the_progress_bar_goes_to_stderr_and_stdout_stays_jsonl() -> None:
+    events = str(FIXTURES / "polling_loop.jsonl")
+    plain = subprocess.run([sys.executable, "-m", "loopfuse.streams.cli", "replay", events],
+                           capture_output=True, timeout=60, check=True)
+    forced = subprocess.run(
+        [sys.executable, "-m", "loopfuse.streams.cli", "replay", "--progress", events],
+        capture_output=True, timeout=60, check=True,
+        env={**os.environ, "FORCE_COLOR": "1", "COLUMNS": "80"},
+    )
+    assert forced.stdout == plain.stdout and b"\x1b" not in forced.stdout
+    assert b"replay" in forced.stderr  # the bar was drawn, on stderr
