@@ -105,7 +105,8 @@ def decode_event(
     """Parse and validate one wire event; raise EventRejected with a code and a reason.
 
     Bounds (README, Wire format): the message size, JSON nesting, integers in
-    0 .. 2**53-1 (the models), identifiers at most ``max_identifier_bytes``.
+    0 .. 2**53-1 and ``ts`` up to year 9999 (the models), identifiers at most
+    ``max_identifier_bytes``.
     """
     if not raw:
         raise EventRejected("empty_message", "empty message (no bytes)")
