@@ -26,11 +26,24 @@ from pydantic import (
 )
 
 from loopfuse.schemas import events
-from loopfuse.schemas.events import DEFAULT_MAX_IDENTIFIER_BYTES, MAX_WIRE_INT, NonEmptyStr, WireInt
+from loopfuse.schemas.events import (
+    DEFAULT_MAX_IDENTIFIER_BYTES,
+    MAX_EVENT_TS,
+    NonEmptyStr,
+    WireInt,
+)
+
+#: Why a ``ts`` out of range is refused, in the dead letter's reason (``invalid_event``).
+TS_RANGE = (
+    f"ts must be epoch milliseconds in 0 .. {MAX_EVENT_TS} "
+    "(1970-01-01T00:00:00Z .. 9999-12-31T23:59:59.999Z, the times every consumer can show; "
+    "a larger value is usually micro- or nanoseconds)"
+)
 
 
 def _to_epoch_ms(value: Any) -> Any:
-    """Accept RFC 3339 text or epoch milliseconds; store epoch milliseconds (0 .. 2**53-1)."""
+    """Accept RFC 3339 text or epoch milliseconds; store epoch milliseconds
+    (0 .. MAX_EVENT_TS, see there)."""
     if isinstance(value, bool):
         raise ValueError("ts must be an RFC 3339 time or epoch milliseconds, not a boolean")
     if isinstance(value, float) and value.is_integer():
@@ -44,8 +57,8 @@ def _to_epoch_ms(value: Any) -> Any:
             raise ValueError("ts must carry a time zone offset (RFC 3339)")
         value = int(parsed.timestamp() * 1000)
     if isinstance(value, int):
-        if not 0 <= value <= MAX_WIRE_INT:
-            raise ValueError("ts must be epoch milliseconds in 0 .. 2**53-1")
+        if not 0 <= value <= MAX_EVENT_TS:
+            raise ValueError(TS_RANGE)
         return value
     raise ValueError("ts must be an RFC 3339 time or epoch milliseconds")
 
@@ -69,7 +82,7 @@ Identifier = Annotated[
 EpochMs = Annotated[
     int,
     BeforeValidator(_to_epoch_ms),
-    Field(json_schema_extra={"minimum": 0, "maximum": MAX_WIRE_INT}),
+    Field(json_schema_extra={"minimum": 0, "maximum": MAX_EVENT_TS}),
 ]
 class _InputEvent(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -85,7 +98,10 @@ class _InputEvent(BaseModel):
         "the gateway's seq space: a new value per gateway start (e.g. a random id)"
     )
     seq: WireInt | None = None
-    ts: EpochMs = Field(description="Event time: RFC 3339 text or epoch milliseconds")
+    ts: EpochMs = Field(
+        description="Event time: RFC 3339 text or epoch milliseconds, "
+        "1970-01-01T00:00:00Z .. 9999-12-31T23:59:59.999Z"
+    )
 
     @model_validator(mode="after")
     def _has_key(self) -> _InputEvent:

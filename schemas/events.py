@@ -25,8 +25,16 @@ from pydantic import (
 WIRE_VERSION = 1
 
 #: The largest integer a JavaScript gateway can send exactly (2**53 - 1): the bound of
-#: every integer on the wire (``ts``, ``seq``), so state and outputs never overflow.
+#: every integer on the wire (``seq``, token counts), so state and outputs never overflow.
 MAX_WIRE_INT = 2**53 - 1
+#: The latest event time on the wire, 9999-12-31T23:59:59.999Z in epoch milliseconds.
+#: An event time is shown by every consumer: Python's ``datetime`` (``loopfuse tail``,
+#: logs, notify) stops at year 9999, JavaScript's ``Date`` (the audit report, the
+#: OpenClaw gateway) at +-8.64e15 ms (year 275760), and RFC 3339 text, the other form
+#: ``ts`` takes, has four-digit years. So year 9999 is the range all of them can show;
+#: a real gateway sends "now" (about 1.8e12), far below it, while microseconds or
+#: nanoseconds sent by mistake (1.8e15, 1.8e18) land beyond it and are refused.
+MAX_EVENT_TS = 253_402_300_799_999
 #: Default bound of identifiers and tokens, in UTF-8 bytes (``LOOPFUSE_MAX_IDENTIFIER_BYTES``).
 DEFAULT_MAX_IDENTIFIER_BYTES = 512
 #: The fields that identify something (and end up in state, outputs or messages);
@@ -64,6 +72,7 @@ NonEmptyStr = Annotated[
 # holds JSON values, which never refer back to it.
 
 _WireInt = Annotated[int, Meta(ge=0, le=MAX_WIRE_INT)]
+_EventTs = Annotated[int, Meta(ge=0, le=MAX_EVENT_TS)]
 _NonEmpty = Annotated[str, Meta(min_length=1)]
 
 
@@ -85,7 +94,7 @@ class _InputEvent(
     # Restart-safe extension to v1: the gateway's seq space (docs/wire-format.md: Ordering).
     incarnation: _NonEmpty | None = None
     seq: _WireInt | None = None
-    ts: _WireInt  # epoch milliseconds
+    ts: _EventTs  # epoch milliseconds, 1970 .. year 9999
 
     @property
     def key(self) -> str:

@@ -6,6 +6,10 @@ through the gateway client;
 shows sessions, verdict counts and the latest loop events while it runs; then a
 summary and one line ``demo: sessions=… mismatches=…``. Exits 0 only when every
 verdict was the expected one. Everything it started is stopped, also on Ctrl-C.
+
+The live view shows loop events as read from the topic, which anything can write to:
+their strings go through ``ops/plain`` (never rich markup), and a record that is not a
+JSON object is counted as skipped, not shown.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from loopfuse.schemas.config import parse_config
 from loopfuse.streams.gateway.client import GatewayClient, Topics
@@ -35,18 +40,38 @@ from loopfuse.streams.local.broker import BrokerProcess, EmbeddedBroker
 from loopfuse.streams.local.kafka_broker import ApacheKafka, kafka_version
 from loopfuse.streams.local.simulator import DEMO_CONFIG, KINDS, FleetStats, run_fleet
 from loopfuse.streams.local.worker_process import WorkerProcess
+from loopfuse.streams.ops import plain
 from loopfuse.streams.settings import Settings
 
 REFRESH_SECONDS = 0.5
 PLAIN_EVERY_SECONDS = 3.0
 
 
-class LoopEventFeed:
+class LatestLoopEvents:
+    """The latest loop events read, and how many records were read or skipped."""
+
+    def __init__(self, keep: int = 6) -> None:
+        self.latest: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.total = 0
+        self.skipped = 0  # records that are not a JSON object (a list, a number, not JSON)
+
+    def add(self, value: bytes | None) -> None:
+        try:
+            record = orjson.loads(value or b"null")
+        except orjson.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            self.skipped += 1
+            return
+        self.latest.append(record)
+        self.total += 1
+
+
+class LoopEventFeed(LatestLoopEvents):
     """The latest loop events from the loop-events topic, for the live view."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.latest: deque[dict[str, Any]] = deque(maxlen=6)
-        self.total = 0
+        super().__init__()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
         )
@@ -68,9 +93,7 @@ class LoopEventFeed:
         while True:
             for records in (await self._consumer.getmany(timeout_ms=200)).values():
                 for record in records:
-                    with contextlib.suppress(ValueError):
-                        self.latest.append(orjson.loads(record.value or b"null"))
-                        self.total += 1
+                    self.add(record.value)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -88,7 +111,7 @@ def _percentile(values: list[float], fraction: float) -> float:
 
 
 def render(
-    stats: FleetStats, feed: LoopEventFeed, elapsed: float, duration: float, where: str
+    stats: FleetStats, feed: LatestLoopEvents, elapsed: float, duration: float, where: str
 ) -> Group:
     latencies = list(stats.latencies_ms)
     header = (
@@ -113,11 +136,16 @@ def render(
     events.add_column("message")
     for event in reversed(feed.latest):
         events.add_row(
-            f"{event.get('detector')} ({event.get('action')})",
-            str(event.get("session_key")),
-            str(event.get("message"))[:160],
+            plain.text(f"{event.get('detector')} ({event.get('action')})"),
+            plain.text(event.get("session_key")),
+            plain.text(event.get("message"), 160),
         )
-    return Group(header, table, Panel(events, title=f"latest loop events ({feed.total})"))
+    skipped = f", {feed.skipped} skipped: not a JSON object" if feed.skipped else ""
+    return Group(
+        header,
+        table,
+        Panel(events, title=Text(f"latest loop events ({feed.total}{skipped})")),
+    )
 
 
 def _plain_line(stats: FleetStats, elapsed: float) -> str:

@@ -7,14 +7,23 @@ terminal tables and the HTML report (``loopfuse.streams.ops.audit_report``) are 
 its :meth:`AuditSummary.to_dict`, so they cannot disagree.
 
 Shadow-mode events (``enforced: false``: the gateway was told ``allow``) are counted
-apart from the enforced ones; the funnel counts enforced events only.
+apart from the enforced ones; the funnel counts enforced events only. A loop event's
+``event_id`` is derived from what it judged, so a record delivered again (after a worker
+crash) carries the id of the first: it is counted once, and the summary says how many
+such duplicates were dropped.
+
+Every string in a loop event comes from an agent: the terminal shows it through
+``ops/plain`` (never as rich markup), the report through ``textContent``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -24,12 +33,17 @@ from typing import IO, Any
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from loopfuse.streams.ops import plain
 
 FUNNEL = ("warn", "block", "abort")
 ACTIONS = ("allow", "warn", "block", "abort")
-#: Time-chart bucket widths (seconds) to choose from: ~60 buckets or fewer.
+#: Time-chart bucket widths (seconds) to choose from: ~60 buckets or fewer; a span longer
+#: than 60 days gets buckets of as many whole days as keep it to that.
 BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 MAX_BUCKETS = 60
+_DAY_MS = 86_400_000
 
 
 # -- input ----------------------------------------------------------------------------
@@ -46,15 +60,19 @@ def parse_time(text: str, now: datetime | None = None) -> int:
     now = now or datetime.now(UTC)
     relative = _RELATIVE.match(text)
     if relative:
-        ago = timedelta(seconds=float(relative.group(1)) * _UNIT[relative.group(2)])
-        return int((now - ago).timestamp() * 1000)
-    if text.isdigit():
+        try:
+            ago = timedelta(seconds=float(relative.group(1)) * _UNIT[relative.group(2)])
+            return int((now - ago).timestamp() * 1000)
+        except OverflowError:  # 99999999999w: before year 1, which datetime cannot hold
+            raise ValueError(f"not a time: {plain.shown(text, 40)} is further back than year 1") from None
+    if text.isascii() and text.isdigit():  # not "²": isdigit() takes it, int() does not
         return int(text)
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(
-            f"not a time: {text!r} (use 2026-11-30T10:00:00Z, epoch ms, or 2h / 30m / 7d ago)"
+            f"not a time: {plain.shown(text, 40)} "
+            "(use 2026-11-30T10:00:00Z, epoch ms, or 2h / 30m / 7d ago)"
         ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
@@ -87,9 +105,14 @@ async def loop_events_from_topic(
             yield event
 
 
-def in_range(event: dict[str, Any], since_ms: int | None, until_ms: int | None) -> bool:
+def _event_ts(event: dict[str, Any]) -> int | None:
     ts = event.get("event_ts")
-    if not isinstance(ts, int):
+    return ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+
+
+def in_range(event: dict[str, Any], since_ms: int | None, until_ms: int | None) -> bool:
+    ts = _event_ts(event)
+    if ts is None:
         return since_ms is None and until_ms is None
     return (since_ms is None or ts >= since_ms) and (until_ms is None or ts < until_ms)
 
@@ -138,6 +161,7 @@ class AuditSummary:
     enforced: int = 0
     shadow: int = 0
     skipped: int = 0  # loop events without the fields a count needs
+    duplicates: int = 0  # loop events whose event_id was counted already (redelivered)
     by_detector: dict[str, _Tally] = field(default_factory=dict)
     by_agent: dict[str, _Tally] = field(default_factory=dict)
     by_tool: dict[str, _Tally] = field(default_factory=dict)
@@ -146,6 +170,8 @@ class AuditSummary:
     funnel_sessions: dict[str, set[str]] = field(default_factory=dict)
     shadow_actions: Counter[str] = field(default_factory=Counter)
     times: list[tuple[int, str]] = field(default_factory=list)  # (event_ts, detector)
+    # Every id counted: no bound, as the summary itself already grows with the events.
+    seen: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, events: Iterable[dict[str, Any]]) -> AuditSummary:
@@ -155,6 +181,12 @@ class AuditSummary:
         return summary
 
     def add(self, event: dict[str, Any]) -> None:
+        event_id = event.get("event_id")
+        if isinstance(event_id, str):
+            if event_id in self.seen:
+                self.duplicates += 1
+                return
+            self.seen.add(event_id)
         detector, action, session = (
             event.get("detector"),
             event.get("action"),
@@ -185,8 +217,8 @@ class AuditSummary:
         count = event.get("count")
         if isinstance(count, int):
             state.max_count = max(state.max_count, count)
-        ts = event.get("event_ts")
-        if isinstance(ts, int):
+        ts = _event_ts(event)
+        if ts is not None:
             state.first_ts = ts if state.first_ts is None else min(state.first_ts, ts)
             state.last_ts = ts if state.last_ts is None else max(state.last_ts, ts)
             self.times.append((ts, detector))
@@ -217,13 +249,18 @@ class AuditSummary:
         ]
 
     def timeline(self) -> dict[str, Any]:
-        """Loop events per time bucket and detector (enforced and shadow alike)."""
+        """Loop events per time bucket and detector (enforced and shadow alike), at most
+        MAX_BUCKETS + 1 buckets whatever the span: two events years apart (or a time an
+        older worker let through) make wide buckets, not millions of them."""
         if not self.times:
             return {"start_ms": None, "bucket_s": 0, "buckets": 0, "series": {}}
         start = min(ts for ts, _ in self.times)
         end = max(ts for ts, _ in self.times)
         span_s = (end - start) / 1000
-        bucket_s = next((b for b in BUCKETS if span_s / b < MAX_BUCKETS), BUCKETS[-1])
+        bucket_s = next((b for b in BUCKETS if span_s / b < MAX_BUCKETS), None)
+        if bucket_s is None:
+            # the fewest whole days per bucket with span / bucket < MAX_BUCKETS
+            bucket_s = ((end - start) // (_DAY_MS * MAX_BUCKETS) + 1) * 86_400
         start = start - start % (bucket_s * 1000)
         buckets = int((end - start) // (bucket_s * 1000)) + 1
         series: dict[str, list[int]] = {}
@@ -256,6 +293,7 @@ class AuditSummary:
                 "agents": len(self.by_agent),
                 "tools": len(self.by_tool),
                 "skipped": self.skipped,
+                "duplicates": self.duplicates,
             },
             "by_detector": table(self.by_detector),
             "by_agent": table(self.by_agent, top),
@@ -299,9 +337,10 @@ def _count_table(title: str, first: str, rows: list[dict[str, Any]], extra: str 
     for column in COUNT_COLUMNS:
         table.add_column(column, justify="right")
     for row in rows:
-        cells = [str(row["name"])]
+        # names are the agents' strings: Text, never markup
+        cells = [plain.text(row["name"])]
         if extra:
-            cells.append(str(row[extra]))
+            cells.append(plain.text(row[extra]))
         table.add_row(*cells, *(str(row[c]) for c in COUNT_COLUMNS))
     return table
 
@@ -311,22 +350,33 @@ def _top(what: str, total: int, rows: list[dict[str, Any]]) -> str:
 
 
 def render_terminal(data: dict[str, Any], console: Console, source: str) -> None:
+    def say(line: str) -> None:
+        console.print(Text(line))  # a Text: no markup, no emoji codes, whatever it holds
+
     totals = data["totals"]
-    console.print(
-        f"loop events: {totals['loop_events']} from {source} "
+    say(
+        f"loop events: {totals['loop_events']} from {plain.shown(source)} "
         f"(enforced {totals['enforced']}, shadow {totals['shadow']}) in "
         f"{totals['sessions']} sessions, {totals['runs']} runs, {totals['agents']} agents"
     )
+    if totals["duplicates"]:
+        say(
+            f"dropped {totals['duplicates']} duplicate loop events "
+            "(an event_id counted already: delivered again after a worker restart)"
+        )
     if totals["skipped"]:
-        console.print(f"skipped {totals['skipped']} loop events without detector/action/session")
+        say(f"skipped {totals['skipped']} loop events without detector/action/session")
     if not totals["loop_events"]:
         return
-    console.print("columns: total = enforced loop events (warn+block+abort+allow); shadow = enforced: false")
+    say("columns: total = enforced loop events (warn+block+abort+allow); shadow = enforced: false")
     console.print(_count_table("by detector", "detector", data["by_detector"]))
     console.print(_count_table(_top("agents", totals["agents"], data["by_agent"]), "agent", data["by_agent"]))
     console.print(_count_table(_top("tools", totals["tools"], data["by_tool"]), "tool", data["by_tool"]))
     console.print(_count_table("top sessions", "session", data["top_sessions"], extra="agent"))
-    runs = [{**row, "name": f"{row['session']} / {row['run']}"} for row in data["top_runs"]]
+    runs = [
+        {**row, "name": f"{plain.shown(row['session'])} / {plain.shown(row['run'])}"}
+        for row in data["top_runs"]
+    ]
     console.print(_count_table("top runs", "session / run", runs))
     funnel = Table(title="funnel (enforced)", title_justify="left")
     funnel.add_column("stage")
@@ -337,12 +387,62 @@ def render_terminal(data: dict[str, Any], console: Console, source: str) -> None
     console.print(funnel)
     shadow = data["shadow_actions"]
     if not totals["shadow"]:
-        console.print("shadow mode (enforced: false): no loop events")
+        say("shadow mode (enforced: false): no loop events")
         return
-    console.print(
+    say(
         f"shadow mode (enforced: false, all allowed): {totals['shadow']} loop events; "
         "would have been " + ", ".join(f"{a} {shadow[a]}" for a in ACTIONS)
     )
+
+
+# -- the report file ------------------------------------------------------------------
+
+
+class ReportRefused(ValueError):
+    """The ``--html`` target is one the report must not be written to (said in one line)."""
+
+
+def check_report_target(path: str, events: str | None) -> None:
+    """Refuse, before anything is read or printed, a target the report cannot or must
+    not replace: a missing folder, a directory, a symlink (writing through it would
+    overwrite whatever it points at), or the input itself."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise ReportRefused(f"cannot write the report {plain.shown(path)}: no folder {plain.shown(folder)}")
+    if os.path.islink(path):
+        raise ReportRefused(f"refusing to write the report through the symlink {plain.shown(path)}")
+    if os.path.isdir(path):
+        raise ReportRefused(f"cannot write the report {plain.shown(path)}: it is a directory")
+    if (
+        events is not None
+        and events != "-"
+        and os.path.exists(path)
+        and os.path.exists(events)
+        and os.path.samefile(path, events)
+    ):
+        raise ReportRefused(f"refusing to write the report over its input {plain.shown(events)}")
+
+
+def write_report(path: str, page: str) -> None:
+    """Write ``page`` to a temporary file beside ``path`` and rename it over ``path``: a
+    reader (or a crash) sees the old report or the new one, never half of one, and a
+    rename replaces a symlink that appeared meanwhile instead of writing through it."""
+    folder = os.path.dirname(path) or "."
+    handle, temporary = tempfile.mkstemp(
+        dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(page)
+        # mkstemp makes it 0600; a report is as readable as any file the user creates
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 # -- the command ----------------------------------------------------------------------
@@ -366,6 +466,10 @@ async def _collect_topic(
     return summary
 
 
+def _fail(message: str) -> None:
+    print(f"loopfuse audit: {message}", file=sys.stderr)
+
+
 def run_audit(
     *,
     events: str | None,
@@ -381,18 +485,24 @@ def run_audit(
         since_ms = None if since is None else parse_time(since)
         until_ms = None if until is None else parse_time(until)
     except ValueError as exc:
-        print(f"loopfuse audit: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return 2
     if events is not None and bootstrap is not None:
-        print("loopfuse audit: give a JSONL file or --bootstrap, not both", file=sys.stderr)
+        _fail("give a JSONL file or --bootstrap, not both")
         return 2
+    if html is not None:
+        try:
+            check_report_target(html, events)
+        except (ReportRefused, OSError) as exc:
+            _fail(str(exc))
+            return 2
     if events is not None:
         try:
             summary = AuditSummary.of(
                 e for e in _collect_file(events) if in_range(e, since_ms, until_ms)
             )
         except OSError as exc:
-            print(f"loopfuse audit: cannot read {events}: {exc.strerror or exc}", file=sys.stderr)
+            _fail(f"cannot read {plain.shown(events)}: {exc.strerror or exc}")
             return 2
         source = "stdin" if events == "-" else events
     else:
@@ -411,10 +521,10 @@ def run_audit(
                 )
             )
         except TopicMissing as exc:
-            print(f"loopfuse audit: {exc}", file=sys.stderr)
+            _fail(str(exc))
             return 2
         except Exception as exc:  # e.g. KafkaConnectionError: one line, not a trace
-            print(f"loopfuse audit: cannot read {topic}: {exc}", file=sys.stderr)
+            _fail(f"cannot read {plain.shown(topic)}: {exc}")
             return 1
         source = f"{topic} at {settings.bootstrap_servers}"
     data = summary.to_dict(top=top)
@@ -424,7 +534,10 @@ def run_audit(
     if html is not None:
         from loopfuse.streams.ops.audit_report import render_html
 
-        with open(html, "w", encoding="utf-8") as stream:
-            stream.write(render_html(data, source=source))
-        console.print(f"report: {html}")
+        try:
+            write_report(html, render_html(data, source=source))
+        except OSError as exc:  # e.g. the folder went away or is read-only: one line
+            _fail(f"cannot write the report {plain.shown(html)}: {exc.strerror or exc}")
+            return 1
+        console.print(Text(f"report: {plain.shown(html)}"))
     return 0

@@ -6,14 +6,22 @@ from the summary embedded as JSON (``AuditSummary.to_dict``, the same object the
 terminal tables come from). Every number it shows carries a ``data-metric`` key, and
 a script error is written into ``#report-errors`` and into the page title, so a
 test (or a human) sees at once that something did not render.
+
+The agents' strings reach the page only as JSON data and ``textContent``. Should an
+escaping bug ever let markup through, the Content-Security-Policy still runs no
+script but the page's own (allowed by its SHA-256, not by ``'unsafe-inline'``).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 from typing import Any
 
 import orjson
+
+from loopfuse.streams.ops.plain import shown
 
 _CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#dde2ea; --bg:#f6f7fa; --card:#fff; }
@@ -86,9 +94,29 @@ _JS = r"""
   function num(value, key) {
     return el("td", { "data-metric": key }, value);
   }
-  function color(detector) { return COLORS[detector] || "#8a8f98"; }
+  function color(detector) {
+    // own keys only: a detector named "constructor" is not Object's
+    return Object.prototype.hasOwnProperty.call(COLORS, detector) ? COLORS[detector] : "#8a8f98";
+  }
+  // Times Date can write as YYYY-MM-DD (years 0 .. 9999). A loop event from before ts
+  // was bounded can carry a later one (2**53-1 ms is year 287396; Date ends at 8.64e15
+  // ms and then throws RangeError): such a time is shown as its number, not thrown.
+  var MIN_MS = -62167219200000, MAX_MS = 253402300799999;
+  function shownTime(ms) {
+    return typeof ms === "number" && isFinite(ms) && ms >= MIN_MS && ms <= MAX_MS;
+  }
   function time(ms) {
-    return ms === null || ms === undefined ? "-" : new Date(ms).toISOString().replace("T", " ").slice(0, 19);
+    if (ms === null || ms === undefined) return "-";
+    if (!shownTime(ms)) return String(ms) + " ms";
+    return new Date(ms).toISOString().replace("T", " ").slice(0, 19);
+  }
+  function tick(ms, bucketS) {
+    if (!shownTime(ms)) return String(ms);
+    var full = time(ms);
+    return bucketS >= 86400 ? full.slice(0, 10) : full.slice(11);
+  }
+  function bucketWidth(bucketS) {
+    return bucketS >= 86400 && bucketS % 86400 === 0 ? bucketS / 86400 + " d" : bucketS + " s";
   }
 
   function countTable(target, rows, first, prefix) {
@@ -167,7 +195,7 @@ _JS = r"""
       var anchor = i === 0 ? "start" : (i === ticks - 1 ? "end" : "middle");
       var tx = anchor === "start" ? left + at * bw : (anchor === "end" ? left + (at + 1) * bw : left + at * bw + bw / 2);
       chart.appendChild(svg("text", { x: tx, y: height - 8, "text-anchor": anchor },
-                            time(t.start_ms + at * t.bucket_s * 1000).slice(11)));
+                            tick(t.start_ms + at * t.bucket_s * 1000, t.bucket_s)));
     }
     var legend = el("div", { "class": "legend" });
     names.forEach(function (n) {
@@ -182,7 +210,7 @@ _JS = r"""
     });
     holder.appendChild(legend);
     holder.appendChild(el("p", { "class": "muted" },
-      "bucket " + t.bucket_s + " s, from " + time(t.start_ms) + " UTC; enforced and shadow events"));
+      "bucket " + bucketWidth(t.bucket_s) + ", from " + time(t.start_ms) + " UTC; enforced and shadow events"));
   }
 
   function funnel(data) {
@@ -288,7 +316,8 @@ _JS = r"""
   function totals(data) {
     var holder = document.getElementById("totals");
     [["loop_events", "loop events"], ["enforced", "enforced"], ["shadow", "shadow (enforced: false)"],
-     ["sessions", "sessions"], ["runs", "runs"], ["agents", "agents"]].forEach(function (pair) {
+     ["sessions", "sessions"], ["runs", "runs"], ["agents", "agents"],
+     ["duplicates", "duplicates dropped (an event_id seen before)"]].forEach(function (pair) {
       var card = el("div", { "class": "card" });
       card.appendChild(el("b", { "data-metric": "totals." + pair[0] }, data.totals[pair[0]]));
       card.appendChild(el("span", {}, pair[1]));
@@ -332,7 +361,7 @@ _PAGE = """<!DOCTYPE html>
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
 <title>loopfuse audit</title>
 <style>{css}</style>
 </head>
@@ -360,6 +389,22 @@ _PAGE = """<!DOCTYPE html>
 """
 
 
+def _script_hash(script: str) -> str:
+    """The CSP source that allows exactly this inline script (its text between the tags)."""
+    digest = hashlib.sha256(script.encode("utf-8")).digest()
+    return f"'sha256-{base64.b64encode(digest).decode()}'"
+
+
+#: Nothing loads from anywhere; the one script that runs is the page's own; no <base>
+#: can re-point its links and no <form> can send anything (both are not covered by
+#: default-src). Styles stay inline: the charts set style attributes, and CSS runs no code.
+CSP = (
+    "default-src 'none'; "
+    f"script-src {_script_hash(_JS)}; "
+    "style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+)
+
+
 def _json_for_script(data: Any) -> str:
     # Inside <script> only "</" could end the element early; \\u003c keeps it JSON.
     return orjson.dumps(data).decode().replace("<", "\\u003c")
@@ -368,10 +413,12 @@ def _json_for_script(data: Any) -> str:
 def render_html(data: dict[str, Any], *, source: str) -> str:
     """The report page for one ``AuditSummary.to_dict()``."""
     totals = data["totals"]
+    # the source is a path or a topic: shown escaped, as a file name may hold anything
     subtitle = (
-        f"{totals['loop_events']} loop events from {source}: enforced {totals['enforced']}, "
+        f"{totals['loop_events']} loop events from {shown(source, None)}: "
+        f"enforced {totals['enforced']}, "
         f"shadow {totals['shadow']}"
     )
     return _PAGE.format(
-        css=_CSS, js=_JS, subtitle=html.escape(subtitle), data=_json_for_script(data)
+        csp=CSP, css=_CSS, js=_JS, subtitle=html.escape(subtitle), data=_json_for_script(data)
     )

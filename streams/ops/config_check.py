@@ -4,6 +4,10 @@ A config file says little on its own: an agent's block is merged over the global
 values fall back to defaults and thresholds are clamped into order at run time
 (``loopfuse.streams.engine.config``). This prints the outcome per agent, with where each value
 came from, so an operator sees what the worker will do before it does it.
+
+Agent ids and tool names in a config file may come from anywhere (generated configs,
+an agent that writes its own): each is printed through ``ops/plain``, never as rich
+markup.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from loopfuse.schemas.config import ConfigError, DetectionConfigFile, load_config
 from loopfuse.streams.engine.config import ConfigResolver, ResolvedConfig, merge_blocks
 from loopfuse.streams.engine.rule_config import ResolvedRules, RulesResolver
+from loopfuse.streams.ops.plain import shown
 
 #: ResolvedConfig field -> its key path inside a loopDetection block.
 KEYS: dict[str, tuple[str, ...]] = {
@@ -81,7 +87,7 @@ def _show(value: Any) -> str:
         return "unset (detection off; calls recorded, guard on)"
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    return shown(value)
 
 
 def describe_rules(rules: ResolvedRules | None) -> list[str]:
@@ -100,18 +106,18 @@ def describe_rules(rules: ResolvedRules | None) -> list[str]:
         if rule is None:
             continue
         settings = ", ".join(
-            f"{key}={value}"
+            f"{key}={shown(value)}"
             for key, value in vars_of(rule).items()
             if key != "enforced" and value is not None
         )
         mode = "enforced" if rule.enforced else "shadow"
         lines.append(f"{name}: {mode}" + (f" ({settings})" if settings else ""))
     if rules.exempt:
-        lines.append(f"exempt tools: {', '.join(sorted(rules.exempt))}")
+        lines.append(f"exempt tools: {', '.join(shown(t) for t in sorted(rules.exempt))}")
     for tool, own in rules.thresholds:
-        settings = ", ".join(f"{key}={value}" for key, value in vars_of(own).items()
+        settings = ", ".join(f"{key}={shown(value)}" for key, value in vars_of(own).items()
                              if value is not None)
-        lines.append(f"tool {tool}: {settings}")
+        lines.append(f"tool {shown(tool)}: {settings}")
     return lines
 
 
@@ -131,41 +137,46 @@ def render_check(
     config: DetectionConfigFile, path: str, agent: str | None, out: TextIO
 ) -> None:
     console = Console(file=out, width=100, highlight=False, soft_wrap=False)
+
+    def say(line: str = "") -> None:
+        console.print(Text(line))  # its data went through shown(); a Text is never markup
+
     known = agent_ids(config)
     targets: list[str | None] = [agent] if agent is not None else [None, *known]
-    console.print(f"config {path}: valid")
+    say(f"config {shown(path)}: valid")
     section = config.loopfuse
-    console.print("loopfuse block:")
+    say("loopfuse block:")
     shadow = "" if section.enforce else " (shadow mode: every verdict is allow)"
-    console.print(f"  enforce: {_show(section.enforce)}{shadow}")
-    console.print(f"  providerSendTools: {list(section.providerSendTools)}")
-    console.print(f"  includePayloadsInLoopEvents: {_show(section.includePayloadsInLoopEvents)}")
+    say(f"  enforce: {_show(section.enforce)}{shadow}")
+    say(f"  providerSendTools: [{', '.join(shown(t) for t in section.providerSendTools)}]")
+    say(f"  includePayloadsInLoopEvents: {_show(section.includePayloadsInLoopEvents)}")
     rules = RulesResolver(config)
     for target in targets:
         if target is None:
             title = "global: tools.loopDetection (every agent not in agents.list)"
         elif target in known:
-            title = f"agent {target}"
+            title = f"agent {shown(target)}"
         else:
-            title = f"agent {target} (not in agents.list: gets the global config)"
-        console.print()
-        console.print(title)
+            title = f"agent {shown(target)} (not in agents.list: gets the global config)"
+        say()
+        say(title)
         table = Table(expand=False)
         table.add_column("key")
         table.add_column("value", justify="right")
         table.add_column("from")
         for key, value, source in explain(config, target if target in known else None):
-            table.add_row(key, _show(value), source)
+            table.add_row(Text(key), Text(_show(value)), Text(shown(source)))
         console.print(table)
         for line in describe_rules(rules.resolve(target if target in known else None)):
-            console.print(f"  rule {line}")
+            say(f"  rule {line}")
 
 
 def run_config_check(path: str, agent: str | None, out: TextIO | None = None) -> int:
     try:
         config = load_config(path)
     except ConfigError as exc:
-        print(f"loopfuse config check: invalid config: {exc}", file=sys.stderr)
+        # the message quotes key paths, which can hold the file's own strings
+        print(f"loopfuse config check: invalid config: {shown(exc, None)}", file=sys.stderr)
         return 2
     render_check(config, path, agent, out or sys.stdout)
     return 0

@@ -3,7 +3,12 @@
 Follows every partition of the topic from its end (no consumer group, nothing
 committed), so any number of operators can tail alongside the workers. Filters by
 agent, session and detector; a record that is not a loop event / verdict is skipped
-with a note on stderr, never a crash.
+with a note on stderr, never a crash. A record delivered again (its ``event_id`` /
+``verdict_id`` shown a moment ago) is not shown again.
+
+Every field of a record comes from an agent: each is written through ``ops/plain``, so
+one record is one line of plain text whatever it holds (no control byte reaches the
+terminal), and a time no ``datetime`` can hold is shown as its number.
 """
 
 from __future__ import annotations
@@ -11,30 +16,42 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import IO, Any
 
 import orjson
 
+from loopfuse.streams.ops.plain import shown
+
 MESSAGE_CHARS = 120
+#: Ids remembered to drop a record delivered again. Redelivery repeats what a worker
+#: wrote since its last commit (seconds of output), so the latest ids are enough; the
+#: bound keeps a tail that runs for weeks at a few MB.
+SEEN_IDS = 50_000
+_TIME_WIDTH = 23
 
 
 def _time(ms: Any) -> str:
-    if not isinstance(ms, int):
-        return "-" * 23
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:23]
+    if not isinstance(ms, int) or isinstance(ms, bool):
+        return "-" * _TIME_WIDTH
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, ValueError, OSError):
+        # after year 9999 (or before year 1): a loop event from before ts was bounded
+        return f"{ms} ms".ljust(_TIME_WIDTH)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:_TIME_WIDTH]
 
 
 def _field(value: Any, width: int = 0) -> str:
-    text = "-" if value is None or value == "" else str(value)
-    return text.ljust(width)
+    return ("-" if value is None or value == "" else shown(value)).ljust(width)
 
 
 def format_line(record: dict[str, Any]) -> str:
     """``time session run agent tool ACTION detector count=N message`` on one line."""
-    message = " ".join(str(record.get("message") or "").split())
-    if len(message) > MESSAGE_CHARS:
-        message = message[: MESSAGE_CHARS - 1] + "…"
+    # A message's own line breaks and runs of spaces are layout: one space each. Any
+    # other control in it is shown escaped, like in every other field.
+    message = shown(" ".join(str(record.get("message") or "").split()), MESSAGE_CHARS)
     shadow = " (shadow)" if record.get("enforced") is False else ""
     return "  ".join(
         (
@@ -43,12 +60,36 @@ def format_line(record: dict[str, Any]) -> str:
             _field(record.get("run_id")),
             _field(record.get("agent_id")),
             _field(record.get("tool_name")),
-            _field(str(record.get("action", "?")).upper() + shadow, 5),
+            _field(shown(str(record.get("action", "?")).upper()) + shadow, 5),
             _field(record.get("detector"), 22),
-            f"count={record.get('count', '-')}",
+            f"count={shown(record.get('count', '-'))}",
             message,
         )
     ).rstrip()
+
+
+class SeenIds:
+    """The latest ``limit`` record ids, oldest forgotten first."""
+
+    def __init__(self, limit: int = SEEN_IDS) -> None:
+        self.limit = limit
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def again(self, record_id: Any) -> bool:
+        """Whether ``record_id`` was seen (and remember it); a record without an id
+        (an older producer) is never taken for a repeat."""
+        if not isinstance(record_id, str):
+            return False
+        if record_id in self._ids:
+            self._ids.move_to_end(record_id)
+            return True
+        self._ids[record_id] = None
+        if len(self._ids) > self.limit:
+            self._ids.popitem(last=False)
+        return False
 
 
 class Filters:
@@ -102,7 +143,9 @@ async def tail(
             flush=True,
         )
 
-    shown = 0
+    lines = 0
+    seen = SeenIds()
+    id_field = "verdict_id" if kind == "verdict" else "event_id"
     stream = follow(bootstrap, topic, kafka_options=kafka_options, on_ready=ready)
     try:
         async for value in stream:
@@ -110,12 +153,12 @@ async def tail(
             if record is None:
                 print(f"tail: skipped a record on {topic} that is not a {kind}", file=sys.stderr)
                 continue
-            if not filters.match(record):
+            if seen.again(record.get(id_field)) or not filters.match(record):
                 continue
             out.write(format_line(record) + "\n")
             out.flush()
-            shown += 1
-            if count is not None and shown >= count:
+            lines += 1
+            if count is not None and lines >= count:
                 break
     finally:
         await stream.aclose()

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from loopfuse.streams.ops.audit import AuditSummary, loop_events_from_lines
+from tests.fixtures.hostile_strings import as_json, hostile_loop_events
 from tests.support.chromium import chromium_page, find_chromium
+from tests.support.kafka import fixture_records
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "audit_replay.jsonl"
@@ -140,3 +142,80 @@ async def test_report_renders_in_chromium_and_agrees_with_the_terminal(tmp_path:
             int(seen["metrics"][f"funnel.{action}.events"]),
             int(seen["metrics"][f"funnel.{action}.sessions"]),
         ]
+
+
+def _report(tmp_path: Path, name: str, events: list[dict[str, Any]]) -> Path:
+    source = tmp_path / f"{name}.jsonl"
+    source.write_bytes(b"".join(as_json(e) + b"\n" for e in events))
+    report = tmp_path / f"{name}.html"
+    run = subprocess.run(
+        [sys.executable, "-m", "loopfuse.streams.cli", "audit", str(source), "--html", str(report)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr
+    return report
+
+
+RENDERED = """(() => ({rendered: document.body.dataset.rendered || "",
+  errors: document.getElementById("report-errors").textContent,
+  bars: document.querySelectorAll("#chart-timeline rect").length,
+  narrowest: Math.min(...[...document.querySelectorAll("#chart-timeline rect")].map(
+    r => r.getBoundingClientRect().width)),
+  times: [...document.querySelectorAll("#sessions-table tbody td")].map(td => td.textContent),
+  injected: document.body.dataset.injected || "", owned: String(window.owned)}))()"""
+
+
+async def test_report_draws_any_time_span_and_times_no_date_can_hold(tmp_path: Path) -> None:
+    base = fixture_records("loop_event")[0]
+    year_ms = 365 * 86_400_000
+    apart = _report(tmp_path, "apart", [
+        {**base, "event_id": "a", "event_ts": base["event_ts"]},
+        {**base, "event_id": "b", "event_ts": base["event_ts"] + 3 * year_ms},
+    ])
+    # ts near 2**53-1, from a worker before ts was bounded: Date throws RangeError on it
+    far = _report(tmp_path, "far", [{**base, "event_id": "c", "event_ts": 2**53 - 1}])
+
+    async with chromium_page() as page:
+        await page.open(apart.as_uri())
+        seen_apart = await page.evaluate(RENDERED)
+        await page.open(far.as_uri())
+        seen_far = await page.evaluate(RENDERED)
+        exceptions = page.exceptions
+
+    assert seen_apart["rendered"] == "true" and seen_apart["errors"] == ""
+    # at most 61 buckets across the chart (not 1,096 one-day ones): each bar can be seen
+    assert seen_apart["bars"] == 2 and seen_apart["narrowest"] > 10, seen_apart["narrowest"]
+    assert seen_far["rendered"] == "true" and seen_far["errors"] == "", seen_far["errors"]
+    assert "9007199254740991 ms" in seen_far["times"]
+    assert not exceptions
+
+
+async def test_report_runs_its_own_script_only(tmp_path: Path) -> None:
+    base = fixture_records("loop_event")[0]
+    report = _report(tmp_path, "hostile", [
+        e for e in hostile_loop_events(base) if "\ud800" not in e["event_id"]
+    ])
+    page_text = report.read_text()
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page_text)
+    assert csp is not None
+    policy = dict(part.strip().split(" ", 1) for part in csp.group(1).split(";"))
+    assert re.fullmatch(r"'sha256-[A-Za-z0-9+/]{43}='", policy["script-src"])
+    assert (policy["base-uri"], policy["form-action"], policy["default-src"]) == ("'none'",) * 3
+    # An escaping bug, simulated: markup that got into the page as markup.
+    injected = report.with_name("injected.html")
+    injected.write_text(page_text.replace(
+        "</body>",
+        '<script>document.body.dataset.injected = "ran"</script>'
+        '<img src="x" onerror="document.body.dataset.injected = \'ran\'"></body>',
+    ))
+
+    async with chromium_page() as page:
+        await page.open(report.as_uri())
+        seen = await page.evaluate(RENDERED)
+        await page.open(injected.as_uri())
+        seen_injected = await page.evaluate(RENDERED)
+        requests = page.requests
+
+    assert seen["rendered"] == "true" and seen["errors"] == "" and seen["owned"] == "undefined"
+    assert seen_injected["rendered"] == "true" and seen_injected["injected"] == ""
+    assert [url for url in requests if not url.startswith("file://")] == []

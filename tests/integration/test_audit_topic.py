@@ -49,3 +49,18 @@ async def test_time_range_on_the_topic(kafka_bootstrap: str) -> None:
 
     assert lines[0].startswith(f"loop events: {expected['loop_events']} from {topic}")
     assert f"(enforced {expected['enforced']}, shadow {expected['shadow']})" in lines[0]
+
+
+async def test_loop_events_written_twice_count_once(kafka_bootstrap: str) -> None:
+    # A worker killed before its commit writes its last loop events again.
+    topic = await new_topic(kafka_bootstrap, partitions=3)
+    events = list(loop_events_from_lines(FIXTURE.open("rb")))
+    await produce(kafka_bootstrap, topic, events + events[20:45])
+
+    from_topic = _audit("--bootstrap", kafka_bootstrap, "--topic", topic)
+    from_file = _audit(str(FIXTURE))
+
+    assert from_topic[0].startswith(f"loop events: {len(events)} from {topic}")
+    assert from_topic[1].startswith("dropped 25 duplicate loop events")
+    assert from_topic[0].split(" (", 1)[1] == from_file[0].split(" (", 1)[1]
+    assert from_topic[2:] == from_file[1:]  # every table, row for row

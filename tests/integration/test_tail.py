@@ -6,7 +6,11 @@ import asyncio
 import sys
 from pathlib import Path
 
+from aiokafka import AIOKafkaProducer
+
+from tests.fixtures.hostile_strings import as_json, hostile_loop_events
 from tests.support.kafka import fixture_records, new_topic, produce
+from tests.support.terminal import foreign_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,3 +79,39 @@ async def test_tail_verdicts_by_session_and_detector(kafka_bootstrap: str) -> No
     assert len(lines) == 1
     assert f" {target} " in lines[0] and f" {expected['action'].upper()} " in lines[0]
     assert f"count={expected['count']}" in lines[0]
+
+
+async def test_tail_prints_each_record_once_on_one_plain_line(kafka_bootstrap: str) -> None:
+    # The payload corpus in every string field, each record delivered twice (as after a
+    # worker crash), one from before ts was bounded (year 287396), then a last one.
+    topic = await new_topic(kafka_bootstrap, partitions=1)
+    base = fixture_records("loop_event")[0]
+    hostile = hostile_loop_events(base)
+    readable = [e for e in hostile if "\ud800" not in e["event_id"]]  # no JSON reader takes those
+    far = {**base, "event_id": "far-future", "event_ts": 2**53 - 1}
+    last = {**base, "event_id": "the-last-one", "tool_name": "last_tool"}
+    records = [as_json(e) for e in hostile for _ in range(2)] + [as_json(far), as_json(last)]
+    expected = len(readable) + 2
+
+    process = await _start_tail("--bootstrap", kafka_bootstrap, "--topic", topic,
+                                "--count", str(expected))
+    await _produce_raw(kafka_bootstrap, topic, records)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+
+    assert process.returncode == 0, err
+    assert foreign_bytes(out) == []
+    lines = out.decode().split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == expected  # one line per record, none twice
+    assert lines[-2].split()[5] == "last_tool"
+    assert any(line.startswith("9007199254740991 ms ") for line in lines)
+    assert "[link=https://evil.example]click[/link]" in out.decode()
+    assert err.decode().count("skipped a record") == 2 * (len(hostile) - len(readable))
+
+
+async def _produce_raw(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        await asyncio.gather(*[await producer.send(topic, value, key=b"s") for value in values])
+    finally:
+        await producer.stop()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import resource
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -81,3 +84,122 @@ def test_time_forms() -> None:
     assert parse_time(str(noon)) == noon
     assert parse_time("2h", now) == noon - 2 * 3600 * 1000
     assert parse_time("30m", now) == noon - 30 * 60 * 1000
+
+
+def test_a_redelivered_loop_event_is_counted_once_and_the_drop_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A worker that crashed before its commit writes the same loop events again, with
+    # the same event_id (derived from what was judged): the totals must not move.
+    events = [
+        _event(f"s{i % 4}", ("warn", "block", "abort")[i % 3], event_id=f"id{i}", event_ts=i * 997)
+        for i in range(30)
+    ]
+    redelivered = events[:20] + events[10:20] + events[20:] + events[25:]  # 15 twice
+    once, twice = tmp_path / "once.jsonl", tmp_path / "twice.jsonl"
+    once.write_bytes(b"\n".join(orjson.dumps(e) for e in events))
+    twice.write_bytes(b"\n".join(orjson.dumps(e) for e in redelivered))
+
+    expected = AuditSummary.of(events).to_dict()
+    got = AuditSummary.of(redelivered).to_dict()
+    assert got["totals"].pop("duplicates") == 15 and expected["totals"].pop("duplicates") == 0
+    assert got == expected
+    assert main(["audit", str(once)]) == 0
+    plain_run = capsys.readouterr().out
+    assert main(["audit", str(twice)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (
+        "dropped 15 duplicate loop events (an event_id counted already: delivered again "
+        "after a worker restart)"
+    )
+    assert "\n".join([lines[0].replace("twice", "once"), *lines[2:]]) + "\n" == plain_run
+
+
+def test_the_timeline_has_at_most_61_buckets_whatever_the_span() -> None:
+    year_ms = 365 * 86_400_000
+    for times in ([0, 3 * year_ms], [1_796_032_800_000, 2**53 - 1], [5, 5], [0, 60 * 86_400_000]):
+        events = [_event(f"s{i}", "block", event_ts=ts) for i, ts in enumerate(times)]
+        timeline = AuditSummary.of(events).to_dict()["timeline"]
+        assert 1 <= timeline["buckets"] <= 61, (times, timeline["bucket_s"])
+        assert sum(timeline["series"]["generic_repeat"]) == len(times)
+        last = timeline["start_ms"] + timeline["buckets"] * timeline["bucket_s"] * 1000
+        assert timeline["start_ms"] <= min(times) and max(times) < last
+
+
+def test_a_since_too_far_back_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = tmp_path / "e.jsonl"
+    events.write_bytes(orjson.dumps(_event("s1", "warn")))
+    for since in ("99999999999w", "9" * 400 + "d", "²"):
+        assert main(["audit", str(events), "--since", since]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("loopfuse audit: not a time: ") and err.count("\n") == 1, err
+
+
+def _report_run(
+    tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str], events: Path | None = None
+) -> tuple[int, str, str]:
+    if events is None:
+        events = tmp_path / "e.jsonl"
+        events.write_bytes(orjson.dumps(_event("s1", "warn")) + b"\n")
+    code = main(["audit", str(events), "--html", str(target)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_html_refuses_a_symlink_and_its_own_input_and_a_missing_folder_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    link = tmp_path / "report.html"
+    link.symlink_to(precious)
+    code, out, err = _report_run(tmp_path, link, capsys)
+    assert (code, out) == (2, "") and "symlink" in err and err.count("\n") == 1
+    assert precious.read_text() == "keep me" and link.is_symlink()
+
+    events = tmp_path / "e.jsonl"
+    events.write_bytes(orjson.dumps(_event("s1", "warn")) + b"\n")
+    before = events.read_bytes()
+    code, out, err = _report_run(tmp_path, events, capsys, events=events)
+    assert (code, out) == (2, "") and "its input" in err and err.count("\n") == 1
+    assert events.read_bytes() == before
+
+    code, out, err = _report_run(tmp_path, tmp_path / "no" / "such" / "r.html", capsys)
+    assert (code, out) == (2, "") and "no folder" in err and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_a_report_that_cannot_be_written_whole_leaves_the_old_one(tmp_path: Path) -> None:
+    # A full disk, here a 4 KB file-size limit: the new report (> 10 KB) fails midway.
+    events = tmp_path / "e.jsonl"
+    events.write_bytes(orjson.dumps(_event("s1", "warn")) + b"\n")
+    target = tmp_path / "audit.html"
+    target.write_text("the old report")
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    run = subprocess.run(
+        [sys.executable, "-m", "loopfuse.streams.cli", "audit", str(events), "--html", str(target)],
+        capture_output=True, text=True, timeout=60, preexec_fn=small_files,
+    )
+    assert run.returncode == 1
+    assert run.stderr.startswith(f"loopfuse audit: cannot write the report {target}: ")
+    assert run.stderr.count("\n") == 1, run.stderr
+    assert target.read_text() == "the old report"
+    assert {p.name for p in tmp_path.iterdir()} == {"e.jsonl", "audit.html"}  # no temporary
+
+
+def test_html_replaces_the_report_whole_and_leaves_no_temporary_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "reports"
+    out_dir.mkdir()
+    target = out_dir / "audit.html"
+    target.write_text("the old report")
+    code, out, _ = _report_run(tmp_path, target, capsys)
+    assert code == 0 and out.endswith(f"report: {target}\n")
+    assert target.read_text().startswith("<!DOCTYPE html>")
+    assert [p.name for p in out_dir.iterdir()] == ["audit.html"]

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from types import SimpleNamespace
 
 from rich.console import Console
 
 from loopfuse.schemas.config import parse_config
-from loopfuse.streams.local.demo import render
+from loopfuse.streams.local.demo import LatestLoopEvents, render
 from loopfuse.streams.local.simulator import DEMO_CONFIG, KINDS, FleetStats, run_fleet
 from tests.support.loopback_gateway import LoopbackClient
 
@@ -40,9 +39,8 @@ async def test_every_kind_row_adds_up_to_the_total() -> None:
 
 async def test_live_view_table_shows_the_aborts_per_kind() -> None:
     stats = await _fleet(1.0)
-    feed = SimpleNamespace(latest=[], total=0)
     console = Console(record=True, width=140, color_system=None)
-    console.print(render(stats, feed, 1.0, 1.0, "loopback"))  # type: ignore[arg-type]
+    console.print(render(stats, LatestLoopEvents(), 1.0, 1.0, "loopback"))
     rows: dict[str, list[int]] = {}
     for line in console.export_text().splitlines():
         cells = [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]

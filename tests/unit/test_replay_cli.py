@@ -187,3 +187,22 @@ def test_the_progress_bar_goes_to_stderr_and_stdout_stays_jsonl() -> None:
     )
     assert forced.stdout == plain.stdout and b"\x1b" not in forced.stdout
     assert b"replay" in forced.stderr  # the bar was drawn, on stderr
+
+
+def test_a_time_no_consumer_can_show_is_a_dead_letter_saying_so() -> None:
+    # 2**53-1 ms is year 287396: tail and the report could not show it. Now (ms since
+    # epoch) and the last millisecond of year 9999 are judged as before.
+    call = '{"type":"tool_call","event_id":"e%d","session_key":"s","call_id":"c%d",' \
+        '"tool_name":"read","args":{},"ts":%s}'
+    lines = [call % (1, 1, "1796032800000"), call % (2, 2, "253402300799999"),
+             call % (3, 3, "9007199254740991"), call % (4, 4, '"+10000-01-01T00:00:00Z"'),
+             call % (5, 5, "253402300800000")]
+    code, out, _ = replay(stdin="\n".join(lines).encode() + b"\n")
+
+    assert code == 0
+    assert [line["type"] for line in out] == ["verdict", "verdict"] + ["dead_letter"] * 3
+    for dead in out[2:3] + out[4:]:
+        assert dead["error_code"] == "invalid_event"
+        assert dead["reason"].startswith("ts: ts must be epoch milliseconds in 0 .. 253402300799999")
+        assert "9999-12-31T23:59:59.999Z" in dead["reason"]
+    assert out[3]["reason"].startswith("ts: ts is not an RFC 3339 time")
