@@ -23,10 +23,12 @@ import json
 import logging
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from loopfuse.integrations.hermes import host
 from loopfuse.integrations.hermes.settings import HermesConfig
 from loopfuse.schemas import Verdict
 from loopfuse.streams.gateway.client import TIMEOUT_MESSAGE, GatewayClient, GatewaySession, Topics
@@ -37,6 +39,12 @@ log = logging.getLogger("loopfuse.hermes")
 T = TypeVar("T")
 HookReply = dict[str, str] | None
 CallKey = tuple[str, str]
+
+#: How long a blocked call waits for the abort that may come beside its block (run
+#: endings publish both for one call, and the abort may be read a fetch later): with it
+#: in hand before the tool batch ends, Hermes ends the run after this batch rather than
+#: after one more model turn. Only blocked calls wait; they run no tool anyway.
+ABORT_GRACE_SECONDS = 0.25
 
 #: The key a Hermes tool result gets when loopfuse warns about its call.
 WARNING_FIELD = "loopfuse_warning"
@@ -102,9 +110,12 @@ class HermesPlugin:
         self._calls: dict[CallKey, _Call] = {}
         self._warnings: dict[CallKey, tuple[str, str, str]] = {}  # -> (key, run, message)
         self._aborted: dict[tuple[str, str], str] = {}  # (session key, run) -> message
+        self._abort_seen = threading.Condition(self._lock)
         self._roots: dict[str, str] = {}  # Hermes session id -> loopfuse session key
         self._task_sessions: dict[str, str] = {}  # task id -> last Hermes session id seen
-        self._history_sizes: dict[str, int] = {}  # session key -> messages at the last request
+        # session key -> digests of the history at the last model request (compaction)
+        self._histories: dict[str, list[int]] = {}
+        self._agents: dict[tuple[str, str], weakref.ref[Any]] = {}  # (key, run) -> AIAgent
         # Called (on the client's thread) with every event published, in seq order.
         self.observer: Callable[[dict[str, Any]], None] | None = None
 
@@ -184,13 +195,18 @@ class HermesPlugin:
         conversation_history: Any = None,
         **_: Any,
     ) -> None:
-        """Compaction, seen from the next model request (Hermes has no compaction hook).
+        """Compaction, seen from the next model request (Hermes has no compaction hook);
+        and the run's agent, which an abort ends (:mod:`.host`).
 
-        Two traces of a compaction reach plugins: the session id of a run changes (a
-        split: Hermes continues in a child session), or the transcript got shorter
-        (in-place compaction). Either way the session's post-compaction guard is armed.
+        Traces of a compaction that reach plugins: the session id of a run changes (a
+        split: Hermes continues in a child session), or the history is no longer an
+        extension of the one the last request carried (in place: Hermes 0.19 keeps the
+        session id and replaces earlier turns with a ``[CONTEXT COMPACTION — REFERENCE
+        ONLY]`` message, so the history may even grow). Either way the session's
+        post-compaction guard is armed.
         """
         try:
+            self._note_agent(task_id, session_id)
             self._detect_compaction(task_id, session_id, conversation_history)
         except Exception:
             log.exception("loopfuse: compaction detection failed")
@@ -241,12 +257,12 @@ class HermesPlugin:
         self, tool_name: str, args: Any, task_id: str, session_id: str, tool_call_id: str
     ) -> HookReply:
         key, run = self._key(session_id, task_id), task_id or session_id or "hermes"
-        with self._lock:
-            abort_message = self._aborted.get((key, run))
-        if abort_message is not None and not self.settings.shadow:
-            return {"action": "block", "message": abort_message}
         client = self._ensure_client()
         if client is None:
+            with self._lock:
+                abort_message = self._aborted.get((key, run))
+            if abort_message is not None and not self.settings.shadow:
+                return {"action": "block", "message": abort_message}
             return self._unanswered()
         assert self._loop is not None
         args = args if isinstance(args, dict) else {}
@@ -256,7 +272,16 @@ class HermesPlugin:
         except (TimeoutError, concurrent.futures.TimeoutError):
             future.cancel()
             return self._unanswered()
-        vetoed = verdict.action == "block" and not self.settings.shadow
+        with self._lock:
+            if verdict.action == "block" and not self.settings.shadow:
+                self._abort_seen.wait_for(lambda: (key, run) in self._aborted,
+                                          ABORT_GRACE_SECONDS)
+            abort_message = self._aborted.get((key, run))
+        if abort_message is not None and verdict.action != "abort":
+            # The run was aborted: every later call of it is published (loopfuse
+            # records the attempt) and blocked, whatever its own verdict.
+            verdict = verdict.model_copy(update={"action": "block", "message": abort_message})
+        vetoed = verdict.action in ("block", "abort") and not self.settings.shadow
         with self._lock:
             self._calls[self._call_key(session_id, tool_call_id, tool_name)] = _Call(
                 session, run, verdict.call_id or "", args, verdict, vetoed
@@ -312,8 +337,16 @@ class HermesPlugin:
     def _on_abort(self, verdict: Verdict) -> None:
         message = verdict.message or "loopfuse aborted this run"
         log.warning("loopfuse: run %s of %s aborted: %s", verdict.run_id, verdict.session_key, message)
+        run_key = (verdict.session_key, verdict.run_id or "")
         with self._lock:
-            self._aborted[(verdict.session_key, verdict.run_id or "")] = message
+            self._aborted[run_key] = message
+            self._abort_seen.notify_all()
+            agent_ref = self._agents.get(run_key)
+        agent = agent_ref() if agent_ref is not None else None
+        if agent is not None and not self.settings.shadow:
+            # the run ends after the tool batch in hand, as Hermes' own hard stop does
+            host.halt(agent, tool=verdict.tool_name or "a tool", count=verdict.count,
+                      message=message)
 
     def _end_run(self, key: str, run: str) -> None:
         with self._lock:
@@ -322,6 +355,7 @@ class HermesPlugin:
                 return
             runs.discard(run)
             self._aborted.pop((key, run), None)
+            self._agents.pop((key, run), None)
             # Calls Hermes never reported back (interrupted, or a warning on a tool the
             # agent loop runs itself, where transform_tool_result does not fire).
             for call_key in [k for k, c in self._calls.items()
@@ -338,6 +372,19 @@ class HermesPlugin:
 
         self._fire(end())
 
+    def _note_agent(self, task_id: str, session_id: str) -> None:
+        """Remember the run's Hermes agent (weakly), so an abort can end the run."""
+        agent = host.running_agent()
+        if agent is None:
+            return
+        key, run = self._key(session_id, task_id), task_id or session_id or "hermes"
+        with self._lock:
+            self._agents[(key, run)] = weakref.ref(agent)
+            aborted = self._aborted.get((key, run))
+        if aborted is not None and not self.settings.shadow:
+            # aborted before this request (the abort came after the last batch)
+            host.halt(agent, tool="a tool", count=0, message=aborted)
+
     def _detect_compaction(self, task_id: str, session_id: str, history: Any) -> None:
         with self._lock:
             previous_id = self._task_sessions.get(task_id) if task_id else None
@@ -347,11 +394,19 @@ class HermesPlugin:
             if task_id and session_id:
                 self._task_sessions[task_id] = session_id
             key = self._key(session_id, task_id)
-            size = len(history) if isinstance(history, list) else None
-            last = self._history_sizes.get(key)
-            if size is not None:
-                self._history_sizes[key] = size
-            shrunk = size is not None and last is not None and size < last
+            digests = _history_digests(history)
+            last = self._histories.get(key)
+            if digests is not None:
+                self._histories.pop(key, None)  # re-inserted last: the dict keeps recency
+                self._histories[key] = digests
+                while len(self._histories) > MAX_TRACKED_SESSIONS:
+                    del self._histories[next(iter(self._histories))]
+            # In place: not an extension of the last history (shorter, or an earlier
+            # message replaced), or a compaction marker that was not there before.
+            shrunk = digests is not None and last is not None and (
+                len(digests) < len(last) or digests[: len(last)] != last
+                or _markers(history) > _markers_count(last, history)
+            )
             session = self._sessions.get(key)
         client = self._client
         if not (rotated or shrunk) or client is None:
@@ -439,6 +494,44 @@ class HermesPlugin:
     def _observe(self, event: dict[str, Any]) -> None:
         if self.observer is not None:
             self.observer(event)
+
+
+#: Sessions whose last history the plugin remembers (the least recently seen go first).
+MAX_TRACKED_SESSIONS = 10_000
+
+
+def _history_digests(history: Any) -> list[int] | None:
+    """One digest per message: its role, text and tool call id (what compaction
+    changes; Hermes' own stamps on a message, such as ``api_content``, are left out)."""
+    if not isinstance(history, list):
+        return None
+    return [
+        hash((m.get("role"), _text(m.get("content")), m.get("tool_call_id")))
+        if isinstance(m, dict) else hash(repr(m))
+        for m in history
+    ]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multimodal parts
+        return "".join(str(part.get("text", "")) if isinstance(part, dict) else str(part)
+                       for part in content)
+    return "" if content is None else str(content)
+
+
+def _markers(history: Any) -> int:
+    if not isinstance(history, list):
+        return 0
+    return sum(1 for m in history if isinstance(m, dict)
+               and host.COMPACTION_MARKER in _text(m.get("content")))
+
+
+def _markers_count(last: list[int], history: Any) -> int:
+    """How many compaction markers the history's first ``len(last)`` messages held
+    (the same messages as last time when it is an extension)."""
+    return _markers(history[: len(last)]) if isinstance(history, list) else 0
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:

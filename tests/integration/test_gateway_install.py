@@ -120,7 +120,7 @@ def test_the_worker_on_the_base_install_says_in_one_line_what_to_install(
     ]
 
 
-def test_the_hermes_plugins_tests_pass_on_the_base_install(
+def test_the_hermes_plugins_tests_and_its_agent_loop_pass_on_the_base_install(
     gateway: GatewayVenv, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
     # The tests without the checkout's loopfuse/ beside them: the installed copy is used.
@@ -133,11 +133,12 @@ def test_the_hermes_plugins_tests_pass_on_the_base_install(
            "LOOPFUSE_WORKER_PYTHON": sys.executable}
     env.pop("PYTHONPATH", None)
     run = gateway.run(gateway.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                      "tests/integration/test_hermes_plugin.py", cwd=work, env=env)
+                      "tests/integration/test_hermes_plugin.py",
+                      "tests/e2e/test_hermes_agent_loop.py", cwd=work, env=env)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     passed = re.search(r"(\d+) passed", summary)
-    assert passed and int(passed.group(1)) >= 9, summary
+    assert passed and int(passed.group(1)) >= 14, summary
     assert not re.search(r"skipped|failed|error", summary), summary
 
 

@@ -269,6 +269,27 @@ def test_an_in_place_compaction_is_seen_at_the_next_model_request(hermes: Hermes
     assert hermes.events[4]["type"] == "compaction"  # after two calls and their results
 
 
+def test_hermes_in_place_compaction_is_seen_though_the_history_grows(hermes: Hermes) -> None:
+    """Hermes 0.19 compacts in place: same session id, the middle turns replaced by a
+    ``[CONTEXT COMPACTION — REFERENCE ONLY]`` message, and the history may come back
+    longer than before (kept head + summary + tail + the new turn)."""
+    session = f"sess-{uuid.uuid4().hex[:8]}"
+    head = [{"role": "system", "content": "you are hermes"}, {"role": "user", "content": "go"}]
+    turns = [{"role": "assistant", "content": None, "tool_call_id": None},
+             {"role": "tool", "content": "out 1", "tool_call_id": "c1"},
+             {"role": "tool", "content": "out 2", "tool_call_id": "c2"}]
+    compacted = [*head, {"role": "user", "content": "[CONTEXT COMPACTION — REFERENCE ONLY] "
+                         "Earlier turns were compacted ..."}, *turns[1:], *turns]
+    for messages in ([*head, *turns], [*head, *turns, turns[1]], compacted,
+                     [*compacted, turns[2]]):  # grows, compacts longer, grows again
+        hermes.hook("pre_api_request", task_id="t", session_id=session,
+                    conversation_history=[dict(m, api_content="stamp") for m in messages])
+        hermes.call("lf_read", {"path": f"/{len(messages)}"}, session=session, task="t")
+    hermes.wait_events(lambda events: len(events) == 9)
+    types = [e["type"] for e in hermes.events]
+    assert types.count("compaction") == 1 and types[4] == "compaction"
+
+
 @pytest.mark.parametrize(("policy", "runs"), [("open", True), ("closed", False)])
 def test_without_a_worker_the_fail_policy_decides_within_the_timeout(
     hermes_home: Path, tools: Tools, kafka_bootstrap: str, policy: str, runs: bool

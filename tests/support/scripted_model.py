@@ -11,8 +11,10 @@ prints ``scripted-model: listening on http://127.0.0.1:PORT/v1`` as its first li
 A script is JSON: ``{"steps": [STEP, ...], "then": "repeat" | "stop"}`` where a STEP
 is ``{"tool_calls": [{"name": N, "arguments": {...}}, ...]}`` or ``{"text": T}``. Turn
 *n* (from 0) answers with ``steps[n]``; past the end, ``"repeat"`` answers with the last
-step again, ``"stop"`` with the text ``"done"``. Answers stream (SSE) when the request
-asks for ``stream``. Each request is appended to the log as one JSON line:
+step again, ``"stop"`` with the text ``"done"``. A request that offers no tools (a
+gateway's summary or compaction call, not a turn of the agent loop) is answered with
+the text ``"summary of the earlier turns"`` and uses no step. Answers stream (SSE)
+when the request asks for ``stream``. Each request is appended to the log as one JSON line:
 ``{"turn": n, "messages": [...], "tools": [names]}``.
 """
 
@@ -43,8 +45,11 @@ class Script:
         self.requests: list[dict[str, Any]] = []
 
     def next_step(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        turn = self.turn
-        self.turn += 1
+        if not body.get("tools"):
+            turn = -1  # not a turn of the agent loop
+        else:
+            turn = self.turn
+            self.turn += 1
         record = {
             "turn": turn,
             "messages": body.get("messages", []),
@@ -54,6 +59,8 @@ class Script:
         if self.log is not None:
             with self.log.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        if turn < 0:
+            return turn, {"text": "summary of the earlier turns"}
         if turn < len(self.steps):
             return turn, self.steps[turn]
         return turn, self.steps[-1] if self.then == "repeat" else {"text": "done"}
@@ -70,7 +77,14 @@ def _tool_calls(turn: int, step: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _completion(turn: int, step: dict[str, Any]) -> dict[str, Any]:
+def _usage(body: dict[str, Any]) -> dict[str, int]:
+    """Token counts as a provider would report them (about 4 characters a token): a
+    gateway that compacts by reported usage sees its context fill up."""
+    prompt = len(json.dumps(body.get("messages", []))) // 4
+    return {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}
+
+
+def _completion(turn: int, step: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]:
     calls = _tool_calls(turn, step)
     message: dict[str, Any] = {"role": "assistant", "content": step.get("text")}
     if calls:
@@ -82,11 +96,11 @@ def _completion(turn: int, step: dict[str, Any]) -> dict[str, Any]:
         "model": MODEL,
         "choices": [{"index": 0, "message": message,
                      "finish_reason": "tool_calls" if calls else "stop"}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        "usage": usage,
     }
 
 
-def _chunks(turn: int, step: dict[str, Any]) -> list[dict[str, Any]]:
+def _chunks(turn: int, step: dict[str, Any], usage: dict[str, int]) -> list[dict[str, Any]]:
     base = {"id": f"chatcmpl-{turn}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": MODEL}
     calls = _tool_calls(turn, step)
@@ -97,7 +111,7 @@ def _chunks(turn: int, step: dict[str, Any]) -> list[dict[str, Any]]:
         {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
         {**base, "choices": [{"index": 0, "delta": {},
                               "finish_reason": "tool_calls" if calls else "stop"}],
-         "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}},
+         "usage": usage},
     ]
 
 
@@ -106,10 +120,10 @@ def build_app(script: Script) -> web.Application:
         body = await request.json()
         turn, step = script.next_step(body)
         if not body.get("stream"):
-            return web.json_response(_completion(turn, step))
+            return web.json_response(_completion(turn, step, _usage(body)))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for chunk in _chunks(turn, step):
+        for chunk in _chunks(turn, step, _usage(body)):
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
