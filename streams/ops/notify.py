@@ -849,6 +849,13 @@ def run_notify(args: argparse.Namespace) -> int:
         # Loopback only, like the worker's default: metrics are not for the world.
         start_http_server(args.metrics_port, addr="127.0.0.1", registry=notifier.metrics.registry)
 
+    def assigned(partitions: list[int]) -> None:
+        print(
+            f"notify: assigned partitions {', '.join(map(str, partitions)) or 'none'} of {topic}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -860,6 +867,7 @@ def run_notify(args: argparse.Namespace) -> int:
             args.group,
             kafka_options=settings.kafka_client_kwargs(),
             revoked=notifier.revoked,
+            assigned=assigned,
         )
         partitions = await reader.start()
         try:

@@ -188,12 +188,14 @@ class GroupReader:
         kafka_options: dict[str, Any] | None = None,
         wait_for_topic: float = 30.0,
         revoked: Revoked | None = None,
+        assigned: Callable[[list[int]], None] | None = None,
         max_records: int = 500,
     ) -> None:
         self.topic = topic
         self.wait_for_topic = wait_for_topic
         self.max_records = max_records
         self._revoked = revoked
+        self._assigned = assigned
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=group_id,
@@ -283,16 +285,18 @@ class _Positioning(ConsumerRebalanceListener):  # type: ignore[misc]
                 log.warning("could not commit before a rebalance: %s", type(exc).__name__)
 
     async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
-        consumer = self.reader.consumer
+        reader = self.reader
+        consumer = reader.consumer
         fresh = [tp for tp in sorted(assigned) if await consumer.committed(tp) is None]
-        if not fresh:
-            return
-        ends = await fetch_end_offsets(consumer, fresh)
-        for tp in fresh:
-            consumer.seek(tp, ends[tp])
-        try:
-            await consumer.commit({tp: ends[tp] for tp in fresh})
-        except kafka_errors.KafkaError as exc:
-            # Read from the end anyway; a restart before the next commit starts at the
-            # end again (what was published in between is then not read).
-            log.warning("could not commit the start positions: %s", type(exc).__name__)
+        if fresh:
+            ends = await fetch_end_offsets(consumer, fresh)
+            for tp in fresh:
+                consumer.seek(tp, ends[tp])
+            try:
+                await consumer.commit({tp: ends[tp] for tp in fresh})
+            except kafka_errors.KafkaError as exc:
+                # Read from the end anyway; a restart before the next commit starts at
+                # the end again (what was published in between is then not read).
+                log.warning("could not commit the start positions: %s", type(exc).__name__)
+        if reader._assigned is not None:
+            reader._assigned(sorted(tp.partition for tp in assigned))
