@@ -48,7 +48,6 @@ from loopfuse.streams.engine import (
 )
 from loopfuse.streams.engine.fingerprint import hash64
 from loopfuse.streams.engine.state_codec import StateTooLarge
-from loopfuse.streams.ops.plain import shown
 from loopfuse.streams.worker.metrics import Metrics
 from loopfuse.streams.worker.progress import InputProgress
 
@@ -138,7 +137,7 @@ class DeadLetterLog:
 
     Never the letter's ``original`` (the raw event: tool args, maybe secrets) and never
     its key: the dead-letter topic has those, the log (shipped to wherever logs go)
-    does not. The reason may quote input, so it is shown as escaped plain text. A
+    does not. The reason may quote input, so it is shown escaped (:func:`_plain`). A
     flood of bad input (a broken gateway sends only garbage) would otherwise write a
     line per event; at most ``per_second`` lines are written per second of the
     processor's clock, and the next line written after a suppression says how many
@@ -164,11 +163,11 @@ class DeadLetterLog:
         where = (
             f"line {letter.get('line')}"
             if letter.get("line") is not None
-            else f"{shown(letter.get('source_topic'), 80)}[{letter.get('partition')}]"
+            else f"{_plain(letter.get('source_topic'), 80)}[{letter.get('partition')}]"
             f"@{letter.get('offset')}"
         )
         log.warning(
-            "dead letter %s at %s: %s", shown(code, 40), where, shown(letter.get("reason"), 300)
+            "dead letter %s at %s: %s", _plain(code, 40), where, _plain(letter.get("reason"), 300)
         )
 
     def flush(self, now_ms: int) -> None:
@@ -179,6 +178,14 @@ class DeadLetterLog:
                 self.suppressed, self.per_second,
             )
             self.suppressed = 0
+
+
+def _plain(value: object, limit: int) -> str:
+    """A value quoting input as one inert log line: ``repr`` escapes every control,
+    bidi and other unprintable character and doubles a backslash (the worker does not
+    import the operator tools' ops.plain: docs/development.md, the layers)."""
+    text = repr(str(value))[1:-1]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class EventFailed(Exception):

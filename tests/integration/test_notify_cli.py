@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -39,6 +40,8 @@ class Notify:
     """One ``loopfuse notify`` process; its stderr lines collected as they come."""
 
     def __init__(self, bootstrap: str, topic: str, hook: Webhook, group: str, *flags: str) -> None:
+        if "--dead-letter-file" not in flags:  # never the default, in the repository
+            flags = (*flags, "--dead-letter-file", os.path.join(tempfile.mkdtemp(), "dead.jsonl"))
         self.args = [
             "--bootstrap", bootstrap, "--topic", topic, "--group", group, "--metrics-port", "0",
             "--backoff", "0.05", "--rate", "0", *flags,
