@@ -7,6 +7,7 @@ import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -199,16 +200,56 @@ def build_parser() -> argparse.ArgumentParser:
         "notify", help="POST critical loop events to a webhook (Slack-compatible JSON)"
     )
     notify.add_argument("--bootstrap", help="Kafka bootstrap servers (LOOPFUSE_BOOTSTRAP_SERVERS)")
-    notify.add_argument("--webhook", required=True, help="URL to POST to")
     notify.add_argument("--topic", help="loop-events topic (default LOOPFUSE_TOPIC_LOOP_EVENTS)")
+    notify.add_argument(
+        "--group", default="loopfuse-notify",
+        help="consumer group: it resumes from the group's commits (loopfuse-notify)",
+    )
+    # Refused with a reason (a URL in argv is visible in ps), and defined so that argparse
+    # does not take --webhook as an abbreviation of --webhook-file.
+    notify.add_argument("--webhook", help=argparse.SUPPRESS)
+    notify.add_argument(
+        "--webhook-file", type=Path, metavar="FILE",
+        help="file holding the webhook URL (else LOOPFUSE_NOTIFY_WEBHOOK_URL)",
+    )
+    notify.add_argument(
+        "--dead-letter-file", type=Path, metavar="FILE",
+        help="JSON lines of given-up loop events (LOOPFUSE_NOTIFY_DEAD_LETTER_FILE, "
+        "default loopfuse-notify-dead-letters.jsonl)",
+    )
     notify.add_argument(
         "--metrics-port", type=int, default=6068, help="/metrics on 127.0.0.1:PORT (0: none)"
     )
-    notify.add_argument("--retries", type=int, default=5, help="attempts after the first (5)")
     notify.add_argument(
-        "--backoff", type=float, default=0.5, help="first retry delay in s, doubling (0.5)"
+        "--retries", type=int, default=None, help="attempts after the first (default: no limit)"
+    )
+    notify.add_argument(
+        "--backoff", type=float, default=0.5, help="first retry delay in s, doubling to 30 (0.5)"
     )
     notify.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout per attempt (s)")
+    notify.add_argument(
+        "--give-up-after", type=float, default=3600.0,
+        help="s after the first attempt: then the dead-letter file (3600)",
+    )
+    notify.add_argument("--concurrency", type=int, default=4, help="posts in flight (4)")
+    notify.add_argument(
+        "--coalesce-seconds", type=float, default=60.0,
+        help="repeats of one loop within this after a post go as one post with a count (60)",
+    )
+    notify.add_argument("--rate", type=float, default=1.0, help="posts per second (1; 0: no limit)")
+    notify.add_argument("--burst", type=int, default=5, help="posts at once above --rate (5)")
+    notify.add_argument(
+        "--max-pending", type=int, default=10_000,
+        help="records held before reading pauses (10000)",
+    )
+    notify.add_argument(
+        "--drain-seconds", type=float, default=10.0,
+        help="on SIGTERM, s to finish posts in flight before stopping (10)",
+    )
+    notify.add_argument(
+        "--include-args", action="store_true",
+        help="also post the call's args (only there with includePayloadsInLoopEvents)",
+    )
     notify.set_defaults(handler=_cmd_notify)
 
     config = sub.add_parser("config", help="inspect a loopDetection config file")

@@ -1,24 +1,37 @@
-"""Reading loopfuse's output topics outside the worker: a snapshot, or a follow from the end.
+"""Reading loopfuse's output topics outside the worker: a snapshot, a follow, a group.
 
-Used by ``loopfuse audit`` (every partition from a time to the end offsets as they were
-when it started, then stop), ``loopfuse tail`` and ``loopfuse notify`` (every partition
-from the end, forever). No consumer group: readers never disturb each other or the
-workers, and nothing is committed.
+``loopfuse audit`` reads a snapshot (every partition from a time to the end offsets as
+they were when it started, then stop) and ``loopfuse tail`` follows every partition
+from the end, forever; neither uses a consumer group, so readers never disturb each
+other or the workers, and nothing is committed. ``loopfuse notify`` must not lose a
+record across restarts, so it reads with a consumer group of its own
+(:class:`GroupReader`) and commits what it has dealt with.
+
+End offsets come from Fetch answers (:func:`fetch_end_offsets`) on every broker, never
+``ListOffsets(latest)``: the embedded broker answers that with the last batch's base
+offset + 1, so a reader starting "from the end" re-read part of the last batch (tail
+printed old records, notify posted them again). The Fetch answer is right on Apache
+Kafka too, and one way for every reader keeps them alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+import logging
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import errors as kafka_errors
 
 from loopfuse.streams.end_offsets import fetch_end_offsets
 
 if TYPE_CHECKING:
     from loopfuse.streams.settings import Settings
+
+log = logging.getLogger("loopfuse.topic_reader")
 
 
 def reader_settings(bootstrap: str | None) -> Settings:
@@ -32,18 +45,22 @@ class TopicMissing(RuntimeError):
     """The topic does not exist on the broker (yet)."""
 
 
-async def _assign_all(consumer: AIOKafkaConsumer, topic: str, wait: float) -> list[TopicPartition]:
+async def _partitions(consumer: AIOKafkaConsumer, topic: str, wait: float) -> list[TopicPartition]:
     deadline = asyncio.get_running_loop().time() + wait
     while True:
         partitions = consumer.partitions_for_topic(topic)
         if partitions:
-            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-            consumer.assign(tps)
-            return tps
+            return [TopicPartition(topic, p) for p in sorted(partitions)]
         if asyncio.get_running_loop().time() > deadline:
             raise TopicMissing(f"topic {topic!r} does not exist on the broker")
         await consumer._client.force_metadata_update()
         await asyncio.sleep(0.1)
+
+
+async def _assign_all(consumer: AIOKafkaConsumer, topic: str, wait: float) -> list[TopicPartition]:
+    tps = await _partitions(consumer, topic, wait)
+    consumer.assign(tps)
+    return tps
 
 
 def _consumer(bootstrap: str, kafka_options: dict[str, Any]) -> AIOKafkaConsumer:
@@ -113,15 +130,15 @@ async def follow(
     """Record values of ``topic`` published from now on, as they arrive (never ends).
 
     ``on_ready(partitions)`` is called once every partition's end is resolved: from
-    then on nothing published is missed.
+    then on nothing published is missed, and nothing published before is shown.
     """
     consumer = _consumer(bootstrap, kafka_options or {})
     await consumer.start()
     try:
         tps = await _assign_all(consumer, topic, wait_for_topic)
-        await consumer.seek_to_end(*tps)
+        ends = await fetch_end_offsets(consumer, tps)
         for tp in tps:
-            await consumer.position(tp)
+            consumer.seek(tp, ends[tp])
         if on_ready is not None:
             on_ready(len(tps))
         while True:
@@ -132,3 +149,154 @@ async def follow(
                         yield record.value
     finally:
         await consumer.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """One record of the topic a :class:`GroupReader` reads: where it is, what it holds."""
+
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+#: Given the partitions being taken away, the offsets to commit for them first.
+Revoked = Callable[[set[int]], Mapping[int, int]]
+
+
+class GroupReader:
+    """One topic read with a consumer group: it resumes where the group committed.
+
+    The reader commits only what it is told to (:meth:`commit`), so its caller decides
+    when a record counts as done; a record read but not committed is read again after
+    a restart or a rebalance (at least once). A partition the group has never
+    committed starts at its end as of the assignment, and that position is committed
+    at once, so what is published while the reader is down later is still read. A
+    committed offset that retention has deleted restarts at the log start.
+
+    Pausing stops fetching but keeps calling the broker, so the reader stays in the
+    group while its caller is busy (an outage of whatever it feeds): back-pressure
+    rather than a dropped record or a rebalance.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group_id: str,
+        *,
+        kafka_options: dict[str, Any] | None = None,
+        wait_for_topic: float = 30.0,
+        revoked: Revoked | None = None,
+        assigned: Callable[[list[int]], None] | None = None,
+        max_records: int = 500,
+    ) -> None:
+        self.topic = topic
+        self.wait_for_topic = wait_for_topic
+        self.max_records = max_records
+        self._revoked = revoked
+        self._assigned = assigned
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            # Only for a committed offset that is out of range (retention deleted it):
+            # the log start, losing nothing more. A partition never committed is
+            # positioned by _Positioning instead.
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=100,
+            max_poll_records=max_records,
+            **(kafka_options or {}),
+        )
+        self.paused = False
+
+    async def start(self) -> int:
+        """Connect and join the group; returns the topic's partition count."""
+        await self.consumer.start()
+        try:
+            tps = await _partitions(self.consumer, self.topic, self.wait_for_topic)
+            self.consumer.subscribe([self.topic], listener=_Positioning(self))
+        except BaseException:
+            await self.consumer.stop()
+            raise
+        return len(tps)
+
+    async def records(self, timeout: float) -> list[TopicRecord]:
+        """The next records (in offset order per partition), or none after ``timeout`` s."""
+        if self.paused:
+            self.consumer.pause(*self.consumer.assignment())  # new ones after a rebalance
+        batches = await self.consumer.getmany(
+            timeout_ms=int(timeout * 1000), max_records=self.max_records
+        )
+        return [
+            TopicRecord(tp.partition, record.offset, record.value)
+            for tp, records in batches.items()
+            for record in records
+        ]
+
+    def pause(self) -> None:
+        if not self.paused:
+            self.paused = True
+            self.consumer.pause(*self.consumer.assignment())
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.consumer.resume(*self.consumer.assignment())
+
+    async def commit(self, offsets: Mapping[int, int]) -> bool:
+        """Commit ``partition -> next offset to read``; False when the group moved on
+        (the partitions went to another member: it reads them from the last commit)."""
+        owned = {tp.partition for tp in self.consumer.assignment()}
+        wanted = {
+            TopicPartition(self.topic, p): o for p, o in offsets.items() if p in owned
+        }
+        if not wanted:
+            return not offsets
+        try:
+            await self.consumer.commit(wanted)
+        except (kafka_errors.CommitFailedError, kafka_errors.IllegalStateError):
+            return False
+        return len(wanted) == len(offsets)
+
+    async def stop(self) -> None:
+        """Leave the group, committing nothing more."""
+        await self.consumer.stop()
+
+
+class _Positioning(ConsumerRebalanceListener):  # type: ignore[misc]
+    """The group reader's rebalance hooks: commit before a partition goes, position a
+    partition the group never committed at its end when it comes."""
+
+    def __init__(self, reader: GroupReader) -> None:
+        self.reader = reader
+
+    async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
+        reader = self.reader
+        if reader._revoked is None or not revoked:
+            return
+        offsets = reader._revoked({tp.partition for tp in revoked})
+        wanted = {TopicPartition(reader.topic, p): o for p, o in offsets.items()}
+        if wanted:
+            try:
+                await reader.consumer.commit(wanted)
+            except kafka_errors.KafkaError as exc:
+                # The new owner reads from the previous commit: duplicates, not loss.
+                log.warning("could not commit before a rebalance: %s", type(exc).__name__)
+
+    async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        reader = self.reader
+        consumer = reader.consumer
+        fresh = [tp for tp in sorted(assigned) if await consumer.committed(tp) is None]
+        if fresh:
+            ends = await fetch_end_offsets(consumer, fresh)
+            for tp in fresh:
+                consumer.seek(tp, ends[tp])
+            try:
+                await consumer.commit({tp: ends[tp] for tp in fresh})
+            except kafka_errors.KafkaError as exc:
+                # Read from the end anyway; a restart before the next commit starts at
+                # the end again (what was published in between is then not read).
+                log.warning("could not commit the start positions: %s", type(exc).__name__)
+        if reader._assigned is not None:
+            reader._assigned(sorted(tp.partition for tp in assigned))

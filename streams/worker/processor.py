@@ -132,6 +132,62 @@ def dead_letter(source: Source, code: str, reason: str, limits: Limits) -> Outgo
     return Outgoing("dead_letter", key, value, code)
 
 
+class DeadLetterLog:
+    """The worker's log line for a dead letter: where it came from and why, rate-limited.
+
+    Never the letter's ``original`` (the raw event: tool args, maybe secrets) and never
+    its key: the dead-letter topic has those, the log (shipped to wherever logs go)
+    does not. The reason may quote input, so it is shown escaped (:func:`_plain`). A
+    flood of bad input (a broken gateway sends only garbage) would otherwise write a
+    line per event; at most ``per_second`` lines are written per second of the
+    processor's clock, and the next line written after a suppression says how many
+    were left out (``loopfuse_dead_letters_total`` counts them all).
+    """
+
+    def __init__(self, per_second: int = 10) -> None:
+        self.per_second = per_second
+        self.window_ms: int | None = None
+        self.written = 0
+        self.suppressed = 0
+
+    def letter(self, now_ms: int, code: str, value: bytes) -> None:
+        if self.window_ms is None or now_ms - self.window_ms >= 1_000:
+            self.flush(now_ms)
+            self.window_ms, self.written = now_ms, 0
+        if self.written >= self.per_second:
+            self.suppressed += 1
+            return
+        self.written += 1
+        # Parsed back only for a line that is written: the fields were just encoded.
+        letter = orjson.loads(value)
+        where = (
+            f"line {letter.get('line')}"
+            if letter.get("line") is not None
+            else f"{_plain(letter.get('source_topic'), 80)}[{letter.get('partition')}]"
+            f"@{letter.get('offset')}"
+        )
+        log.warning(
+            "dead letter %s at %s: %s", _plain(code, 40), where, _plain(letter.get("reason"), 300)
+        )
+
+    def flush(self, now_ms: int) -> None:
+        """Say how many lines the last window left out (the worker's timer calls this)."""
+        if self.suppressed and (self.window_ms is None or now_ms - self.window_ms >= 1_000):
+            log.warning(
+                "dead letters: %d more log lines suppressed (at most %d a second)",
+                self.suppressed, self.per_second,
+            )
+            self.suppressed = 0
+
+
+def _plain(value: object, limit: int) -> str:
+    """A value quoting input as one inert log line: ``repr`` escapes every control,
+    bidi and other unprintable character and doubles a backslash (the worker does not
+    import the operator tools' ops.plain: docs/development.md, the layers)."""
+    text = repr(str(value))[1:-1]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class EventFailed(Exception):
     """One event could not be judged; ``code`` is its dead-letter code."""
 
@@ -523,6 +579,7 @@ class SessionProcessor:
         self.session_ttl_ms = session_ttl_ms
         self.clock = clock
         self.metrics = metrics or Metrics()
+        self.dead_letter_log = DeadLetterLog()
         self.progress = InputProgress(self.inputs)
         self.topic_of = {
             "verdict": outputs.verdicts,
@@ -639,8 +696,10 @@ class SessionProcessor:
     def release_waiting(self) -> list[Message]:
         """Apply what waits in sessions whose input has moved on (the timer's work)."""
         out: list[Message] = []
+        now_ms = self.clock()
+        self.dead_letter_log.flush(now_ms)
         if self.waiting:
-            self._release_waiting(self.clock(), {}, out, skip={})
+            self._release_waiting(now_ms, {}, out, skip={})
         return out
 
     def _release_waiting(
@@ -734,10 +793,7 @@ class SessionProcessor:
             metrics.tool_strikes.inc()
         else:
             metrics.inc(metrics.dead_letters, message.detail)
-            log.warning(
-                "dead letter %s: %s", message.detail,
-                message.value[:300].decode("utf-8", "replace"),
-            )
+            self.dead_letter_log.letter(self.clock(), message.detail, message.value)
         out.append((self.topic_of[message.kind], message.key, message.value))
 
     # -- timers ----------------------------------------------------------------------------

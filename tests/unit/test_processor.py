@@ -5,10 +5,12 @@ No Kafka, no Faust: a dict store, fixed offsets and an injected clock.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import pytest
 
 from loopfuse.schemas import parse_config
 from loopfuse.streams.engine import Engine
@@ -231,3 +233,33 @@ def test_a_restarted_gateways_first_call_is_released_by_the_timer() -> None:
     assert [(v["action"], v["incarnation"]) for v in outputs(messages, "verdicts")] == [
         ("allow", "gw-2")]
     assert proc.waiting == {}
+
+
+def test_a_dead_letters_log_line_has_where_and_why_never_the_raw_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    feed, clock = Feed(), Clock()
+    proc = processor(clock=clock)
+    secret = {**calls("s1", 1)[0], "args": {"command": "deploy", "api_key": "sk-live-SECRET"}}
+    with caplog.at_level(logging.WARNING, logger="loopfuse.processor"):
+        proc.process([feed.record(secret, key=b"someone-else\x1b]0;owned\x07")])
+    (line,) = caplog.messages
+    assert line.startswith("dead letter invalid_event at calls[0]@0: message key ")
+    assert "SECRET" not in line and "api_key" not in line and "deploy" not in line
+    assert "\x1b" not in line and "\x07" not in line  # the key quoted in the reason, escaped
+
+
+def test_a_flood_of_dead_letters_logs_a_few_lines_and_how_many_it_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    feed, clock = Feed(), Clock()
+    proc = processor(clock=clock)
+    with caplog.at_level(logging.WARNING, logger="loopfuse.processor"):
+        proc.process([feed.record({}, key=b"k", value=b"not json") for _ in range(500)])
+        clock.now += 1_000
+        proc.release_waiting()  # the worker's timer
+    assert len(outputs := [m for m in caplog.messages if m.startswith("dead letter ")]) == 10
+    assert all("calls[0]@" in m for m in outputs)
+    assert caplog.messages[-1] == (
+        "dead letters: 490 more log lines suppressed (at most 10 a second)"
+    )
