@@ -82,7 +82,8 @@ def with_warning(result: str, message: str) -> str:
     """The tool result the model sees, with loopfuse's warning in it.
 
     Hermes results are JSON objects as text, mostly: the warning becomes one more
-    field, so the result stays valid JSON for whatever reads it after the model.
+    field, so the result stays valid JSON for whatever reads it after the model (unless
+    another step appends text after it: Hermes 0.19's own guardrail warning does).
     Anything else gets the warning appended as a paragraph.
     """
     try:
