@@ -32,10 +32,12 @@ from tests.support.harness import read_all, unique, worker_settings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 HERMES = Path(sys.executable).parent / "hermes"
-#: warning 3, critical 5; the agent "run-ender" also has run endings (defaults: the
+#: warning 3, critical 5; after a compaction the guard aborts a loop of 3 calls; the
+#: agent "run-ender" also has run endings (defaults: the
 #: run's second critical, or 3 blocked calls in a row, end it).
 CONFIG = {
-    "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}},
+    "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5,
+                                "postCompactionGuard": {"windowSize": 3}}},
     "agents": {"list": [{"id": "run-ender",
                          "loopfuse": {"rules": {"runEnding": {}}}}]},
 }
@@ -79,12 +81,16 @@ def worker(kafka_bootstrap: str, kafka_broker_kind: str,
 
 
 def hermes_run(tmp: Path, steps: list[dict[str, Any]], plugin: dict[str, Any], *,
-               max_turns: int = 12) -> Run:
+               max_turns: int = 12, compress: bool = False,
+               after_compaction: dict[str, Any] | None = None) -> Run:
     """Hermes with the plugin, one query, the model answering ``steps`` then repeating."""
     home = tmp / f"home-{uuid.uuid4().hex[:6]}"
     home.mkdir()
     script = tmp / "script.json"
-    script.write_text(json.dumps({"steps": steps, "then": "repeat"}))
+    script_body: dict[str, Any] = {"steps": steps, "then": "repeat"}
+    if after_compaction is not None:
+        script_body["when_seen"] = {"text": "[CONTEXT COMPACTION", "step": after_compaction}
+    script.write_text(json.dumps(script_body))
     log = tmp / f"requests-{uuid.uuid4().hex[:6]}.jsonl"
     model = subprocess.Popen(
         [sys.executable, "-m", "tests.support.scripted_model", "--script", str(script),
@@ -102,6 +108,11 @@ def hermes_run(tmp: Path, steps: list[dict[str, Any]], plugin: dict[str, Any], *
             "skills": {"creation_nudge_interval": 0},
             "plugins": {"enabled": ["loopfuse"], "entries": {"loopfuse": plugin}},
         }
+        if compress:
+            # Compact in place once the transcript passes 76% of the 64k window (Hermes
+            # raises any threshold under 0.75 to 0.75 for windows below 512k).
+            config["compression"] = {"enabled": True, "threshold": 0.76,
+                                     "protect_last_n": 2, "protect_first_n": 1}
         (home / "config.yaml").write_text(yaml.safe_dump(config))
         done = subprocess.run(
             [str(HERMES), "chat", "-q", "fix the build", "-Q", "--ignore-rules", "--yolo"],
@@ -149,6 +160,27 @@ def test_a_loop_is_warned_then_blocked_and_the_tool_stops_running(
     calls = published(kafka_bootstrap, worker["topic_tool_calls"], run.session_key)
     made = len([r for r in run.requests if r["turn"] >= 0])
     assert len([e for e in calls if e["type"] == "tool_call"]) == made
+
+
+def test_a_compaction_in_place_reaches_kafka_and_a_loop_after_it_ends_the_run(
+    tmp_path: Path, kafka_bootstrap: str, worker: dict[str, str]
+) -> None:
+    # Calls with 30 kB of output each fill 76% of a 64k-token window after about
+    # seven: Hermes compacts in place (same session id); right after, the model loops.
+    growth = [terminal(f"head -c 30000 /dev/zero | tr '\\0' a; echo part {i}") for i in range(12)]
+    run = hermes_run(tmp_path, growth,
+                     {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 20, **worker},
+                     max_turns=40, compress=True, after_compaction=terminal("echo still broken"))
+    marked = [r["turn"] for r in run.requests if any(
+        "[CONTEXT COMPACTION" in str(m.get("content")) for m in r["messages"])]
+    assert marked, "Hermes did not compact"
+    events = published(kafka_bootstrap, worker["topic_compactions"], run.session_key)
+    assert [e["type"] for e in events].count("compaction") == 1
+    # The guard aborted the loop within its window of 3 calls, and Hermes ended the run
+    # after that batch with its own hard stop's answer, long before max_turns.
+    after = [r for r in run.requests if r["turn"] >= marked[0]]
+    assert len(after) <= 4, [str(r["messages"][-1].get("content"))[:120] for r in after]
+    assert HALT in run.answer
 
 
 def test_with_run_endings_the_run_ends_at_its_second_critical(

@@ -13,7 +13,9 @@ is ``{"tool_calls": [{"name": N, "arguments": {...}}, ...]}`` or ``{"text": T}``
 *n* (from 0) answers with ``steps[n]``; past the end, ``"repeat"`` answers with the last
 step again, ``"stop"`` with the text ``"done"``. A request that offers no tools (a
 gateway's summary or compaction call, not a turn of the agent loop) is answered with
-the text ``"summary of the earlier turns"`` and uses no step. Answers stream (SSE)
+the text ``"summary of the earlier turns"`` and uses no step. With ``"when_seen":
+{"text": T, "step": STEP}``, every turn from the first request whose messages hold the
+text T on answers with STEP (e.g. a loop that starts right after a compaction). Answers stream (SSE)
 when the request asks for ``stream``. Each request is appended to the log as one JSON line:
 ``{"turn": n, "messages": [...], "tools": [names]}``.
 """
@@ -40,6 +42,8 @@ class Script:
     def __init__(self, script: dict[str, Any], log: Path | None) -> None:
         self.steps: list[dict[str, Any]] = list(script.get("steps") or [{"text": "done"}])
         self.then = str(script.get("then", "repeat"))
+        self.when_seen: dict[str, Any] | None = script.get("when_seen")
+        self.seen = False
         self.log = log
         self.turn = 0
         self.requests: list[dict[str, Any]] = []
@@ -61,6 +65,12 @@ class Script:
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
         if turn < 0:
             return turn, {"text": "summary of the earlier turns"}
+        if self.when_seen is not None:
+            marker = str(self.when_seen["text"])
+            self.seen = self.seen or any(marker in json.dumps(m, ensure_ascii=False)
+                                         for m in record["messages"])
+            if self.seen:
+                return turn, self.when_seen["step"]
         if turn < len(self.steps):
             return turn, self.steps[turn]
         return turn, self.steps[-1] if self.then == "repeat" else {"text": "done"}
