@@ -25,12 +25,14 @@ export interface LoopfuseConfig {
   topics: Topics;
   /** Report only: events are published and verdicts counted, but nothing is blocked or appended. */
   shadow: boolean;
-  /** Kafka client id; the verdict consumer's group id is `<clientId>-verdicts-<incarnation>`. */
+  /** Kafka client id of the producer and the verdict reader. */
   clientId: string;
   ssl: boolean;
   sasl: SaslConfig | null;
-  /** Consumer-group session timeout of the verdict reader (ms); ~6000 for the embedded broker. */
+  /** Unused (the verdict reader joins no group); kept so configs that set it stay valid. */
   groupSessionTimeoutMs: number;
+  /** An `abort` verdict ends the run (the blocked call's result says `terminate`); false: only block its later calls. */
+  endRunOnAbort: boolean;
 }
 
 export const DEFAULT_TOPICS: Topics = {
@@ -53,6 +55,7 @@ export const DEFAULTS: LoopfuseConfig = {
   ssl: false,
   sasl: null,
   groupSessionTimeoutMs: 30_000,
+  endRunOnAbort: true,
 };
 
 /** The inline JSON Schema of `openclaw.plugin.json` (kept identical; a test checks). */
@@ -107,10 +110,15 @@ export const CONFIG_SCHEMA = {
       },
     },
     groupSessionTimeoutMs: {
-      description: "Session timeout of the verdict reader's consumer group (ms); 6000 for loopfuse's embedded broker",
+      description: "Accepted for older configs and unused: the verdict reader joins no consumer group",
       type: "integer",
       minimum: 3000,
       default: 30000,
+    },
+    endRunOnAbort: {
+      description: "An abort verdict ends the run after the blocked call (OpenClaw's terminate); false: block the run's later calls only",
+      type: "boolean",
+      default: true,
     },
   },
 } as const;
@@ -137,7 +145,7 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
   for (const key of Object.keys(raw)) {
     if (!(key in CONFIG_SCHEMA.properties)) bad(key, "unknown key");
   }
-  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, groupSessionTimeoutMs } = raw;
+  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, groupSessionTimeoutMs, endRunOnAbort } = raw;
   if (typeof bootstrap === "string" && bootstrap.trim()) {
     cfg.bootstrap = bootstrap.split(",").map((s) => s.trim()).filter(Boolean);
   } else if (Array.isArray(bootstrap) && bootstrap.length && bootstrap.every((s) => typeof s === "string" && s)) {
@@ -181,5 +189,7 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
       cfg.groupSessionTimeoutMs = groupSessionTimeoutMs as number;
     } else bad("groupSessionTimeoutMs", "expected an integer >= 3000");
   }
+  if (typeof endRunOnAbort === "boolean") cfg.endRunOnAbort = endRunOnAbort;
+  else if (endRunOnAbort !== undefined) bad("endRunOnAbort", "expected a boolean");
   return cfg;
 }

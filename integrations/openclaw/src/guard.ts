@@ -118,6 +118,8 @@ interface CallRecord {
   warning: string | null;
   /** The result is already published (blocked calls): the middleware leaves it alone. */
   done: boolean;
+  /** loopfuse aborted the run: the middleware ends it after this call (OpenClaw's `terminate`). */
+  endsRun: boolean;
 }
 
 interface Waiter {
@@ -139,6 +141,8 @@ export interface GuardOptions {
 }
 
 const SEP = "\u0000";
+/** How long a blocked call waits for an abort verdict beside its block (ms). */
+export const ABORT_GRACE_MS = 250;
 const MAX_CALL_RECORDS = 10_000;
 const MAX_REMEMBERED = 4096;
 
@@ -234,6 +238,8 @@ export class LoopfuseGuard {
   private readonly lastRun = new Map<string, string>();
   private readonly abortedRuns = new Map<string, string>();
   private readonly abortIds = new Set<string>();
+  /** Blocked calls waiting a moment for the abort the worker may send beside their block. */
+  private readonly abortWaiters = new Map<string, (() => void)[]>();
   private started: Promise<void> | null = null;
   /** Set by stop(); a stopped guard publishes nothing more. */
   stopped = false;
@@ -346,15 +352,20 @@ export class LoopfuseGuard {
   private async checkCall(event: BeforeToolCallEvent, ctx: ToolHookContext): Promise<BeforeToolCallResult | undefined> {
     const scope = this.scopeOf(ctx, event.runId) ?? { sessionKey: "openclaw:no-session", runId: null, agentId: null };
     const rk = this.runKey(scope);
+    const rawToolCallId = event.toolCallId || ctx.toolCallId || null;
     const abortMessage = this.abortedRuns.get(rk);
     if (abortMessage !== undefined) {
       if (!this.config.shadow) {
         this.stats.abortBlocks++;
+        // Kept (done, ends the run) so the result middleware ends the run after this call.
+        this.keepRecord({
+          scope, rawToolCallId, callId: rawToolCallId ? boundedId(rawToolCallId) : "", toolName: event.toolName || ctx.toolName || "unknown",
+          args: {}, argsHash: null, argsAction: null, warning: null, done: true, endsRun: this.config.endRunOnAbort,
+        });
         return { block: true, blockReason: abortMessage };
       }
       this.stats.shadowIgnored++;
     }
-    const rawToolCallId = event.toolCallId || ctx.toolCallId || null;
     const callId = rawToolCallId ? boundedId(rawToolCallId) : `${this.callPrefix}-${++this.callCounter}`;
     const toolName = event.toolName || ctx.toolName || "unknown";
     const record: CallRecord = {
@@ -367,6 +378,7 @@ export class LoopfuseGuard {
       argsAction: null,
       warning: null,
       done: false,
+      endsRun: false,
     };
     const call = this.envelope("tool_call", scope);
     Object.assign(call, { call_id: callId, tool_name: toolName });
@@ -420,12 +432,39 @@ export class LoopfuseGuard {
           this.keepRecord(record);
           return undefined;
         }
+        if (this.config.endRunOnAbort) await this.abortBeside(rk);
+        if (this.abortedRuns.has(rk)) {
+          // The run ends with this call: the block's message is what the model last sees.
+          record.endsRun = true;
+        }
         return this.blockCall(record, verdict.message || "Tool call blocked by loopfuse (tool loop).");
       default:
         this.stats.allows++;
         this.keepRecord(record);
         return undefined;
     }
+  }
+
+  /**
+   * A run ending (loopfuse's `runEnding` rule) comes as an `abort` verdict published
+   * right after the call's `block`, on the same partition: wait a moment for it, so the
+   * run ends with this call rather than with the next one.
+   */
+  private abortBeside(rk: string): Promise<void> {
+    if (this.abortedRuns.has(rk) || this.stopped) return Promise.resolve();
+    return new Promise<void>((resolve) => {
+      const waiters = this.abortWaiters.get(rk) ?? [];
+      const done = (): void => {
+        clearTimeout(timer);
+        const left = (this.abortWaiters.get(rk) ?? []).filter((w) => w !== done);
+        if (left.length) this.abortWaiters.set(rk, left);
+        else this.abortWaiters.delete(rk);
+        resolve();
+      };
+      const timer = setTimeout(done, ABORT_GRACE_MS);
+      waiters.push(done);
+      this.abortWaiters.set(rk, waiters);
+    });
   }
 
   /** Veto the call and publish loopfuse's blocked-result shape as its outcome. */
@@ -445,7 +484,10 @@ export class LoopfuseGuard {
     ctx: ToolResultMiddlewareContext,
   ): { result: AgentToolResult } | undefined {
     const record = this.takeRecord(event, ctx);
-    if (record?.done) return undefined;
+    if (record?.done) {
+      // OpenClaw ends the run after a tool batch whose every result says `terminate`.
+      return record.endsRun ? { result: { ...event.result, terminate: true } } : undefined;
+    }
     const scope = record?.scope ?? this.scopeOf(ctx, undefined);
     if (!scope) {
       this.stats.orphanResults++;
@@ -528,6 +570,8 @@ export class LoopfuseGuard {
       return;
     }
     this.abortedRuns.set(rk, verdict.message || "Run aborted by loopfuse: the tool loop persisted after compaction.");
+    for (const wake of this.abortWaiters.get(rk) ?? []) wake();
+    this.abortWaiters.delete(rk);
     this.logger.warn(`loopfuse: run ${verdict.run_id ?? "(none)"} aborted: ${verdict.message ?? ""}`);
   }
 
@@ -610,6 +654,7 @@ export class LoopfuseGuard {
       onError?.();
       return;
     }
+    void this.start(); // lazily: the first event connects (a plugin load alone opens nothing)
     this.onEvent?.(topic, event);
     let value: string;
     try {
