@@ -31,8 +31,6 @@ export interface LoopfuseConfig {
   sasl: SaslConfig | null;
   /** Unused (the verdict reader joins no group); kept so configs that set it stay valid. */
   groupSessionTimeoutMs: number;
-  /** An `abort` verdict ends the run (the blocked call's result says `terminate`); false: only block its later calls. */
-  endRunOnAbort: boolean;
 }
 
 export const DEFAULT_TOPICS: Topics = {
@@ -55,7 +53,6 @@ export const DEFAULTS: LoopfuseConfig = {
   ssl: false,
   sasl: null,
   groupSessionTimeoutMs: 30_000,
-  endRunOnAbort: true,
 };
 
 /** The inline JSON Schema of `openclaw.plugin.json` (kept identical; a test checks). */
@@ -115,11 +112,6 @@ export const CONFIG_SCHEMA = {
       minimum: 3000,
       default: 30000,
     },
-    endRunOnAbort: {
-      description: "An abort verdict ends the run after the blocked call (OpenClaw's terminate); false: block the run's later calls only",
-      type: "boolean",
-      default: true,
-    },
   },
 } as const;
 
@@ -145,7 +137,7 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
   for (const key of Object.keys(raw)) {
     if (!(key in CONFIG_SCHEMA.properties)) bad(key, "unknown key");
   }
-  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, groupSessionTimeoutMs, endRunOnAbort } = raw;
+  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, groupSessionTimeoutMs } = raw;
   if (typeof bootstrap === "string" && bootstrap.trim()) {
     cfg.bootstrap = bootstrap.split(",").map((s) => s.trim()).filter(Boolean);
   } else if (Array.isArray(bootstrap) && bootstrap.length && bootstrap.every((s) => typeof s === "string" && s)) {
@@ -189,7 +181,5 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
       cfg.groupSessionTimeoutMs = groupSessionTimeoutMs as number;
     } else bad("groupSessionTimeoutMs", "expected an integer >= 3000");
   }
-  if (typeof endRunOnAbort === "boolean") cfg.endRunOnAbort = endRunOnAbort;
-  else if (endRunOnAbort !== undefined) bad("endRunOnAbort", "expected a boolean");
   return cfg;
 }

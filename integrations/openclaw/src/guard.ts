@@ -118,8 +118,6 @@ interface CallRecord {
   warning: string | null;
   /** The result is already published (blocked calls): the middleware leaves it alone. */
   done: boolean;
-  /** loopfuse aborted the run: the middleware ends it after this call (OpenClaw's `terminate`). */
-  endsRun: boolean;
 }
 
 interface Waiter {
@@ -141,8 +139,6 @@ export interface GuardOptions {
 }
 
 const SEP = "\u0000";
-/** How long a blocked call waits for an abort verdict beside its block (ms). */
-export const ABORT_GRACE_MS = 250;
 const MAX_CALL_RECORDS = 10_000;
 const MAX_REMEMBERED = 4096;
 
@@ -238,8 +234,6 @@ export class LoopfuseGuard {
   private readonly lastRun = new Map<string, string>();
   private readonly abortedRuns = new Map<string, string>();
   private readonly abortIds = new Set<string>();
-  /** Blocked calls waiting a moment for the abort the worker may send beside their block. */
-  private readonly abortWaiters = new Map<string, (() => void)[]>();
   private started: Promise<void> | null = null;
   /** Set by stop(); a stopped guard publishes nothing more. */
   stopped = false;
@@ -357,11 +351,6 @@ export class LoopfuseGuard {
     if (abortMessage !== undefined) {
       if (!this.config.shadow) {
         this.stats.abortBlocks++;
-        // Kept (done, ends the run) so the result middleware ends the run after this call.
-        this.keepRecord({
-          scope, rawToolCallId, callId: rawToolCallId ? boundedId(rawToolCallId) : "", toolName: event.toolName || ctx.toolName || "unknown",
-          args: {}, argsHash: null, argsAction: null, warning: null, done: true, endsRun: this.config.endRunOnAbort,
-        });
         return { block: true, blockReason: abortMessage };
       }
       this.stats.shadowIgnored++;
@@ -378,7 +367,6 @@ export class LoopfuseGuard {
       argsAction: null,
       warning: null,
       done: false,
-      endsRun: false,
     };
     const call = this.envelope("tool_call", scope);
     Object.assign(call, { call_id: callId, tool_name: toolName });
@@ -432,39 +420,12 @@ export class LoopfuseGuard {
           this.keepRecord(record);
           return undefined;
         }
-        if (this.config.endRunOnAbort) await this.abortBeside(rk);
-        if (this.abortedRuns.has(rk)) {
-          // The run ends with this call: the block's message is what the model last sees.
-          record.endsRun = true;
-        }
         return this.blockCall(record, verdict.message || "Tool call blocked by loopfuse (tool loop).");
       default:
         this.stats.allows++;
         this.keepRecord(record);
         return undefined;
     }
-  }
-
-  /**
-   * A run ending (loopfuse's `runEnding` rule) comes as an `abort` verdict published
-   * right after the call's `block`, on the same partition: wait a moment for it, so the
-   * run ends with this call rather than with the next one.
-   */
-  private abortBeside(rk: string): Promise<void> {
-    if (this.abortedRuns.has(rk) || this.stopped) return Promise.resolve();
-    return new Promise<void>((resolve) => {
-      const waiters = this.abortWaiters.get(rk) ?? [];
-      const done = (): void => {
-        clearTimeout(timer);
-        const left = (this.abortWaiters.get(rk) ?? []).filter((w) => w !== done);
-        if (left.length) this.abortWaiters.set(rk, left);
-        else this.abortWaiters.delete(rk);
-        resolve();
-      };
-      const timer = setTimeout(done, ABORT_GRACE_MS);
-      waiters.push(done);
-      this.abortWaiters.set(rk, waiters);
-    });
   }
 
   /** Veto the call and publish loopfuse's blocked-result shape as its outcome. */
@@ -484,10 +445,7 @@ export class LoopfuseGuard {
     ctx: ToolResultMiddlewareContext,
   ): { result: AgentToolResult } | undefined {
     const record = this.takeRecord(event, ctx);
-    if (record?.done) {
-      // OpenClaw ends the run after a tool batch whose every result says `terminate`.
-      return record.endsRun ? { result: { ...event.result, terminate: true } } : undefined;
-    }
+    if (record?.done) return undefined;
     const scope = record?.scope ?? this.scopeOf(ctx, undefined);
     if (!scope) {
       this.stats.orphanResults++;
@@ -554,7 +512,11 @@ export class LoopfuseGuard {
     waiter.resolve(verdict);
   }
 
-  /** loopfuse aborts a run: OpenClaw cannot end it from a plugin, so block its later calls. */
+  /**
+   * loopfuse aborts a run: OpenClaw 2026.9.6 gives a plugin no way to end it at a blocked
+   * call (a result's `terminate` ends a run, but a call vetoed in before_tool_call never
+   * reaches the result middleware), so block its later calls.
+   */
   private takeAbort(verdict: Verdict): void {
     const rk = `${verdict.session_key ?? verdict.run_id ?? ""}${SEP}${verdict.run_id ?? ""}`;
     if (!this.knownRuns.has(rk)) {
@@ -570,8 +532,6 @@ export class LoopfuseGuard {
       return;
     }
     this.abortedRuns.set(rk, verdict.message || "Run aborted by loopfuse: the tool loop persisted after compaction.");
-    for (const wake of this.abortWaiters.get(rk) ?? []) wake();
-    this.abortWaiters.delete(rk);
     this.logger.warn(`loopfuse: run ${verdict.run_id ?? "(none)"} aborted: ${verdict.message ?? ""}`);
   }
 

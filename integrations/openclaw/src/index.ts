@@ -61,7 +61,7 @@ export function definePluginEntry(options: EntryOptions): PluginEntry {
 }
 
 export interface PluginHooksForTests {
-  /** Build the transport (default: kafkajs). */
+  /** Build the transport (default: KafkaTransport, @platformatic/kafka). */
   transport?: (config: LoopfuseConfig, incarnation: string, logger: PluginLogger) => Transport;
   incarnation?: string;
   onEvent?: GuardOptions["onEvent"];

@@ -6,7 +6,7 @@ import { describe, it } from "node:test";
 import { CONFIG_SCHEMA, createLoopfusePlugin, resolveConfig, type LoopfuseGuard } from "../src/index.js";
 import defaultEntry from "../src/index.js";
 import { blockedToolResult, TIMEOUT_MESSAGE } from "../src/guard.js";
-import { FakeApi, FakeTransport, PACKAGE_ROOT, inputEventValidator, tick, toolCtx, verdictFor } from "./support.js";
+import { FakeApi, FakeTransport, PACKAGE_ROOT, inputEventValidator, tick, toolCtx } from "./support.js";
 
 const INCARNATION = "0e4b6c1d-1111-4222-8333-944455556666";
 
@@ -322,50 +322,6 @@ describe("verdicts", () => {
     assert.equal(transport.sent.at(-1)?.event.type, "run_ended");
     const after = await call("s", "run-1", "c5", "read", { path: "x" });
     assert.equal(after.decision, undefined);
-  });
-
-  /** The result OpenClaw hands the middleware for a call its before_tool_call hook blocked. */
-  const blockedByHost = (reason: string) => ({
-    content: [{ type: "text", text: reason }],
-    details: { status: "blocked", deniedReason: "plugin-before-tool-call", reason },
-  });
-
-  it("abort ends the run: the next call is blocked and its result says terminate (OpenClaw stops after that batch)", async () => {
-    const { api, transport, call } = setup();
-    await call("s", "run-1", "c1", "exec", { command: "make" });
-    const resultEvent = transport.sent[1]!.event;
-    transport.push({ type: "verdict", verdict_id: "a1", session_key: "s", run_id: "run-1", call_id: resultEvent.call_id as string, seq: resultEvent.seq, action: "abort", message: "aborted" });
-    const { decision } = await call("s", "run-1", "c2", "exec", { command: "make" });
-    assert.deepEqual(decision, { block: true, blockReason: "aborted" });
-    const seen = await api.runMiddleware({ toolCallId: "c2", toolName: "exec", args: { command: "make" }, result: blockedByHost("aborted") }, { runtime: "openclaw" });
-    assert.deepEqual(seen, { ...blockedByHost("aborted"), terminate: true });
-  });
-
-  it("a block with an abort beside it (run endings) ends the run with that call; a plain block does not", async () => {
-    const { api, transport } = setup();
-    transport.judge = (event) => {
-      if (event.call_id === "c1") return { action: "block", message: "blocked" };
-      setTimeout(() => transport.push({ ...verdictFor(event, { action: "abort", message: "ending" }), verdict_id: `abort-${String(event.call_id)}` }), 20);
-      return { action: "block", message: "blocked again" };
-    };
-    for (const [id, ends] of [["c1", false], ["c2", true]] as const) {
-      const started = Date.now();
-      const decision = await api.emit("before_tool_call", { toolName: "exec", params: {}, toolCallId: id }, toolCtx("s", "r", id));
-      assert.equal((decision as { block?: boolean }).block, true);
-      const seen = (await api.runMiddleware({ toolCallId: id, toolName: "exec", args: {}, result: blockedByHost("x") }, { runtime: "openclaw" })) as { terminate?: boolean };
-      assert.equal(seen.terminate === true, ends, id);
-      if (!ends) assert.ok(Date.now() - started >= 200, "a plain block waited the grace for an abort");
-    }
-  });
-
-  it("endRunOnAbort: false keeps the old behaviour: later calls blocked, the run not ended", async () => {
-    const { api, transport, call } = setup({ endRunOnAbort: false });
-    await call("s", "run-1", "c1", "exec", { command: "make" });
-    const resultEvent = transport.sent[1]!.event;
-    transport.push({ type: "verdict", verdict_id: "a1", session_key: "s", run_id: "run-1", call_id: resultEvent.call_id as string, seq: resultEvent.seq, action: "abort", message: "aborted" });
-    assert.deepEqual((await call("s", "run-1", "c2", "exec", {})).decision, { block: true, blockReason: "aborted" });
-    const seen = await api.runMiddleware({ toolCallId: "c2", toolName: "exec", args: {}, result: blockedByHost("aborted") }, { runtime: "openclaw" });
-    assert.deepEqual(seen, blockedByHost("aborted"));
   });
 
   it("a verdict is matched by (session_key, call_id, seq) and incarnation; any other is counted and dropped", async () => {
