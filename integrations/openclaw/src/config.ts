@@ -25,11 +25,11 @@ export interface LoopfuseConfig {
   topics: Topics;
   /** Report only: events are published and verdicts counted, but nothing is blocked or appended. */
   shadow: boolean;
-  /** Kafka client id; the verdict consumer's group id is `<clientId>-verdicts-<incarnation>`. */
+  /** Kafka client id of the producer and the verdict reader. */
   clientId: string;
   ssl: boolean;
   sasl: SaslConfig | null;
-  /** Consumer-group session timeout of the verdict reader (ms); ~6000 for the embedded broker. */
+  /** Unused (the verdict reader joins no group); kept so configs that set it stay valid. */
   groupSessionTimeoutMs: number;
 }
 
@@ -107,7 +107,7 @@ export const CONFIG_SCHEMA = {
       },
     },
     groupSessionTimeoutMs: {
-      description: "Session timeout of the verdict reader's consumer group (ms); 6000 for loopfuse's embedded broker",
+      description: "Accepted for older configs and unused: the verdict reader joins no consumer group",
       type: "integer",
       minimum: 3000,
       default: 30000,

@@ -346,6 +346,7 @@ export class LoopfuseGuard {
   private async checkCall(event: BeforeToolCallEvent, ctx: ToolHookContext): Promise<BeforeToolCallResult | undefined> {
     const scope = this.scopeOf(ctx, event.runId) ?? { sessionKey: "openclaw:no-session", runId: null, agentId: null };
     const rk = this.runKey(scope);
+    const rawToolCallId = event.toolCallId || ctx.toolCallId || null;
     const abortMessage = this.abortedRuns.get(rk);
     if (abortMessage !== undefined) {
       if (!this.config.shadow) {
@@ -354,7 +355,6 @@ export class LoopfuseGuard {
       }
       this.stats.shadowIgnored++;
     }
-    const rawToolCallId = event.toolCallId || ctx.toolCallId || null;
     const callId = rawToolCallId ? boundedId(rawToolCallId) : `${this.callPrefix}-${++this.callCounter}`;
     const toolName = event.toolName || ctx.toolName || "unknown";
     const record: CallRecord = {
@@ -512,7 +512,11 @@ export class LoopfuseGuard {
     waiter.resolve(verdict);
   }
 
-  /** loopfuse aborts a run: OpenClaw cannot end it from a plugin, so block its later calls. */
+  /**
+   * loopfuse aborts a run: OpenClaw 2026.9.6 gives a plugin no way to end it at a blocked
+   * call (a result's `terminate` ends a run, but a call vetoed in before_tool_call never
+   * reaches the result middleware), so block its later calls.
+   */
   private takeAbort(verdict: Verdict): void {
     const rk = `${verdict.session_key ?? verdict.run_id ?? ""}${SEP}${verdict.run_id ?? ""}`;
     if (!this.knownRuns.has(rk)) {
@@ -610,6 +614,7 @@ export class LoopfuseGuard {
       onError?.();
       return;
     }
+    void this.start(); // lazily: the first event connects (a plugin load alone opens nothing)
     this.onEvent?.(topic, event);
     let value: string;
     try {

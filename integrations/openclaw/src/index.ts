@@ -61,7 +61,7 @@ export function definePluginEntry(options: EntryOptions): PluginEntry {
 }
 
 export interface PluginHooksForTests {
-  /** Build the transport (default: kafkajs). */
+  /** Build the transport (default: KafkaTransport, @platformatic/kafka). */
   transport?: (config: LoopfuseConfig, incarnation: string, logger: PluginLogger) => Transport;
   incarnation?: string;
   onEvent?: GuardOptions["onEvent"];
@@ -96,16 +96,20 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
     description: "Fleet-wide tool-call loop detection: loopfuse judges every tool call before it runs.",
     configSchema: CONFIG_SCHEMA as unknown as Record<string, unknown>,
     register(api: PluginApi) {
-      // Discovery, setup and CLI-metadata loads build registry snapshots: no Kafka there.
-      if (api.registrationMode && api.registrationMode !== "full") return;
+      // Hooks in every registration mode: OpenClaw 2026.9.6 registers the plugin once
+      // "full" at start-up and again in "discovery" loads, and an agent run may take its
+      // hooks from a discovery registration. Registering opens nothing: the guard (one
+      // per config per process) connects to Kafka on its first hook call, so a discovery
+      // or CLI-metadata load that never runs a hook opens no network client.
       const logger = api.logger ?? consoleLogger;
       const problems: string[] = [];
       const config = resolveConfig(api.pluginConfig, problems);
-      for (const problem of problems) logger.warn(`loopfuse config: ${problem} (default used)`);
+      const full = !api.registrationMode || api.registrationMode === "full";
+      if (full) for (const problem of problems) logger.warn(`loopfuse config: ${problem} (default used)`);
       const make = () => {
         const incarnation = hooks.incarnation ?? randomUUID();
         const transport = (hooks.transport ?? ((c, i, l) => new KafkaTransport(c, i, l)))(config, incarnation, logger);
-        return new LoopfuseGuard({
+        const made = new LoopfuseGuard({
           config,
           transport,
           logger,
@@ -113,19 +117,29 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
           onEvent: hooks.onEvent,
           onVerdict: hooks.onVerdict,
         });
+        return made;
       };
-      // OpenClaw may register a plugin more than once in a process (a runtime registry
-      // loaded for the result middleware, a reload): one guard per config per process,
-      // so calls and their results meet in one place and one incarnation counts seq.
-      const guard = hooks.transport ? make() : sharedGuard(JSON.stringify(config), make);
-      hooks.onGuard?.(guard);
+      // OpenClaw registers a plugin more than once in a process (discovery loads, a
+      // runtime registry loaded for the result middleware, a reload): one guard per config
+      // per process, so calls and their results meet in one place and one incarnation
+      // counts seq. Taken at this registration's first hook call (or made then); a
+      // registration after gateway_stop (a reload) gets a new one.
+      let own: LoopfuseGuard | undefined;
+      const guard = (): LoopfuseGuard => {
+        if (!own) {
+          own = hooks.transport ? make() : sharedGuard(JSON.stringify(config), make);
+          hooks.onGuard?.(own);
+        }
+        return own;
+      };
+      if (hooks.onGuard) guard(); // tests observe the guard before the first hook
 
       // Lowest priority: calls another policy blocks never reach loopfuse (they did not run).
-      api.on("before_tool_call", ((event: BeforeToolCallEvent, ctx: ToolHookContext) => guard.beforeToolCall(event, ctx)), { priority: -100 });
+      api.on("before_tool_call", ((event: BeforeToolCallEvent, ctx: ToolHookContext) => guard().beforeToolCall(event, ctx)), { priority: -100 });
       let middleware = false;
       if (typeof api.registerAgentToolResultMiddleware === "function") {
         try {
-          api.registerAgentToolResultMiddleware((event, ctx) => guard.onToolResult(event, ctx), {
+          api.registerAgentToolResultMiddleware((event, ctx) => guard().onToolResult(event, ctx), {
             runtimes: RESULT_MIDDLEWARE_RUNTIMES,
           });
           middleware = true;
@@ -133,16 +147,15 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
           logger.error(`loopfuse: registerAgentToolResultMiddleware refused: ${String(err)}`);
         }
       }
-      if (!middleware) {
+      if (!middleware && full) {
         logger.error(
           "loopfuse: no tool-result middleware (enable the plugin explicitly; the manifest declares " +
             "contracts.agentToolResultMiddleware): tool results are not published and warnings not shown",
         );
       }
-      api.on("after_compaction", ((event: AfterCompactionEvent, ctx: AgentHookContext) => guard.onCompaction(event, ctx)));
-      api.on("agent_end", ((event: AgentEndEvent, ctx: AgentHookContext) => guard.onAgentEnd(event, ctx)));
-      api.on("gateway_stop", () => guard.stop());
-      void guard.start();
+      api.on("after_compaction", ((event: AfterCompactionEvent, ctx: AgentHookContext) => guard().onCompaction(event, ctx)));
+      api.on("agent_end", ((event: AgentEndEvent, ctx: AgentHookContext) => guard().onAgentEnd(event, ctx)));
+      api.on("gateway_stop", () => guard().stop());
     },
   });
 }

@@ -1,5 +1,13 @@
-/** Kafka I/O of the plugin: one producer for events, one verdict reader (kafkajs). */
-import { Kafka, Partitioners, logLevel, type Admin, type Consumer, type Producer, type SASLOptions } from "kafkajs";
+/** Kafka I/O of the plugin: one producer for events, one group-less verdict reader (@platformatic/kafka). */
+import {
+  compatibilityPartitioner,
+  Consumer,
+  Producer,
+  ProduceAcks,
+  stringSerializers,
+  type ClusterMetadata,
+  type SASLOptions,
+} from "@platformatic/kafka";
 import type { LoopfuseConfig } from "./config.js";
 import type { PluginLogger } from "./types.js";
 
@@ -14,44 +22,58 @@ export interface Transport {
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
+const SASL_MECHANISMS = { plain: "PLAIN", "scram-sha-256": "SCRAM-SHA-256", "scram-sha-512": "SCRAM-SHA-512" } as const;
+
+/** How long one verdict fetch may wait on the broker for new records (ms). */
+const FETCH_WAIT_MS = 200;
+
+interface PartitionCursor {
+  partition: number;
+  leader: number;
+  leaderEpoch: number;
+  offset: bigint;
+}
+
 /**
- * kafkajs transport.
+ * @platformatic/kafka transport.
  *
- * kafkajs has no group-less consumer, so the verdict reader joins a consumer group of
- * its own, `<clientId>-verdicts-<incarnation>` (unique per process: every gateway
- * process reads every verdict partition), commits nothing, and starts at the end of
- * the verdict topic as it was *before* it joined (end offsets are read first and
- * sought to), so no verdict of a call published after `start()` began is missed,
- * however long the group join takes.
+ * The verdict reader joins no consumer group: it reads every partition of the verdict
+ * topic by manual assignment (Kafka Fetch requests to each partition's leader),
+ * starting at the end offsets read when it starts, so no verdict of a call published
+ * after `start()` resolved is missed, and nothing is committed. Without a group there
+ * is no join to wait for (a join takes seconds; a first tool call would wait for it)
+ * and nothing to rebalance when gateways come and go; reading one reply partition
+ * only (verdicts routed back to the gateway that asked) is the same code with one
+ * cursor.
  */
 export class KafkaTransport implements Transport {
-  private readonly kafka: Kafka;
-  private producer: Producer | null = null;
-  private consumer: Consumer | null = null;
-  private admin: Admin | null = null;
+  private producer: Producer<string, string, string, string> | null = null;
+  private reader: Consumer | null = null;
   private producerReady: Promise<void> | null = null;
   private markConnected: () => void = () => {};
   private stopped = false;
+  private reading: Promise<void> | null = null;
 
   constructor(
     private readonly config: LoopfuseConfig,
     private readonly incarnation: string,
     private readonly logger: PluginLogger,
-  ) {
-    const log = logger;
-    this.kafka = new Kafka({
-      clientId: config.clientId,
-      brokers: config.bootstrap,
-      ssl: config.ssl,
-      sasl: (config.sasl ?? undefined) as SASLOptions | undefined,
-      retry: { retries: 5, initialRetryTime: 100, maxRetryTime: 2000 },
-      logLevel: logLevel.WARN,
-      logCreator: () => (entry) => {
-        const text = `kafkajs ${entry.namespace}: ${entry.log.message}`;
-        if (entry.level <= logLevel.ERROR) log.error(text);
-        else log.warn(text);
-      },
-    });
+  ) {}
+
+  private connection() {
+    const sasl: SASLOptions | undefined = this.config.sasl
+      ? { mechanism: SASL_MECHANISMS[this.config.sasl.mechanism], username: this.config.sasl.username, password: this.config.sasl.password }
+      : undefined;
+    return {
+      clientId: this.config.clientId,
+      bootstrapBrokers: this.config.bootstrap,
+      ...(this.config.ssl ? { tls: {} } : {}),
+      ...(sasl ? { sasl } : {}),
+      connectTimeout: 5_000,
+      retries: 3,
+      retryDelay: 250,
+      autocreateTopics: false, // the loopfuse worker creates topics with the right partition count
+    };
   }
 
   /**
@@ -63,88 +85,141 @@ export class KafkaTransport implements Transport {
     this.producerReady = new Promise<void>((resolve) => (this.markConnected = resolve));
     for (let attempt = 0; !this.stopped; attempt++) {
       try {
-        await this.connect(onVerdict);
+        const cursors = await this.connect();
         this.markConnected();
+        this.reading = this.read(cursors, onVerdict);
         return;
       } catch (err) {
-        if (attempt % 10 === 0) {
-          this.logger.warn(`loopfuse: Kafka not ready (${String(err)}); retrying`);
-        }
-        await this.disconnectAll();
+        if (attempt % 10 === 0) this.logger.warn(`loopfuse: Kafka not ready (${String(err)}); retrying`);
+        await this.closeAll();
         await sleep(Math.min(5000, 250 * 2 ** Math.min(attempt, 5)));
       }
     }
     throw new Error("loopfuse transport stopped before it connected");
   }
 
-  private async connect(onVerdict: (raw: string) => void): Promise<void> {
+  private async connect(): Promise<PartitionCursor[]> {
     const topic = this.config.topics.verdicts;
-    this.producer = this.kafka.producer({
-      createPartitioner: Partitioners.DefaultPartitioner, // murmur2, as Java clients and aiokafka
-      allowAutoTopicCreation: false, // the loopfuse worker creates topics with the right partition count
+    this.producer = new Producer({
+      ...this.connection(),
+      serializers: stringSerializers,
+      partitioner: compatibilityPartitioner, // murmur2 as Java clients and aiokafka: same key, same partition
+      acks: ProduceAcks.ALL,
     });
-    await this.producer.connect();
-    this.admin = this.kafka.admin();
-    await this.admin.connect();
-    let ends: { partition: number; offset: string }[] = [];
+    // A group id is required by the constructor; the reader never joins it.
+    this.reader = new Consumer({ ...this.connection(), groupId: `${this.config.clientId}-verdicts-${this.incarnation}` });
+    await this.producer.metadata({ topics: [this.config.topics.toolCalls] });
     for (let attempt = 0; !this.stopped; attempt++) {
       try {
-        ends = await this.admin.fetchTopicOffsets(topic);
-        if (ends.length) break;
+        const metadata = await this.reader.metadata({ topics: [topic], forceUpdate: true });
+        const ends = await this.reader.listOffsets({ topics: [topic] });
+        return this.cursors(metadata, ends.get(topic) ?? []);
       } catch (err) {
         if (attempt % 40 === 0) {
           this.logger.warn(`loopfuse: verdict topic ${topic} not readable yet (${String(err)}); is the worker running?`);
         }
+        await sleep(250);
       }
-      await sleep(250);
     }
-    await this.admin.disconnect();
-    this.admin = null;
-    const session = this.config.groupSessionTimeoutMs;
-    const consumer = this.kafka.consumer({
-      groupId: `${this.config.clientId}-verdicts-${this.incarnation}`,
-      sessionTimeout: session,
-      rebalanceTimeout: session,
-      heartbeatInterval: Math.max(500, Math.min(3000, Math.floor(session / 6))),
-      maxWaitTimeInMs: 20,
-      allowAutoTopicCreation: false,
-    });
-    this.consumer = consumer;
-    const joined = new Promise<void>((resolve) => {
-      consumer.on(consumer.events.GROUP_JOIN, () => resolve());
-    });
-    await consumer.connect();
-    await consumer.subscribe({ topic, fromBeginning: false });
-    await consumer.run({
-      autoCommit: false,
-      eachMessage: async ({ message }) => {
-        if (message.value) onVerdict(message.value.toString("utf8"));
-      },
-    });
-    for (const { partition, offset } of ends) {
-      consumer.seek({ topic, partition, offset });
+    throw new Error("loopfuse transport stopped");
+  }
+
+  private cursors(metadata: ClusterMetadata, ends: bigint[]): PartitionCursor[] {
+    const info = metadata.topics.get(this.config.topics.verdicts);
+    if (!info || info.partitions.length === 0) throw new Error(`no partitions for ${this.config.topics.verdicts}`);
+    return info.partitions.map((p, partition) => ({
+      partition,
+      leader: p.leader,
+      leaderEpoch: p.leaderEpoch,
+      offset: ends[partition] ?? 0n,
+    }));
+  }
+
+  /** Fetch from each leader in turn, forever (until stopped); a failed fetch refreshes the leaders. */
+  private async read(cursors: PartitionCursor[], onVerdict: (raw: string) => void): Promise<void> {
+    const topic = this.config.topics.verdicts;
+    let topicId = "";
+    const leaders = () => [...new Set(cursors.map((c) => c.leader))];
+    const refresh = async () => {
+      const metadata = await this.reader!.metadata({ topics: [topic], forceUpdate: true });
+      const info = metadata.topics.get(topic);
+      topicId = info?.id ?? "";
+      for (const c of cursors) {
+        const p = info?.partitions[c.partition];
+        if (p) {
+          c.leader = p.leader;
+          c.leaderEpoch = p.leaderEpoch;
+        }
+      }
+    };
+    while (!this.stopped) {
+      try {
+        if (!topicId) await refresh();
+        // One leader in practice; with several, their fetches wait side by side.
+        await Promise.all(leaders().map((node) => this.fetchFrom(node, topicId, cursors.filter((c) => c.leader === node), onVerdict)));
+      } catch (err) {
+        if (this.stopped) return;
+        this.logger.warn(`loopfuse: verdict fetch failed (${String(err)}); refreshing leaders`);
+        topicId = "";
+        await sleep(250);
+      }
     }
-    await joined;
+  }
+
+  private async fetchFrom(node: number, topicId: string, cursors: PartitionCursor[], onVerdict: (raw: string) => void): Promise<void> {
+    const response = await this.reader!.fetch({
+      node,
+      maxWaitTime: FETCH_WAIT_MS,
+      minBytes: 1,
+      maxBytes: 10 * 1024 * 1024,
+      topics: [
+        {
+          topicId,
+          partitions: cursors.map((c) => ({
+            partition: c.partition,
+            currentLeaderEpoch: c.leaderEpoch,
+            fetchOffset: c.offset,
+            lastFetchedEpoch: -1,
+            partitionMaxBytes: 1024 * 1024,
+          })),
+        },
+      ],
+    });
+    for (const topicResponse of response.responses) {
+      for (const part of topicResponse.partitions) {
+        const cursor = cursors.find((c) => c.partition === part.partitionIndex);
+        if (!cursor) continue;
+        if (part.errorCode !== 0) throw new Error(`fetch error ${part.errorCode} on partition ${part.partitionIndex}`);
+        for (const batch of part.records ?? []) {
+          for (const record of batch.records) {
+            const offset = batch.firstOffset + BigInt(record.offsetDelta);
+            if (offset < cursor.offset) continue; // a batch may start before the offset asked for
+            cursor.offset = offset + 1n;
+            if (record.value) onVerdict(record.value.toString("utf8"));
+          }
+        }
+      }
+    }
   }
 
   async send(topic: string, key: string, value: string): Promise<void> {
     if (!this.producerReady) throw new Error("loopfuse transport not started");
     await this.producerReady;
     if (!this.producer || this.stopped) throw new Error("loopfuse transport stopped");
-    await this.producer.send({ topic, acks: -1, messages: [{ key, value }] });
+    await this.producer.send({ messages: [{ topic, key, value }] });
   }
 
   async stop(): Promise<void> {
     this.stopped = true;
     this.markConnected(); // sends still waiting for a connection fail now
-    await this.disconnectAll();
+    await this.closeAll();
+    await this.reading?.catch(() => {});
   }
 
-  private async disconnectAll(): Promise<void> {
-    const closing = [this.consumer?.disconnect(), this.producer?.disconnect(), this.admin?.disconnect()];
-    this.consumer = null;
+  private async closeAll(): Promise<void> {
+    const closing = [this.reader?.close(true), this.producer?.close(true)];
+    this.reader = null;
     this.producer = null;
-    this.admin = null;
     await Promise.allSettled(closing);
   }
 }

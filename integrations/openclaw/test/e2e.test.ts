@@ -1,5 +1,5 @@
 /**
- * End to end: the plugin (real kafkajs transport) against `loopfuse broker --kafka` +
+ * End to end: the plugin (its real Kafka transport, @platformatic/kafka) against `loopfuse broker --kafka` +
  * `loopfuse worker`, driven like OpenClaw drives it; the verdicts the plugin acted on
  * must equal `loopfuse replay` of the events it published.
  *

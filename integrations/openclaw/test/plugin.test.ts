@@ -72,13 +72,18 @@ describe("registration", () => {
     for (const entry of pkg.openclaw.extensions) assert.ok(existsSync(resolve(PACKAGE_ROOT, entry)), entry);
   });
 
-  it("registers nothing in discovery / setup / CLI-metadata loads (no Kafka there)", () => {
-    for (const mode of ["discovery", "setup-only", "cli-metadata"]) {
-      const api = Object.assign(new FakeApi(), { registrationMode: mode });
-      let made = false;
-      createLoopfusePlugin({ transport: () => ((made = true), new FakeTransport()) }).register(api);
-      assert.equal(api.hooks.length + api.middlewares.length, 0, mode);
-      assert.equal(made, false, mode);
+  it("registers its hooks in every registration mode, and opens Kafka only at the first hook call", async () => {
+    // OpenClaw 2026.9.6 registers "full" at start-up, then "discovery" loads whose hooks a run may use.
+    for (const mode of ["full", "discovery", "tool-discovery", "setup-only", "setup-runtime", "cli-metadata"]) {
+      const api = Object.assign(new FakeApi({ timeoutMs: 200 }), { registrationMode: mode });
+      const transport = new FakeTransport();
+      createLoopfusePlugin({ transport: () => transport }).register(api);
+      assert.deepEqual(api.hooks.map((h) => h.hookName).sort(), ["after_compaction", "agent_end", "before_tool_call", "gateway_stop"], mode);
+      assert.equal(api.middlewares.length, 1, mode);
+      assert.equal(transport.deliver, null, `${mode}: no client before a hook runs`);
+      await api.emit("before_tool_call", { toolName: "read", params: {}, toolCallId: "c" }, toolCtx("s", "r", "c"));
+      assert.notEqual(transport.deliver, null, `${mode}: started by the first call`);
+      assert.equal(transport.sent.length, 1, mode);
     }
   });
 
