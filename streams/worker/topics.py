@@ -18,6 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from loopfuse.streams.settings import Settings
+from loopfuse.streams.worker.faust_compat.consumer import refresh_consumer_metadata
 from loopfuse.streams.worker.faust_compat.producer import broker_metadata
 from loopfuse.streams.worker.faust_compat.recovery import recovery_progress
 
@@ -200,9 +201,15 @@ class Readiness:
         self.broker_ok, self.checked = cluster is not None, time.monotonic()
         self.stall.observe(recovery_progress(self.app), self.broker_ok)
         if cluster is not None:
+            present = cluster.topics()
+            lost = any(name not in present
+                       for name in wanted_topics(self.settings, self.fleet_breaker))
             self.topics_missing = await restore_lost_topics(
                 self.settings, cluster, self._stop_for_good, self.fleet_breaker
             )
+            if lost and not self.topics_missing:
+                # a group that joined while they were gone holds none of their partitions
+                await refresh_consumer_metadata(self.app)
 
     def _stop_for_good(self, code: int, reason: str) -> None:
         self.app.loopfuse_exit = (code, reason)  # type: ignore[attr-defined]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import faust
 from faust.types import TP
+
+log = logging.getLogger("loopfuse.worker")
 
 
 class FaustInputOffsets:
@@ -71,3 +75,30 @@ def owned_inputs(app: faust.App, topics: tuple[str, ...]) -> list[tuple[str, int
         return [(tp.topic, tp.partition) for tp in app.consumer.assignment() if tp.topic in topics]
     except Exception:  # no consumer yet (starting up)
         return []
+
+
+async def refresh_consumer_metadata(app: faust.App, timeout: float = 5.0) -> bool:
+    """Make the worker's consumer read the cluster's metadata now; False if it could not.
+
+    A group that joined while its topics were gone (a broker back empty, before the
+    worker re-created them) holds no partitions of them, and aiokafka would notice the
+    topics only at its next periodic metadata refresh (``metadata_max_age_ms``, 5 min):
+    the worker would be ready and judge nothing. A refresh that sees the subscribed
+    topics' partitions change makes aiokafka's coordinator rejoin the group
+    (``GroupCoordinator._on_metadata_change``). The consumer lives on Faust's consumer
+    thread (``AIOKafkaConsumerThread``), so the refresh runs there (``call_thread``).
+    """
+    thread: Any = getattr(app.consumer, "_thread", None)
+    if thread is None:
+        return False
+
+    async def refresh() -> None:
+        consumer = thread._ensure_consumer()
+        await consumer._client.force_metadata_update()
+
+    try:
+        await asyncio.wait_for(thread.call_thread(refresh), timeout)
+    except Exception:
+        log.warning("could not refresh the consumer's metadata", exc_info=True)
+        return False
+    return True
