@@ -209,7 +209,7 @@ class Readiness:
             )
             if lost and not self.topics_missing:
                 # a group that joined while they were gone holds none of their partitions
-                await refresh_consumer_metadata(self.app)
+                refresh_consumer_metadata(self.app)
 
     def _stop_for_good(self, code: int, reason: str) -> None:
         self.app.loopfuse_exit = (code, reason)  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from typing import Any
 
@@ -77,7 +78,7 @@ def owned_inputs(app: faust.App, topics: tuple[str, ...]) -> list[tuple[str, int
         return []
 
 
-async def refresh_consumer_metadata(app: faust.App, timeout: float = 5.0) -> bool:
+def refresh_consumer_metadata(app: faust.App) -> bool:
     """Make the worker's consumer read the cluster's metadata now; False if it could not.
 
     A group that joined while its topics were gone (a broker back empty, before the
@@ -86,19 +87,20 @@ async def refresh_consumer_metadata(app: faust.App, timeout: float = 5.0) -> boo
     the worker would be ready and judge nothing. A refresh that sees the subscribed
     topics' partitions change makes aiokafka's coordinator rejoin the group
     (``GroupCoordinator._on_metadata_change``). The consumer lives on Faust's consumer
-    thread (``AIOKafkaConsumerThread``), so the refresh runs there (``call_thread``).
+    thread (``AIOKafkaConsumerThread``), so the refresh is scheduled on that thread's
+    loop (``thread_loop``) and not waited for: the caller's loop never blocks on it.
     """
     thread: Any = getattr(app.consumer, "_thread", None)
-    if thread is None:
+    loop = getattr(thread, "thread_loop", None)
+    if thread is None or loop is None or loop.is_closed():
         return False
 
     async def refresh() -> None:
-        consumer = thread._ensure_consumer()
-        await consumer._client.force_metadata_update()
+        await thread._ensure_consumer()._client.force_metadata_update()
 
-    try:
-        await asyncio.wait_for(thread.call_thread(refresh), timeout)
-    except Exception:
-        log.warning("could not refresh the consumer's metadata", exc_info=True)
-        return False
+    def done(future: concurrent.futures.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("could not refresh the consumer's metadata: %r", future.exception())
+
+    asyncio.run_coroutine_threadsafe(refresh(), loop).add_done_callback(done)
     return True
