@@ -104,14 +104,9 @@ def decode_event(
 ) -> InputEvent:
     """Parse and validate one wire event; raise EventRejected with a code and a reason.
 
-<<<<<<< HEAD
     Bounds (docs/wire-format.md): the message size, JSON nesting, integers in
-    0 .. 2**53-1 (the models), identifiers at most ``max_identifier_bytes``.
-=======
-    Bounds (README, Wire format): the message size, JSON nesting, integers in
     0 .. 2**53-1 and ``ts`` up to year 9999 (the models), identifiers at most
     ``max_identifier_bytes``.
->>>>>>> issue25-a
     """
     if not raw:
         raise EventRejected("empty_message", "empty message (no bytes)")
