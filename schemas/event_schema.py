@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictFloat,
+    StrictInt,
     StrictStr,
     TypeAdapter,
     model_validator,
@@ -29,6 +30,9 @@ from loopfuse.schemas import events
 from loopfuse.schemas.events import (
     DEFAULT_MAX_IDENTIFIER_BYTES,
     MAX_EVENT_TS,
+    MAX_PARTITION,
+    MAX_REQUESTER_CHARS,
+    TOPIC_NAME_PATTERN,
     NonEmptyStr,
     WireInt,
 )
@@ -84,6 +88,27 @@ EpochMs = Annotated[
     BeforeValidator(_to_epoch_ms),
     Field(json_schema_extra={"minimum": 0, "maximum": MAX_EVENT_TS}),
 ]
+class ReplyTo(BaseModel):
+    """Where the event's verdicts go instead of the shared verdicts topic.
+
+    An extension to v1 (docs/wire-format.md: Reply routing): the worker publishes the
+    verdicts of this event to ``partition`` of ``topic``, one of the reply topics it is
+    configured with, keyed by ``requester``; a topic or partition it does not have
+    sends them to the verdicts topic, as for an event without ``reply_to``.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    topic: Annotated[StrictStr, Field(pattern=TOPIC_NAME_PATTERN)] = Field(
+        description="a reply topic (a Kafka topic name)"
+    )
+    partition: Annotated[StrictInt, Field(ge=0, le=MAX_PARTITION)] = Field(
+        description="the partition of the reply topic this gateway reads"
+    )
+    requester: Annotated[StrictStr, Field(min_length=1, max_length=MAX_REQUESTER_CHARS)] = Field(
+        description="the reply record's Kafka key: the gateway's own id (e.g. its incarnation)"
+    )
+
+
 class _InputEvent(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -102,6 +127,7 @@ class _InputEvent(BaseModel):
         description="Event time: RFC 3339 text or epoch milliseconds, "
         "1970-01-01T00:00:00Z .. 9999-12-31T23:59:59.999Z"
     )
+    reply_to: ReplyTo | None = None
 
     @model_validator(mode="after")
     def _has_key(self) -> _InputEvent:
@@ -209,6 +235,7 @@ _STRUCTS: dict[type[BaseModel], Any] = {
     RunEnded: events.RunEnded,
     ErrorDetail: events.ErrorDetail,
     Usage: events.Usage,
+    ReplyTo: events.ReplyTo,
 }
 #: Fields whose absence the events keep (``UNSET``): a null ``args`` is args, none is not.
 _UNSET_WHEN_ABSENT = frozenset({"args", "result"})

@@ -75,6 +75,29 @@ _WireInt = Annotated[int, Meta(ge=0, le=MAX_WIRE_INT)]
 _EventTs = Annotated[int, Meta(ge=0, le=MAX_EVENT_TS)]
 _NonEmpty = Annotated[str, Meta(min_length=1)]
 
+#: Kafka's own rule for a topic name (legal characters, at most 249 of them), as the
+#: models' regex engine (Rust's: ``$`` is the end of the text) reads it; msgspec's is
+#: Python's ``re.search``, where ``$`` also matches before a final newline.
+TOPIC_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+_TOPIC_NAME_RE = r"^[A-Za-z0-9._-]{1,249}\Z"
+#: A Kafka partition number is an int32.
+MAX_PARTITION = 2**31 - 1
+#: The bound of ``reply_to.requester``, in characters (it becomes a Kafka record key).
+MAX_REQUESTER_CHARS = 255
+_TopicName = Annotated[str, Meta(pattern=_TOPIC_NAME_RE)]
+_Partition = Annotated[int, Meta(ge=0, le=MAX_PARTITION)]
+_Requester = Annotated[str, Meta(min_length=1, max_length=MAX_REQUESTER_CHARS)]
+
+
+class ReplyTo(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """Where an event's verdicts go (docs/wire-format.md: Reply routing): one partition
+    of a reply topic, with the record key ``requester`` so that a gateway sharing the
+    partition skips the others' records without parsing them."""
+
+    topic: _TopicName
+    partition: _Partition
+    requester: _Requester
+
 
 class _InputEvent(
     Struct,
@@ -95,6 +118,8 @@ class _InputEvent(
     incarnation: _NonEmpty | None = None
     seq: _WireInt | None = None
     ts: _EventTs  # epoch milliseconds, 1970 .. year 9999
+    # Extension to v1: where this event's verdicts go (docs/wire-format.md: Reply routing).
+    reply_to: ReplyTo | None = None
 
     @property
     def key(self) -> str:

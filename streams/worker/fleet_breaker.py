@@ -60,7 +60,7 @@ EXTEND_STEP = 10
 #: How long the breaker agent waits for the board to be read before counting strikes.
 BOARD_WAIT_SECONDS = 30.0
 
-Message = tuple[str, bytes | None, bytes]
+Message = tuple[str, bytes | None, bytes, int | None]  # as the processor's
 
 
 # -- the window (pure) --------------------------------------------------------------
@@ -207,13 +207,14 @@ class FleetBreakerJudge:
             tool_name=tool, sessions=breaker.sessions, window_seconds=breaker.window_seconds,
             since_ts=breaker.since_ts, until_ts=breaker.until_ts,
         )
-        messages: list[Message] = [(self.breakers_topic, key, state.model_dump_json().encode())]
+        state_json = state.model_dump_json().encode()
+        messages: list[Message] = [(self.breakers_topic, key, state_json, None)]
         if trip.new:
             log.warning(
                 "fleet breaker tripped for tool %r: %d sessions within %d s",
                 tool[:80], breaker.sessions, breaker.window_seconds,
             )
-            messages.append((self.loop_events_topic, key, self.loop_event(breaker, now_ms)))
+            messages.append((self.loop_events_topic, key, self.loop_event(breaker, now_ms), None))
         return messages
 
     def loop_event(self, breaker: ToolBreaker, now_ms: int) -> bytes:

@@ -15,6 +15,13 @@ class Metrics:
         self.verdicts = Counter(
             "loopfuse_verdicts", "Verdicts published", ["action", "detector"], registry=r
         )
+        self.replies = Counter(
+            "loopfuse_verdict_replies",
+            "Verdicts of calls that named a reply (reply_to): routed there, or sent to the "
+            "verdicts topic because the worker has no such reply topic or partition",
+            ["outcome"],
+            registry=r,
+        )
         self.loop_events = Counter(
             "loopfuse_loop_events", "Loop events published", ["detector"], registry=r
         )

@@ -34,7 +34,7 @@ import msgspec
 import orjson
 
 from loopfuse.schemas.decode import EventRejected, decode_event
-from loopfuse.schemas.events import DeadLetter, InputEvent
+from loopfuse.schemas.events import DeadLetter, InputEvent, ReplyTo
 from loopfuse.streams.engine import (
     Engine,
     LoopEvent,
@@ -94,6 +94,9 @@ class Outgoing(msgspec.Struct, frozen=True, gc=False):
     value: bytes
     detail: str  # verdict action, loop-event detector or dead-letter code (metrics)
     detector: str | None = None  # a verdict's detector (metrics)
+    # Where the verdict's call asked for it (docs/wire-format.md: Reply routing); the
+    # processor checks it against the reply topics it has when it sends.
+    reply_to: ReplyTo | None = None
 
 
 class Source(msgspec.Struct, frozen=True, gc=False):
@@ -197,21 +200,49 @@ class EventFailed(Exception):
         self.reason = reason
 
 
+def reply_route(verdict: Verdict, asking: Sequence[InputEvent]) -> ReplyTo | None:
+    """Where ``verdict`` goes: the ``reply_to`` of the event it answers, among ``asking``.
+
+    ``asking`` is the event being applied and the events waiting in the session (a
+    step may drain parked or pending events, each answered with its own verdict).
+    The event answered is the one with the verdict's call id and incarnation: a
+    verdict is built from its event's fields, so this is exact, and a verdict of an
+    event that named no reply goes to the verdicts topic whatever the others named.
+    """
+    call_id, incarnation = verdict.call_id, verdict.incarnation
+    for event in asking:
+        if (
+            event.reply_to is not None
+            and getattr(event, "call_id", None) == call_id
+            and event.incarnation == incarnation
+        ):
+            return event.reply_to
+    return None
+
+
 def encode_outputs(
     outputs: Sequence[Output],
     key: bytes,
     limits: Limits,
     source: Source,
     notices: list[Notice],
+    asking: Sequence[InputEvent] = (),
 ) -> list[Outgoing]:
-    """The engine's outputs for one event as messages; raises EventFailed if one cannot be."""
+    """The engine's outputs for one event as messages; raises EventFailed if one cannot be.
+
+    ``asking``: the events whose verdicts these may be, when any of them named a
+    reply (see :func:`reply_route`); empty, every verdict goes to the verdicts topic.
+    """
     encoded: list[Outgoing] = []
     budget = limits.output_budget - len(key)
     for output in outputs:
         # type() is: the outputs are of these exact classes, and it is the cheapest test
         if type(output) is Verdict:
             value = output.to_json()
-            item = Outgoing("verdict", key, value, output.action, output.detector)
+            item = Outgoing(
+                "verdict", key, value, output.action, output.detector,
+                reply_route(output, asking) if asking else None,
+            )
         elif type(output) is LoopEvent:
             value = output.to_json()
             item = Outgoing("loop_event", key, value, output.detector)
@@ -311,9 +342,10 @@ class SessionFold:
         self, event: InputEvent, source: Source, now_ms: int, watermark_ms: int | None
     ) -> list[Outgoing]:
         """Judge one event: its messages, or its dead letter (state then unchanged)."""
+        asking = _asking(event, self.state)  # before the step drains what waits
         try:
             state, outputs = self.engine.step(self.state, event, now_ms, watermark_ms)
-            encoded = self._encode_outputs(outputs, source)
+            encoded = self._encode_outputs(outputs, source, asking)
         except EventFailed as exc:
             return self._reject(source, exc.code, exc.reason)
         except Exception as exc:  # an engine bug must not take the partition down
@@ -328,9 +360,10 @@ class SessionFold:
         """What waits in the state and may go now (see Engine.release)."""
         if self.state is None or not (self.state.pending or self.state.parked):
             return []
+        asking = _asking(None, self.state)
         try:
             outputs = self.engine.release(self.state, now_ms, watermark_ms)
-            encoded = self._encode_outputs(outputs, source)
+            encoded = self._encode_outputs(outputs, source, asking)
         except Exception as exc:
             log.exception("engine failed releasing the waiting events of a session")
             return self._reject(source, "engine_error", f"engine error: {exc!r}")
@@ -356,10 +389,12 @@ class SessionFold:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _encode_outputs(self, outputs: list[Output], source: Source) -> list[Outgoing]:
+    def _encode_outputs(
+        self, outputs: list[Output], source: Source, asking: Sequence[InputEvent]
+    ) -> list[Outgoing]:
         if self.breakers:
             outputs = fleet.overlay(self.engine.rules, outputs, self.breakers)
-        encoded = encode_outputs(outputs, self.key, self.limits, source, self.notices)
+        encoded = encode_outputs(outputs, self.key, self.limits, source, self.notices, asking)
         if self.strike:
             encoded += tool_strikes(outputs)
         return encoded
@@ -427,6 +462,18 @@ class SessionFold:
         letter = dead_letter(source, code, reason, self.limits)
         self.letters.append(letter)
         return [letter]
+
+
+def _asking(event: InputEvent | None, state: SessionState | None) -> Sequence[InputEvent]:
+    """The events a step's verdicts may answer, when one of them named a reply; else ()."""
+    waiting: list[InputEvent] = []
+    if state is not None and (state.parked or state.pending):
+        waiting = [*state.parked.values(), *state.pending]
+    if event is not None:
+        if not waiting:
+            return (event,) if event.reply_to is not None else ()
+        waiting.append(event)
+    return waiting if any(e.reply_to is not None for e in waiting) else ()
 
 
 def _decode(data: bytes | None) -> SessionState | None:
@@ -524,10 +571,17 @@ class OutputTopics:
     loop_events: str
     dead_letters: str
     tool_strikes: str | None = None  # the fleet breaker's, only when it is configured
+    # Reply topics -> their partition counts (docs/wire-format.md: Reply routing): a live
+    # mapping the worker keeps up to date; a verdict whose call named a topic or a
+    # partition not in it goes to ``verdicts``.
+    replies: Mapping[str, int] | None = None
 
 
-#: (topic, key, value) of a message to publish.
-Message = tuple[str, bytes | None, bytes]
+#: (topic, key, value, partition) of a message to publish; partition None: by its key.
+Message = tuple[str, bytes | None, bytes, int | None]
+
+#: How often, at most, the worker logs verdicts it could not route (they are counted).
+UNROUTABLE_LOG_INTERVAL_MS = 10_000
 
 #: Decoded states kept between batches (see SessionProcessor._load); ~2-5 KB each.
 STATE_CACHE_SIZE = 20_000
@@ -592,6 +646,9 @@ class SessionProcessor:
         if outputs.tool_strikes is not None:
             self.topic_of["tool_strike"] = outputs.tool_strikes
         self.breakers = breakers
+        self.replies: Mapping[str, int] = outputs.replies if outputs.replies is not None else {}
+        self._unroutable_logged_ms: int | None = None
+        self._unroutable_unlogged = 0
         # session key -> partition, for idle expiry (the memory store does not know
         # which partition a key belongs to; expiry must only delete keys of
         # partitions this worker actively owns).
@@ -787,6 +844,15 @@ class SessionProcessor:
         metrics = self.metrics
         if message.kind == "verdict":
             metrics.inc(metrics.verdicts, message.detail, message.detector or "none")
+            reply = message.reply_to
+            if reply is not None:
+                partitions = self.replies.get(reply.topic)
+                if partitions is not None and reply.partition < partitions:
+                    metrics.inc(metrics.replies, "routed")
+                    requester = reply.requester.encode("utf-8", "surrogatepass")
+                    out.append((reply.topic, requester, message.value, reply.partition))
+                    return
+                self._unroutable(reply, partitions)
         elif message.kind == "loop_event":
             metrics.inc(metrics.loop_events, message.detail)
         elif message.kind == "tool_strike":
@@ -794,7 +860,30 @@ class SessionProcessor:
         else:
             metrics.inc(metrics.dead_letters, message.detail)
             self.dead_letter_log.letter(self.clock(), message.detail, message.value)
-        out.append((self.topic_of[message.kind], message.key, message.value))
+        out.append((self.topic_of[message.kind], message.key, message.value, None))
+
+    def _unroutable(self, reply: ReplyTo, partitions: int | None) -> None:
+        """A call named a reply this worker cannot send to: its verdict goes to the
+        verdicts topic (never lost), counted, and logged at most every 10 s."""
+        reason = "unknown_topic" if partitions is None else "no_such_partition"
+        self.metrics.inc(self.metrics.replies, reason)
+        now_ms = self.clock()
+        last = self._unroutable_logged_ms
+        if last is not None and now_ms - last < UNROUTABLE_LOG_INTERVAL_MS:
+            self._unroutable_unlogged += 1
+            return
+        self._unroutable_logged_ms = now_ms
+        where = (
+            "is not one of this worker's reply topics (LOOPFUSE_REPLY_TOPICS)"
+            if partitions is None
+            else f"has {partitions} partitions"
+        )
+        log.warning(
+            "a call asked for its verdict on partition %d of %r, which %s: sent to the "
+            "verdicts topic instead (%d more since the last such line)",
+            reply.partition, reply.topic, where, self._unroutable_unlogged,
+        )
+        self._unroutable_unlogged = 0
 
     # -- timers ----------------------------------------------------------------------------
 

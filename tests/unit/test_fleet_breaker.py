@@ -185,7 +185,7 @@ def test_the_processor_sends_strikes_only_when_the_breaker_is_configured() -> No
     plain = run(OutputTopics("verdicts", "loops", "dead"))
     with_breaker = run(OutputTopics("verdicts", "loops", "dead", "strikes"))
     assert [m for m in with_breaker if m[0] != "strikes"] == plain
-    sent = [(key, ToolStrike.model_validate_json(value)) for topic, key, value in with_breaker
+    sent = [(key, ToolStrike.model_validate_json(value)) for topic, key, value, _ in with_breaker
             if topic == "strikes"]
     assert [(key, s.tool_name, s.detector, s.ts) for key, s in sent] == [
         (b"exec", "exec", "generic_repeat", T0 + 5)]
@@ -193,9 +193,9 @@ def test_the_processor_sends_strikes_only_when_the_breaker_is_configured() -> No
     late_clock = SessionProcessor(engine(), ("calls", "results", "compactions"),
                                   OutputTopics("verdicts", "loops", "dead", "strikes"),
                                   DictStore(), _NoOffsets(), clock=lambda: T0 + 2)
-    [(_, _, value)] = [m for m in late_clock.process(records) if m[0] == "strikes"]
+    [(_, _, value, _)] = [m for m in late_clock.process(records) if m[0] == "strikes"]
     assert ToolStrike.model_validate_json(value).ts == T0 + 2  # a clock ahead counts as now
-    assert b"secret" not in b"".join(value for topic, _, value in with_breaker
+    assert b"secret" not in b"".join(value for topic, _, value, _ in with_breaker
                                       if topic == "strikes")
 
 
@@ -208,7 +208,7 @@ def test_the_processor_overlays_the_board_it_is_given() -> None:
     def verdict_of(n: int) -> dict[str, Any]:
         event = {"type": "tool_call", "session_key": "s", "call_id": f"c{n}", "seq": n,
                  "event_id": f"e{n}", "tool_name": "exec", "args": {"n": n}, "ts": T0 + n}
-        [(_, _, value)] = proc.process([InputRecord("calls", 0, n, b"s", orjson.dumps(event))])
+        [(_, _, value, _)] = proc.process([InputRecord("calls", 0, n, b"s", orjson.dumps(event))])
         return orjson.loads(value)  # type: ignore[no-any-return]
 
     assert verdict_of(0)["action"] == "allow"
@@ -291,14 +291,14 @@ def test_the_breaker_publishes_its_state_and_one_loop_event_per_trip() -> None:
     judge = FleetBreakerJudge(engine().rules.resolver.fleet_breaker,  # type: ignore[arg-type]
                               True, board, ("breakers", "loops"))
 
-    def strike(session: str, ts: int) -> list[tuple[str, bytes | None, bytes]]:
+    def strike(session: str, ts: int) -> list[tuple[str, bytes | None, bytes, int | None]]:
         value = orjson.dumps({"type": "tool_strike", "tool_name": "exec", "detector":
                               "generic_repeat", "session": f"{hash64(session):016x}", "ts": ts})
         return judge.on_strike(value, T0 + 99)
 
     assert strike("a", T0) == [] and strike("b", T0 + 1) == []
     messages = strike("c", T0 + 2)
-    assert [(topic, key) for topic, key, _ in messages] == [
+    assert [(topic, key) for topic, key, _, _ in messages] == [
         ("breakers", b"exec"), ("loops", b"exec")]
     event = WireLoopEvent.model_validate_json(messages[1][2])
     assert (event.detector, event.action, event.level, event.count, event.enforced,

@@ -18,6 +18,7 @@ from loopfuse.streams.worker.processor import (
     DictStore,
     InputRecord,
     Limits,
+    Message,
     OutputTopics,
     SessionProcessor,
 )
@@ -90,11 +91,11 @@ def calls(session: str, n: int, *, start: int = 0, ts: int = 1_000) -> list[dict
     return out
 
 
-def outputs(messages: list[tuple[str, bytes | None, bytes]], topic: str) -> list[dict[str, Any]]:
-    return [orjson.loads(value) for t, _, value in messages if t == topic]
+def outputs(messages: list[Message], topic: str) -> list[dict[str, Any]]:
+    return [orjson.loads(value) for t, _, value, _ in messages if t == topic]
 
 
-def actions(messages: list[tuple[str, bytes | None, bytes]]) -> list[str]:
+def actions(messages: list[Message]) -> list[str]:
     return [v["action"] for v in outputs(messages, "verdicts")]
 
 

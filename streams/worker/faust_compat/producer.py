@@ -21,15 +21,17 @@ from faust.types import TP
 log = logging.getLogger("loopfuse.worker")
 
 
-async def send_retrying(app: faust.App, messages: list[tuple[str, bytes | None, bytes]]) -> None:
+async def send_retrying(
+    app: faust.App, messages: list[tuple[str, bytes | None, bytes, int | None]]
+) -> None:
     """Hand messages to the producer; a broker problem is retried, never skipped.
 
     Outputs were checked against the producer's request size, so what fails here is
     the broker (or the network), not the input: giving up would let the batch be
     acknowledged without its verdicts.
     """
-    for topic, key, value in messages:
-        await _hand_over(app, topic, key, value, None)
+    for topic, key, value, partition in messages:
+        await _hand_over(app, topic, key, value, partition)
 
 
 async def send_table_writes(
@@ -81,7 +83,7 @@ class Publisher:
     def __init__(self, app: faust.App, table: faust.Table[bytes, bytes], store: Any) -> None:
         self.app, self.table, self.store = app, table, store  # store: FaustSessionStore
 
-    async def __call__(self, messages: list[tuple[str, bytes | None, bytes]]) -> None:
+    async def __call__(self, messages: list[tuple[str, bytes | None, bytes, int | None]]) -> None:
         writes = self.store.take_writes()
         await send_retrying(self.app, messages)  # a broker problem is retried, never skipped
         await send_table_writes(self.app, self.table, writes)
