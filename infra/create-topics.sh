@@ -6,6 +6,9 @@
 #   BOOTSTRAP_SERVER    host:port of a broker
 #   TOPICS              the six loopfuse topics (inputs and outputs), space-separated
 #   COMPACTED_TOPICS    the session table's changelog, <app_id>-sessions-changelog
+#   REPLY_TOPICS        optional reply topics (= LOOPFUSE_REPLY_TOPICS, space-separated),
+#                       created with REPLY_PARTITIONS partitions (= LOOPFUSE_REPLY_PARTITIONS,
+#                       default 64) and one hour's retention (a verdict is read in seconds)
 #   PARTITIONS          one partition count for all of them (= LOOPFUSE_PARTITIONS)
 #   REPLICATION_FACTOR  default 1 (= LOOPFUSE_REPLICATION_FACTOR)
 #   COMMAND_CONFIG      optional client properties file (SASL / SSL clusters)
@@ -20,6 +23,8 @@ set -eu
 : "${BOOTSTRAP_SERVER:?set BOOTSTRAP_SERVER}" "${TOPICS:?set TOPICS}" "${PARTITIONS:?set PARTITIONS}"
 REPLICATION_FACTOR=${REPLICATION_FACTOR:-1}
 COMPACTED_TOPICS=${COMPACTED_TOPICS:-}
+REPLY_TOPICS=${REPLY_TOPICS:-}
+REPLY_PARTITIONS=${REPLY_PARTITIONS:-64}
 KAFKA_TOPICS=${KAFKA_TOPICS:-/opt/kafka/bin/kafka-topics.sh}
 
 common="--bootstrap-server $BOOTSTRAP_SERVER"
@@ -27,12 +32,13 @@ if [ -n "${COMMAND_CONFIG:-}" ]; then
     common="$common --command-config $COMMAND_CONFIG"
 fi
 
-create() {  # topic [--config k=v]
+create() {  # topic partitions [--config k=v]
     topic=$1
-    shift
+    count=$2
+    shift 2
     # shellcheck disable=SC2086  # $common is a list of options
     "$KAFKA_TOPICS" $common --create --if-not-exists --topic "$topic" \
-        --partitions "$PARTITIONS" --replication-factor "$REPLICATION_FACTOR" "$@"
+        --partitions "$count" --replication-factor "$REPLICATION_FACTOR" "$@"
 }
 
 partitions_of() {
@@ -44,10 +50,14 @@ partitions_of() {
 }
 
 for topic in $TOPICS; do
-    create "$topic"
+    create "$topic" "$PARTITIONS"
 done
 for topic in $COMPACTED_TOPICS; do
-    create "$topic" --config cleanup.policy=compact
+    create "$topic" "$PARTITIONS" --config cleanup.policy=compact
+done
+# Any partition count works for a reply topic (a gateway reads the count it has).
+for topic in $REPLY_TOPICS; do
+    create "$topic" "$REPLY_PARTITIONS" --config retention.ms=3600000
 done
 
 status=0

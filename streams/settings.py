@@ -6,6 +6,7 @@ This is the only place that reads the environment; everything else is handed a
 
 from __future__ import annotations
 
+import re
 import ssl
 from pathlib import Path
 from typing import Annotated, Literal
@@ -14,6 +15,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 class Settings(BaseSettings):
@@ -50,6 +52,18 @@ class Settings(BaseSettings):
         default="loopfuse.tool-breakers", description="compacted; every worker reads it whole"
     )
     partitions: int = Field(default=4, ge=1, le=10_000)
+    # Reply routing (docs/wire-format.md: Reply routing): the topics a call may name in
+    # reply_to, comma-separated (one per tenant, say); empty: none, every verdict goes
+    # to topic_verdicts. The worker creates them with reply_partitions partitions.
+    reply_topics: str = Field(
+        default="loopfuse.replies",
+        description="the reply topics calls may name (comma-separated; empty: none)",
+    )
+    reply_partitions: int = Field(
+        default=64, ge=1, le=10_000,
+        description="partitions of a reply topic the worker creates (one per gateway "
+        "process or more: docs/benchmarks.md, Verdict fan-out)",
+    )
     replication_factor: int = Field(default=1, ge=1, le=32)
 
     # -- the Faust app -----------------------------------------------------------------
@@ -128,6 +142,18 @@ class Settings(BaseSettings):
             raise ValueError("bootstrap_servers must be host:port[,host:port...]")
         return ",".join(hosts)
 
+    @field_validator("reply_topics")
+    @classmethod
+    def _reply_topics(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        for name in names:
+            if not _TOPIC_NAME.fullmatch(name):
+                raise ValueError(
+                    "reply_topics must be Kafka topic names (A-Z a-z 0-9 . _ -, at most "
+                    "249 characters), comma-separated"
+                )
+        return ",".join(dict.fromkeys(names))
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.max_session_state_bytes + 4_096 > self.producer_max_request_size:
@@ -143,6 +169,13 @@ class Settings(BaseSettings):
         topics = self.input_topics + self.output_topics + self.fleet_topics
         if len(set(topics)) != len(topics):
             raise ValueError(f"LOOPFUSE_TOPIC_* names must be distinct, got {topics}")
+        # A call names its reply topic: one of loopfuse's own would let a gateway write
+        # verdicts into an input topic (judged again) or among the loop events.
+        clash = sorted(set(self.reply_topic_names) & {*topics, self.changelog_name})
+        if clash:
+            raise ValueError(
+                f"LOOPFUSE_REPLY_TOPICS must not name loopfuse's other topics, got {clash}"
+            )
         if self.sasl_mechanism is not None and not self.security_protocol.startswith("SASL"):
             raise ValueError(
                 "LOOPFUSE_SASL_MECHANISM needs LOOPFUSE_SECURITY_PROTOCOL SASL_PLAINTEXT "
@@ -157,6 +190,17 @@ class Settings(BaseSettings):
     @property
     def output_topics(self) -> tuple[str, str, str]:
         return (self.topic_verdicts, self.topic_loop_events, self.topic_dead_letters)
+
+    @property
+    def reply_topic_names(self) -> tuple[str, ...]:
+        """The reply topics (``reply_topics`` split); empty: reply routing is off."""
+        return tuple(self.reply_topics.split(",")) if self.reply_topics else ()
+
+    @property
+    def changelog_name(self) -> str:
+        """Faust's name for the session table's changelog topic (the table is named
+        ``sessions``: loopfuse.streams.worker.topics.SESSION_TABLE)."""
+        return f"{self.app_id}-sessions-changelog"
 
     @property
     def fleet_topics(self) -> tuple[str, str]:

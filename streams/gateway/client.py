@@ -21,6 +21,14 @@ accepted only for the pending call it answers: same session, call id, seq,
 incarnation and args hash; anything else on the verdicts topic is counted and
 dropped. The verdict reader survives bad records, callback errors and consumer
 errors (logged, counted, restarted); ``client.stats`` has the counters.
+
+Reply routing (docs/wire-format.md: Reply routing): every event names ``reply_to``, one
+partition of the reply topic (``Topics.replies``, per tenant if the operator says so)
+keyed by this client's incarnation, and the client reads that partition only, from
+its end, with no consumer group. The partition is the incarnation's hash modulo the
+topic's partition count (or ``reply_partition``); another gateway that lands on the
+same one costs a key comparison per record of its, never a parse. ``Topics(replies=None)``
+is the v1 way: every partition of the verdicts topic, every record parsed.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
+import xxhash
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pydantic import ValidationError
 
@@ -69,6 +78,8 @@ class ClientStats:
     callback_errors: int = 0  # on_abort callbacks that raised
     reader_errors: int = 0  # consumer errors survived by the verdict reader
     reader_restarts: int = 0  # times the verdict reader task was started again
+    records_read: int = 0  # records the verdict reader took from Kafka
+    foreign_records: int = 0  # of those, other gateways' (reply key not ours): not parsed
 
 
 @dataclass(slots=True)
@@ -104,15 +115,30 @@ class Topics:
     tool_results: str = field(default_factory=lambda: _default("topic_tool_results"))
     compactions: str = field(default_factory=lambda: _default("topic_compactions"))
     verdicts: str = field(default_factory=lambda: _default("topic_verdicts"))
+    # The reply topic this gateway reads (one of the worker's LOOPFUSE_REPLY_TOPICS);
+    # None: no reply routing, the whole verdicts topic is read (v1).
+    replies: str | None = field(default_factory=lambda: _default("reply_topics").split(",")[0])
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Topics:
+    def from_settings(cls, settings: Settings, replies: str | None = None) -> Topics:
+        """The worker's topic names; ``replies`` defaults to its first reply topic."""
+        names = settings.reply_topic_names
         return cls(
             settings.topic_tool_calls,
             settings.topic_tool_results,
             settings.topic_compactions,
             settings.topic_verdicts,
+            replies if replies is not None else (names[0] if names else None),
         )
+
+
+def reply_partition_of(requester: str, partitions: int) -> int:
+    """The reply partition a gateway reads when none is configured: its id's hash.
+
+    Spread evenly, so with P partitions and G gateways a gateway shares its partition
+    with (G - 1) / P others on average (docs/benchmarks.md: Verdict fan-out).
+    """
+    return xxhash.xxh64_intdigest(requester.encode()) % partitions
 
 
 def blocked_tool_result(verdict: Verdict) -> dict[str, Any]:
@@ -161,6 +187,7 @@ class GatewaySession:
             "incarnation": space.incarnation,
             "seq": seq,
             "ts": int(time.time() * 1000),
+            **self.client._reply_to,
         }
 
     def new_call_id(self) -> str:
@@ -243,6 +270,7 @@ class GatewayClient:
         client_id: str | None = None,
         linger_ms: int = 0,
         verdict_fetch_wait_ms: int = 500,
+        reply_partition: int | None = None,
         **kafka_options: Any,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
@@ -273,6 +301,11 @@ class GatewayClient:
         self._reported: OrderedDict[tuple[str, str], None] = OrderedDict()
         # This client's incarnation: every event it publishes is numbered in it.
         self.incarnation = uuid.uuid4().hex
+        # Reply routing: the partition read (set by start()) and what each event names.
+        self._reply_partition_asked = reply_partition
+        self.reply_partition: int | None = None
+        self._reply_key = self.incarnation.encode()
+        self._reply_to: dict[str, Any] = {}
         self._spaces: OrderedDict[str, _SeqSpace] = OrderedDict()
         self._spaces_made = 0
         self.stats = ClientStats()
@@ -319,14 +352,31 @@ class GatewayClient:
             **self._kafka_options,
         )
         await self._consumer.start()
-        partitions = await self._partitions_of(self.topics.verdicts)
-        tps = [TopicPartition(self.topics.verdicts, p) for p in partitions]
+        tps = await self._verdict_partitions()
         self._consumer.assign(tps)
         await self._consumer.seek_to_end(*tps)
         for tp in tps:  # resolve "end" now, so no verdict published after start is missed
             await self._consumer.position(tp)
         self._stopping = False
         self._start_reader()
+
+    async def _verdict_partitions(self) -> list[TopicPartition]:
+        """What the reader reads: this gateway's reply partition, or (v1) every verdict one."""
+        replies = self.topics.replies
+        if replies is None:
+            partitions = await self._partitions_of(self.topics.verdicts)
+            return [TopicPartition(self.topics.verdicts, p) for p in partitions]
+        count = len(await self._partitions_of(replies, what="reply topic"))
+        asked = self._reply_partition_asked
+        if asked is not None and not 0 <= asked < count:
+            raise ValueError(f"reply_partition {asked} is not a partition of {replies!r} "
+                             f"(it has {count})")
+        partition = reply_partition_of(self.incarnation, count) if asked is None else asked
+        self.reply_partition = partition
+        self._reply_to = {"reply_to": {
+            "topic": replies, "partition": partition, "requester": self.incarnation,
+        }}
+        return [TopicPartition(replies, partition)]
 
     def _start_reader(self) -> None:
         self._reader = asyncio.create_task(self._read_verdicts(), name="loopfuse-verdicts")
@@ -341,7 +391,7 @@ class GatewayClient:
         self.stats.reader_restarts += 1
         self._start_reader()
 
-    async def _partitions_of(self, topic: str) -> set[int]:
+    async def _partitions_of(self, topic: str, what: str = "topic") -> set[int]:
         assert self._consumer is not None
         for _ in range(100):
             partitions = self._consumer.partitions_for_topic(topic)
@@ -349,7 +399,11 @@ class GatewayClient:
                 return set(partitions)
             await self._consumer._client.force_metadata_update()
             await asyncio.sleep(0.1)
-        raise RuntimeError(f"topic {topic!r} does not exist (is the loopfuse worker running?)")
+        hint = "is the loopfuse worker running?"
+        if what == "reply topic":
+            hint = ("the worker creates the topics of LOOPFUSE_REPLY_TOPICS; name one of them, "
+                    "or Topics(replies=None) to read the whole verdicts topic")
+        raise RuntimeError(f"{what} {topic!r} does not exist ({hint})")
 
     async def stop(self) -> None:
         self._stopping = True
@@ -548,8 +602,17 @@ class GatewayClient:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
+            routed = self.topics.replies is not None
+            mine = self._reply_key
+            stats = self.stats
             for records in batches.values():
+                stats.records_read += len(records)
                 for record in records:
+                    # Another gateway's reply on a shared partition: skipped by its key,
+                    # unparsed (a verdict routed here is keyed by its requester).
+                    if routed and record.key != mine:
+                        stats.foreign_records += 1
+                        continue
                     self._deliver(record.value)
 
     def _deliver(self, raw: bytes | None) -> None:

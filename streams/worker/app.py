@@ -78,11 +78,13 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     )
     board = install_fleet_breaker(app, settings, engine)  # None: no fleetBreaker configured
     store = FaustSessionStore(table, settings.topic_tool_calls)
+    replies: dict[str, int] = {}  # reply topic -> partitions, kept current by the probe
     processor = SessionProcessor(
         engine, settings.input_topics,
         OutputTopics(settings.topic_verdicts, settings.topic_loop_events,
                      settings.topic_dead_letters,
-                     settings.topic_tool_strikes if board is not None else None),
+                     settings.topic_tool_strikes if board is not None else None,
+                     replies=replies),
         store, FaustInputOffsets(app),
         limits=Limits(settings.max_session_state_bytes, settings.producer_max_request_size,
                       settings.dead_letter_original_bytes, settings.max_identifier_bytes),
@@ -92,7 +94,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     )
     inputs = app.topic(*settings.input_topics, key_serializer="raw", value_serializer="raw",
                        partitions=settings.partitions)
-    readiness = Readiness(app, settings, fleet_breaker=board is not None)
+    readiness = Readiness(app, settings, fleet_breaker=board is not None, replies=replies)
 
     publish = Publisher(app, table, store)  # right after each processor call
 
@@ -135,6 +137,10 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     async def _on_assigned() -> None:
         prepare_consumer(app, fetches, fetch_max_wait_ms=settings.fetch_wait_ms)
         processor.assigned(range(settings.partitions))
+        if settings.reply_topic_names and not replies:
+            # before the first batch: a call's reply is not sent elsewhere for want of
+            # the probe's first answer
+            await readiness.refresh_replies()
 
     on_assigned(app, _on_assigned)
 

@@ -35,17 +35,48 @@ class TopicMismatchError(RuntimeError):
 
 def changelog_topic(settings: Settings) -> str:
     """Faust's name for the session table's changelog topic."""
-    return f"{settings.app_id}-{SESSION_TABLE}-changelog"
+    return settings.changelog_name  # f"{app_id}-{SESSION_TABLE}-changelog"
 
 
 def wanted_topics(settings: Settings, fleet_breaker: bool) -> list[str]:
     """Every topic the worker uses (the fleet breaker's only when it is configured)."""
     wanted = [*settings.input_topics, changelog_topic(settings), *settings.output_topics]
+    wanted += settings.reply_topic_names
     return wanted + list(settings.fleet_topics) if fleet_breaker else wanted
+
+
+def reply_partitions(settings: Settings, cluster: Any) -> dict[str, int]:
+    """Each reply topic's partition count as the cluster metadata has it (a topic the
+    broker does not have is left out: its replies go to the verdicts topic)."""
+    counts = {}
+    for name in settings.reply_topic_names:
+        partitions = cluster.partitions_for_topic(name)
+        if partitions:
+            counts[name] = len(partitions)
+    return counts
+
+
+def update_replies(replies: dict[str, int], counts: dict[str, int]) -> None:
+    """Make the live mapping the processor reads say ``counts`` (between its calls)."""
+    for name in [name for name in replies if name not in counts]:
+        del replies[name]
+    replies.update(counts)
 
 
 def _compacted(settings: Settings, name: str) -> bool:
     return name in (changelog_topic(settings), settings.topic_tool_breakers)
+
+
+#: A reply topic's retention: a verdict is read within seconds of being published.
+REPLY_RETENTION_MS = 3_600_000
+
+
+def _topic_configs(settings: Settings, name: str, replies: set[str]) -> dict[str, str]:
+    if _compacted(settings, name):
+        return {"cleanup.policy": "compact"}
+    if name in replies:
+        return {"retention.ms": str(REPLY_RETENTION_MS)}
+    return {}
 
 
 async def ensure_topics(
@@ -69,17 +100,16 @@ async def ensure_topics(
     try:
         strict = [*settings.input_topics, changelog_topic(settings)]
         wanted = wanted_topics(settings, fleet_breaker)
+        replies = set(settings.reply_topic_names)
         existing = set(await admin.list_topics())
         missing = [name for name in wanted if name not in existing]
         if missing:
             new = [
                 NewTopic(
                     name,
-                    settings.partitions,
+                    settings.reply_partitions if name in replies else settings.partitions,
                     settings.replication_factor,
-                    topic_configs=(
-                        {"cleanup.policy": "compact"} if _compacted(settings, name) else {}
-                    ),
+                    topic_configs=_topic_configs(settings, name, replies),
                 )
                 for name in missing
             ]
@@ -187,10 +217,16 @@ class RecoveryStall:
 class Readiness:
     """What ``/ready`` answers: the broker probe (every 2 s), lost topics, Faust's state."""
 
-    def __init__(self, app: faust.App, settings: Settings, fleet_breaker: bool = False) -> None:
+    def __init__(
+        self, app: faust.App, settings: Settings, fleet_breaker: bool = False,
+        replies: dict[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.settings = settings
         self.fleet_breaker = fleet_breaker
+        # The reply topics' partition counts the processor routes by, kept current here
+        # (an operator may add partitions, or a tenant's topic, while the worker runs).
+        self.replies = replies if replies is not None else {}
         self.broker_ok = False
         self.checked = 0.0
         self.topics_missing: list[str] = []
@@ -210,6 +246,13 @@ class Readiness:
             if lost and not self.topics_missing:
                 # a group that joined while they were gone holds none of their partitions
                 refresh_consumer_metadata(self.app)
+            update_replies(self.replies, reply_partitions(self.settings, cluster))
+
+    async def refresh_replies(self) -> None:
+        """Read the reply topics' partition counts now (before the first batch)."""
+        cluster = await broker_metadata(self.app)
+        if cluster is not None:
+            update_replies(self.replies, reply_partitions(self.settings, cluster))
 
     def _stop_for_good(self, code: int, reason: str) -> None:
         self.app.loopfuse_exit = (code, reason)  # type: ignore[attr-defined]

@@ -123,4 +123,7 @@ async def test_a_block_breaker_blocks_a_gateways_calls_without_making_them_stick
         "CRITICAL: exec is failing across the fleet (3 sessions hit a loop on exec")
     assert again.action == "block" and again.call_id != first.call_id
     assert gateway.stats.sticky_blocks == 0  # asked again: the breaker may have cleared
+    # the breaker's raised verdicts came by reply routing: the gateway read nothing else
+    assert gateway.topics.replies is not None and gateway.reply_partition is not None
+    assert gateway.stats.verdicts == 3 and gateway.stats.timeouts == 0
     assert other.action == "allow"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -37,11 +38,13 @@ async def _unread_topics(bootstrap: str) -> Topics:
     """Topics of their own that no worker reads: no verdict comes unless a test sends it."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    topics = _topics()
+    topics = dataclasses.replace(_topics(), replies=unique("rel-replies"))
+    assert topics.replies is not None
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(t, 1, 1) for t in (topics.tool_calls, topics.verdicts)])
+        await admin.create_topics([NewTopic(t, 1, 1) for t in (topics.tool_calls, topics.verdicts)]
+                                  + [NewTopic(topics.replies, 4, 1)])
     finally:
         await admin.close()
     return topics
@@ -329,8 +332,14 @@ async def test_the_reader_survives_garbage_and_consumer_errors(
 
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
+    replies, partition = client.topics.replies, client.reply_partition
+    assert replies is not None and partition is not None
     try:
-        await producer.send_and_wait(client.topics.verdicts, b"\xff not a verdict", key=b"x")
+        # garbage keyed as this gateway's replies (parsed, refused) and as another's
+        # (skipped by its key, never parsed)
+        await producer.send_and_wait(replies, b"\xff not a verdict",
+                                     key=client.incarnation.encode(), partition=partition)
+        await producer.send_and_wait(replies, b"\xff another's", key=b"x", partition=partition)
     finally:
         await producer.stop()
     consumer = client._consumer
@@ -349,7 +358,8 @@ async def test_the_reader_survives_garbage_and_consumer_errors(
     verdicts = await _loop(session, 4)
     assert [v.action for v in verdicts] == ["allow", "allow", "allow", "warn"]
     assert client.stats.reader_errors == 1
-    assert client.stats.undecodable_records >= 1
+    assert client.stats.undecodable_records == 1
+    assert client.stats.foreign_records >= 1
     assert client.stats.timeouts == 0
 
 
@@ -380,7 +390,10 @@ async def test_a_verdict_that_does_not_match_the_pending_call_is_dropped(
         # Forged while the call waits: published, so its verdict is pending.
         await calls.wait_for("the call published", lambda: calls.of(topics.tool_calls), 4)
         assert not checking.done()
-        await producer.send_and_wait(topics.verdicts, orjson.dumps(forged), key=b"s-forged")
+        assert topics.replies is not None and gateway.reply_partition is not None
+        await producer.send_and_wait(topics.replies, orjson.dumps(forged),
+                                     key=gateway.incarnation.encode(),
+                                     partition=gateway.reply_partition)
         verdict = await checking
     await producer.stop()
     assert verdict.action == "block"  # fail-closed: the forged allow was not taken

@@ -265,6 +265,8 @@ def test_create_topics_matches_worker_settings(
     assert env["COMPACTED_TOPICS"].split() == [changelog_topic(settings)]
     assert int(env["PARTITIONS"]) == settings.partitions
     assert int(env["REPLICATION_FACTOR"]) == settings.replication_factor
+    assert tuple(env["REPLY_TOPICS"].split()) == settings.reply_topic_names
+    assert int(env["REPLY_PARTITIONS"]) == settings.reply_partitions
     assert env["BOOTSTRAP_SERVER"] == settings.bootstrap_servers
     # the script it runs is the one in the repo
     entrypoint = services["create-topics"]["entrypoint"]
@@ -308,16 +310,19 @@ def test_create_topics_script(
     )
     calls = (tmp_path / "calls").read_text().splitlines()
     creates = [c for c in calls if "--create" in c]
-    topics = env["TOPICS"].split() + env["COMPACTED_TOPICS"].split()
+    replies = env["REPLY_TOPICS"].split()
+    topics = env["TOPICS"].split() + env["COMPACTED_TOPICS"].split() + replies
     assert len(creates) == len(topics)
     for topic, call in zip(topics, creates, strict=True):
         args = call.split()
         assert args[args.index("--topic") + 1] == topic
         assert "--if-not-exists" in args
-        assert args[args.index("--partitions") + 1] == env["PARTITIONS"]
+        partitions = env["REPLY_PARTITIONS"] if topic in replies else env["PARTITIONS"]
+        assert args[args.index("--partitions") + 1] == partitions
         assert args[args.index("--bootstrap-server") + 1] == env["BOOTSTRAP_SERVER"]
         compacted = topic in env["COMPACTED_TOPICS"].split()
         assert ("cleanup.policy=compact" in args) == compacted
+        assert ("retention.ms=3600000" in args) == (topic in replies)
     if str(count) == env["PARTITIONS"]:
         assert run.returncode == 0, run.stderr
     else:
