@@ -79,6 +79,7 @@ class ClientStats:
     reader_errors: int = 0  # consumer errors survived by the verdict reader
     reader_restarts: int = 0  # times the verdict reader task was started again
     records_read: int = 0  # records the verdict reader took from Kafka
+    bytes_read: int = 0  # their keys and values, in bytes (what the brokers served this client)
     foreign_records: int = 0  # of those, other gateways' (reply key not ours): not parsed
 
 
@@ -608,6 +609,8 @@ class GatewayClient:
             for records in batches.values():
                 stats.records_read += len(records)
                 for record in records:
+                    stats.bytes_read += max(record.serialized_key_size, 0) + max(
+                        record.serialized_value_size, 0)
                     # Another gateway's reply on a shared partition: skipped by its key,
                     # unparsed (a verdict routed here is keyed by its requester).
                     if routed and record.key != mine:

@@ -7,6 +7,8 @@ export interface Topics {
   toolResults: string;
   compactions: string;
   verdicts: string;
+  /** The reply topic this gateway reads (one of the worker's LOOPFUSE_REPLY_TOPICS); "" reads the whole verdicts topic (v1). */
+  replies: string;
 }
 
 export interface SaslConfig {
@@ -29,6 +31,8 @@ export interface LoopfuseConfig {
   clientId: string;
   ssl: boolean;
   sasl: SaslConfig | null;
+  /** The reply partition to read; null: the incarnation's hash modulo the topic's partition count. */
+  replyPartition: number | null;
   /** Unused (the verdict reader joins no group); kept so configs that set it stay valid. */
   groupSessionTimeoutMs: number;
 }
@@ -38,6 +42,7 @@ export const DEFAULT_TOPICS: Topics = {
   toolResults: "agent.tool-results",
   compactions: "agent.compactions",
   verdicts: "loopfuse.verdicts",
+  replies: "loopfuse.replies",
 };
 
 /** OpenClaw's default before_tool_call budget; a longer wait would fail closed in the host. */
@@ -52,6 +57,7 @@ export const DEFAULTS: LoopfuseConfig = {
   clientId: "openclaw-loopfuse",
   ssl: false,
   sasl: null,
+  replyPartition: null,
   groupSessionTimeoutMs: 30_000,
 };
 
@@ -87,6 +93,11 @@ export const CONFIG_SCHEMA = {
         toolResults: { type: "string", minLength: 1, default: "agent.tool-results" },
         compactions: { type: "string", minLength: 1, default: "agent.compactions" },
         verdicts: { type: "string", minLength: 1, default: "loopfuse.verdicts" },
+        replies: {
+          description: "The reply topic to read (one of the worker's LOOPFUSE_REPLY_TOPICS); empty: read the whole verdicts topic",
+          type: "string",
+          default: "loopfuse.replies",
+        },
       },
     },
     shadow: {
@@ -105,6 +116,12 @@ export const CONFIG_SCHEMA = {
         username: { type: "string" },
         password: { type: "string" },
       },
+    },
+    replyPartition: {
+      description: "The reply partition to read (default: the incarnation's hash modulo the reply topic's partitions)",
+      type: "integer",
+      minimum: 0,
+      maximum: 2147483647,
     },
     groupSessionTimeoutMs: {
       description: "Accepted for older configs and unused: the verdict reader joins no consumer group",
@@ -137,7 +154,7 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
   for (const key of Object.keys(raw)) {
     if (!(key in CONFIG_SCHEMA.properties)) bad(key, "unknown key");
   }
-  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, groupSessionTimeoutMs } = raw;
+  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, replyPartition, groupSessionTimeoutMs } = raw;
   if (typeof bootstrap === "string" && bootstrap.trim()) {
     cfg.bootstrap = bootstrap.split(",").map((s) => s.trim()).filter(Boolean);
   } else if (Array.isArray(bootstrap) && bootstrap.length && bootstrap.every((s) => typeof s === "string" && s)) {
@@ -156,7 +173,7 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
   if (isRecord(topics)) {
     for (const name of Object.keys(DEFAULT_TOPICS) as (keyof Topics)[]) {
       const value = topics[name];
-      if (typeof value === "string" && value) cfg.topics[name] = value;
+      if (typeof value === "string" && (value || name === "replies")) cfg.topics[name] = value;
       else if (value !== undefined) bad(`topics.${name}`, "expected a topic name");
     }
   } else if (topics !== undefined) bad("topics", "expected an object");
@@ -176,6 +193,11 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
       cfg.sasl = { mechanism, username, password };
     } else bad("sasl", "expected {mechanism, username, password}");
   } else if (sasl !== undefined) bad("sasl", "expected an object");
+  if (replyPartition !== undefined && replyPartition !== null) {
+    if (Number.isInteger(replyPartition) && (replyPartition as number) >= 0 && (replyPartition as number) <= 2147483647) {
+      cfg.replyPartition = replyPartition as number;
+    } else bad("replyPartition", "expected a partition number (an integer >= 0)");
+  }
   if (groupSessionTimeoutMs !== undefined) {
     if (Number.isInteger(groupSessionTimeoutMs) && (groupSessionTimeoutMs as number) >= 3000) {
       cfg.groupSessionTimeoutMs = groupSessionTimeoutMs as number;

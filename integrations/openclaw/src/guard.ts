@@ -217,6 +217,11 @@ export class LoopfuseGuard {
     internalErrors: 0,
   };
 
+  /** Records the verdict reader read, and other gateways' replies among them (skipped unparsed). */
+  get readCounts(): { recordsRead: number; foreignRecords: number } | undefined {
+    return this.transport.counts;
+  }
+
   private readonly config: LoopfuseConfig;
   private readonly transport: Transport;
   private readonly logger: PluginLogger;

@@ -1,4 +1,5 @@
 /** Kafka I/O of the plugin: one producer for events, one group-less verdict reader (@platformatic/kafka). */
+import { createHash } from "node:crypto";
 import {
   compatibilityPartitioner,
   Consumer,
@@ -18,6 +19,8 @@ export interface Transport {
   /** Publish one event (JSON text) with its Kafka key. */
   send(topic: string, key: string, value: string): Promise<void>;
   stop(): Promise<void>;
+  /** What the verdict reader read: every record, and other gateways' among them (reply routing). */
+  readonly counts?: { recordsRead: number; foreignRecords: number };
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -42,9 +45,14 @@ interface PartitionCursor {
  * starting at the end offsets read when it starts, so no verdict of a call published
  * after `start()` resolved is missed, and nothing is committed. Without a group there
  * is no join to wait for (a join takes seconds; a first tool call would wait for it)
- * and nothing to rebalance when gateways come and go; reading one reply partition
- * only (verdicts routed back to the gateway that asked) is the same code with one
- * cursor.
+ * and nothing to rebalance when gateways come and go.
+ *
+ * Reply routing (loopfuse's docs/wire-format.md, Reply routing): with `topics.replies`
+ * set (the default), the reader reads one partition of the reply topic, and every
+ * event sent names it as `reply_to`, keyed by this process's incarnation; a record
+ * with another key (a gateway that chose the same partition) is skipped unparsed.
+ * The partition is `replyPartition`, or the incarnation's hash modulo the topic's
+ * partition count. `topics.replies: ""` reads every partition of the verdict topic (v1).
  */
 export class KafkaTransport implements Transport {
   private producer: Producer<string, string, string, string> | null = null;
@@ -53,6 +61,13 @@ export class KafkaTransport implements Transport {
   private markConnected: () => void = () => {};
   private stopped = false;
   private reading: Promise<void> | null = null;
+  /** What `send` puts before an event's other fields: its `reply_to` (empty: none). */
+  private replyPrefix = "";
+  private requesterKey: Buffer | null = null;
+  /** The reply partition read (null: no reply routing, or not connected yet). */
+  replyPartition: number | null = null;
+  /** Records the reader took from Kafka, and of those other gateways' (skipped unparsed). */
+  readonly counts = { recordsRead: 0, foreignRecords: 0 };
 
   constructor(
     private readonly config: LoopfuseConfig,
@@ -98,8 +113,13 @@ export class KafkaTransport implements Transport {
     throw new Error("loopfuse transport stopped before it connected");
   }
 
+  /** The topic the reader reads: the reply topic, or (v1) the verdict topic. */
+  private get readTopic(): string {
+    return this.config.topics.replies || this.config.topics.verdicts;
+  }
+
   private async connect(): Promise<PartitionCursor[]> {
-    const topic = this.config.topics.verdicts;
+    const topic = this.readTopic;
     this.producer = new Producer({
       ...this.connection(),
       serializers: stringSerializers,
@@ -116,7 +136,10 @@ export class KafkaTransport implements Transport {
         return this.cursors(metadata, ends.get(topic) ?? []);
       } catch (err) {
         if (attempt % 40 === 0) {
-          this.logger.warn(`loopfuse: verdict topic ${topic} not readable yet (${String(err)}); is the worker running?`);
+          const hint = this.config.topics.replies
+            ? "the worker creates the topics of its LOOPFUSE_REPLY_TOPICS: is it running, and is this one of them?"
+            : "is the worker running?";
+          this.logger.warn(`loopfuse: verdict topic ${topic} not readable yet (${String(err)}); ${hint}`);
         }
         await sleep(250);
       }
@@ -125,19 +148,34 @@ export class KafkaTransport implements Transport {
   }
 
   private cursors(metadata: ClusterMetadata, ends: bigint[]): PartitionCursor[] {
-    const info = metadata.topics.get(this.config.topics.verdicts);
-    if (!info || info.partitions.length === 0) throw new Error(`no partitions for ${this.config.topics.verdicts}`);
-    return info.partitions.map((p, partition) => ({
+    const topic = this.readTopic;
+    const info = metadata.topics.get(topic);
+    if (!info || info.partitions.length === 0) throw new Error(`no partitions for ${topic}`);
+    const all = info.partitions.map((p, partition) => ({
       partition,
       leader: p.leader,
       leaderEpoch: p.leaderEpoch,
       offset: ends[partition] ?? 0n,
     }));
+    if (!this.config.topics.replies) return all;
+    const count = all.length;
+    const asked = this.config.replyPartition;
+    if (asked !== null && asked >= count) {
+      // Not retried into a loop of warnings: a config error the operator must fix.
+      this.stopped = true;
+      throw new Error(`replyPartition ${asked} is not a partition of ${topic} (it has ${count})`);
+    }
+    const partition = asked ?? replyPartitionOf(this.incarnation, count);
+    this.replyPartition = partition;
+    this.requesterKey = Buffer.from(this.incarnation, "utf8");
+    const replyTo = { topic, partition, requester: this.incarnation };
+    this.replyPrefix = `{"reply_to":${JSON.stringify(replyTo)},`;
+    return [all[partition]!];
   }
 
   /** Fetch from each leader in turn, forever (until stopped); a failed fetch refreshes the leaders. */
   private async read(cursors: PartitionCursor[], onVerdict: (raw: string) => void): Promise<void> {
-    const topic = this.config.topics.verdicts;
+    const topic = this.readTopic;
     let topicId = "";
     const leaders = () => [...new Set(cursors.map((c) => c.leader))];
     const refresh = async () => {
@@ -190,11 +228,18 @@ export class KafkaTransport implements Transport {
         const cursor = cursors.find((c) => c.partition === part.partitionIndex);
         if (!cursor) continue;
         if (part.errorCode !== 0) throw new Error(`fetch error ${part.errorCode} on partition ${part.partitionIndex}`);
+        const mine = this.requesterKey;
         for (const batch of part.records ?? []) {
           for (const record of batch.records) {
             const offset = batch.firstOffset + BigInt(record.offsetDelta);
             if (offset < cursor.offset) continue; // a batch may start before the offset asked for
             cursor.offset = offset + 1n;
+            this.counts.recordsRead++;
+            // Another gateway's reply on a shared partition: its key is not ours.
+            if (mine && !(record.key && mine.equals(record.key))) {
+              this.counts.foreignRecords++;
+              continue;
+            }
             if (record.value) onVerdict(record.value.toString("utf8"));
           }
         }
@@ -206,6 +251,8 @@ export class KafkaTransport implements Transport {
     if (!this.producerReady) throw new Error("loopfuse transport not started");
     await this.producerReady;
     if (!this.producer || this.stopped) throw new Error("loopfuse transport stopped");
+    // Known once connected, so added here: the guard builds events before that.
+    if (this.replyPrefix && value.startsWith("{") && value.length > 2) value = this.replyPrefix + value.slice(1);
     await this.producer.send({ messages: [{ topic, key, value }] });
   }
 
@@ -222,4 +269,9 @@ export class KafkaTransport implements Transport {
     this.producer = null;
     await Promise.allSettled(closing);
   }
+}
+
+/** The reply partition of a gateway that names none: its incarnation's hash, spread evenly. */
+export function replyPartitionOf(incarnation: string, partitions: number): number {
+  return createHash("sha256").update(incarnation).digest().readUInt32BE(0) % partitions;
 }

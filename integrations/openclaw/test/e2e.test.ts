@@ -287,6 +287,31 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     await gw.guard.stop();
   });
 
+  it("each gateway reads its own reply partition: an idle one reads none of a busy one's verdicts", async () => {
+    const busy = await gateway(bootstrap, { timeoutMs: 10_000, replyPartition: 0, clientId: `e2e-busy-${RUN_ID}` });
+    const idle = await gateway(bootstrap, { timeoutMs: 10_000, replyPartition: 1, clientId: `e2e-idle-${RUN_ID}` });
+    const calls = async (gw: Gateway, sessions: number, each: number, prefix: string) => {
+      const runs = Array.from({ length: sessions }, async (_, s) => {
+        const agent = new Agent(gw, `agent:main:${prefix}-${s}`, `run-${prefix}-${s}`);
+        const out = [];
+        for (let n = 0; n < each; n++) out.push((await agent.call("read", { path: `/f/${n}` }, `content ${n}`)).decision);
+        return out;
+      });
+      return (await Promise.all(runs)).flat();
+    };
+    const busyDecisions = await calls(busy, 10, 20, "busy");
+    const idleDecisions = await calls(idle, 1, 3, "idle");
+    await new Promise((r) => setTimeout(r, 500));
+    assert.ok(busyDecisions.every((d) => d === undefined), "every busy call allowed");
+    assert.ok(idleDecisions.every((d) => d === undefined), "every idle call allowed");
+    assert.equal(busy.guard.stats.verdictsMatched, 200);
+    assert.equal(idle.guard.stats.verdictsMatched, 3);
+    // its own three verdicts and nothing else came to the idle gateway
+    assert.deepEqual(idle.guard.readCounts, { recordsRead: 3, foreignRecords: 0 });
+    await busy.guard.stop();
+    await idle.guard.stop();
+  });
+
   it("with the worker down, the fail policy decides within the timeout", async () => {
     await stop(worker);
     const gw = await gateway(bootstrap, { timeoutMs: 1500, failPolicy: "closed" });
