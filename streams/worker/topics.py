@@ -48,6 +48,15 @@ def _compacted(settings: Settings, name: str) -> bool:
     return name in (changelog_topic(settings), settings.topic_tool_breakers)
 
 
+def topic_configs(settings: Settings, name: str) -> dict[str, str]:
+    """The configs a created topic gets: compaction for the changelogs, and the
+    ``min.insync.replicas`` of a replicated cluster (a single node keeps the broker's)."""
+    configs = {"cleanup.policy": "compact"} if _compacted(settings, name) else {}
+    if settings.min_insync_replicas > 1:
+        configs["min.insync.replicas"] = str(settings.min_insync_replicas)
+    return configs
+
+
 async def ensure_topics(
     settings: Settings, *, timeout: float = 30.0, fleet_breaker: bool = False
 ) -> None:
@@ -77,9 +86,7 @@ async def ensure_topics(
                     name,
                     settings.partitions,
                     settings.replication_factor,
-                    topic_configs=(
-                        {"cleanup.policy": "compact"} if _compacted(settings, name) else {}
-                    ),
+                    topic_configs=topic_configs(settings, name),
                 )
                 for name in missing
             ]
