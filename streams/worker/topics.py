@@ -19,7 +19,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from loopfuse.streams.settings import Settings
 from loopfuse.streams.worker.faust_compat.consumer import refresh_consumer_metadata
-from loopfuse.streams.worker.faust_compat.producer import broker_metadata
+from loopfuse.streams.worker.faust_compat.producer import broker_metadata, unreachable_leaders
 from loopfuse.streams.worker.faust_compat.recovery import recovery_progress
 
 log = logging.getLogger("loopfuse.worker")
@@ -192,7 +192,8 @@ class RecoveryStall:
 
 
 class Readiness:
-    """What ``/ready`` answers: the broker probe (every 2 s), lost topics, Faust's state."""
+    """What ``/ready`` answers: the broker probe (every 2 s), lost topics, partitions
+    whose leader is out of reach (a cluster that lost nodes), Faust's state."""
 
     def __init__(self, app: faust.App, settings: Settings, fleet_breaker: bool = False) -> None:
         self.app = app
@@ -201,6 +202,7 @@ class Readiness:
         self.broker_ok = False
         self.checked = 0.0
         self.topics_missing: list[str] = []
+        self.leaders_down: list[str] = []
         self.stall = RecoveryStall(settings.recovery_stall_seconds)
 
     async def probe(self) -> None:
@@ -217,6 +219,11 @@ class Readiness:
             if lost and not self.topics_missing:
                 # a group that joined while they were gone holds none of their partitions
                 refresh_consumer_metadata(self.app)
+            present_wanted = [name for name in wanted_topics(self.settings, self.fleet_breaker)
+                              if name in present]
+            self.leaders_down = await unreachable_leaders(self.app, cluster, present_wanted)
+        else:
+            self.leaders_down = []
 
     def _stop_for_good(self, code: int, reason: str) -> None:
         self.app.loopfuse_exit = (code, reason)  # type: ignore[attr-defined]
@@ -257,6 +264,13 @@ class Readiness:
             reasons.append("broker unreachable")
         if self.topics_missing:
             reasons.append("topics missing: " + ", ".join(self.topics_missing))
+        if self.leaders_down and self.broker_ok:
+            # a cluster that lost nodes (two of three: no quorum to elect new leaders)
+            shown = ", ".join(self.leaders_down[:6])
+            more = len(self.leaders_down) - 6
+            reasons.append(
+                "partition leaders unreachable: " + shown + (f" and {more} more" if more > 0 else "")
+            )
         if app.rebalancing:
             reasons.append("rebalancing")
         if app.in_recovery or not app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]

@@ -119,3 +119,38 @@ async def broker_metadata(app: faust.App, timeout: float = 2.0) -> Any:
         return await asyncio.wait_for(client.fetch_all_metadata(), timeout)
     except (KafkaError, OSError, TimeoutError, AttributeError):
         return None
+
+
+async def unreachable_leaders(
+    app: faust.App, cluster: Any, topics: list[str], timeout: float = 1.0
+) -> list[str]:
+    """The partitions of ``topics`` whose leader the worker cannot reach (or that have
+    none), as ``topic[partition]@node``: what it cannot read from or write to.
+
+    The broker that answered the metadata request can still be up when the partitions'
+    leaders are not: with two of three nodes of a cluster down, the survivor answers
+    metadata from its last image, which no controller quorum updates, so the dead
+    nodes stay leaders there and no write with ``acks=all`` can succeed. Asked through
+    the producer's aiokafka client, which connects to each leader node (cheap once
+    connected; a refused connection on a dead node answers at once).
+    """
+    from aiokafka.structs import TopicPartition
+
+    client = app.producer._producer.client  # type: ignore[attr-defined]
+    leaders: dict[int, list[str]] = {}
+    down: list[str] = []
+    for topic in topics:
+        for partition in sorted(cluster.partitions_for_topic(topic) or ()):
+            leader = cluster.leader_for_partition(TopicPartition(topic, partition))
+            if leader is None or leader < 0:
+                down.append(f"{topic}[{partition}] (no leader)")
+            else:
+                leaders.setdefault(leader, []).append(f"{topic}[{partition}]")
+    for node, partitions in sorted(leaders.items()):
+        try:
+            reachable = await asyncio.wait_for(client.ready(node), timeout)
+        except (KafkaError, OSError, TimeoutError):
+            reachable = False
+        if not reachable:
+            down.extend(f"{name}@node {node}" for name in partitions)
+    return down
