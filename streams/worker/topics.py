@@ -15,7 +15,7 @@ from typing import Any
 import faust
 import orjson
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from loopfuse.streams.settings import Settings
 from loopfuse.streams.worker.faust_compat.consumer import refresh_consumer_metadata
@@ -74,39 +74,59 @@ async def ensure_topics(
         request_timeout_ms=int(timeout * 1000),
         **settings.kafka_client_kwargs(),
     )
+    deadline = time.monotonic() + timeout
     await asyncio.wait_for(admin.start(), timeout)
     try:
-        strict = [*settings.input_topics, changelog_topic(settings)]
-        wanted = wanted_topics(settings, fleet_breaker)
-        existing = set(await admin.list_topics())
-        missing = [name for name in wanted if name not in existing]
-        if missing:
-            new = [
-                NewTopic(
-                    name,
-                    settings.partitions,
-                    settings.replication_factor,
-                    topic_configs=topic_configs(settings, name),
-                )
-                for name in missing
-            ]
-            # another worker may win the race: the size check below still applies
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(new)
-        counts = await _partition_counts(admin, strict)
-        wrong = {name: n for name, n in counts.items() if n != settings.partitions}
-        if wrong:
-            detail = "; ".join(
-                f"topic {name!r} has {n} partitions, expected {settings.partitions}"
-                for name, n in wrong.items()
-            )
-            raise TopicMismatchError(
-                f"{detail} (LOOPFUSE_PARTITIONS={settings.partitions}). Input topics and the "
-                "changelog must have equal partition counts so a session's events and state "
-                "stay on one partition: recreate the topic or change LOOPFUSE_PARTITIONS."
-            )
+        delay = 0.2
+        while True:
+            try:
+                return await _ensure_topics(admin, settings, fleet_breaker)
+            except KafkaError as exc:
+                # The admin client sends each request to a random node of the metadata;
+                # on a cluster with a node down (not fenced yet) that may be the dead
+                # one. Retriable errors are retried on another; the steps are idempotent.
+                if not exc.retriable or time.monotonic() + delay > deadline:
+                    raise
+                log.info("topic check: %r; retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
     finally:
         await admin.close()
+
+
+async def _ensure_topics(
+    admin: AIOKafkaAdminClient, settings: Settings, fleet_breaker: bool
+) -> None:
+    """:func:`ensure_topics`' steps, each idempotent (retried whole)."""
+    strict = [*settings.input_topics, changelog_topic(settings)]
+    wanted = wanted_topics(settings, fleet_breaker)
+    existing = set(await admin.list_topics())
+    missing = [name for name in wanted if name not in existing]
+    if missing:
+        new = [
+            NewTopic(
+                name,
+                settings.partitions,
+                settings.replication_factor,
+                topic_configs=topic_configs(settings, name),
+            )
+            for name in missing
+        ]
+        # another worker may win the race: the size check below still applies
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics(new)
+    counts = await _partition_counts(admin, strict)
+    wrong = {name: n for name, n in counts.items() if n != settings.partitions}
+    if wrong:
+        detail = "; ".join(
+            f"topic {name!r} has {n} partitions, expected {settings.partitions}"
+            for name, n in wrong.items()
+        )
+        raise TopicMismatchError(
+            f"{detail} (LOOPFUSE_PARTITIONS={settings.partitions}). Input topics and the "
+            "changelog must have equal partition counts so a session's events and state "
+            "stay on one partition: recreate the topic or change LOOPFUSE_PARTITIONS."
+        )
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> dict[str, int]:

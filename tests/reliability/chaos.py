@@ -102,7 +102,7 @@ class ChaosResult:
     total_seconds: float
     loop_events: Counter[str]
     log_path: Path
-    broker_kills: int = 0
+    broker_kills: int = 0  # broker faults: kills, and nodes restarted in a rolling restart
     #: per broker kill: seconds from the kill to the first verdict after it (the gap the
     #: gateways saw), and how long the killed node took to be back
     broker_gaps: list[float] = field(default_factory=list)
