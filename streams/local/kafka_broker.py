@@ -519,7 +519,8 @@ class KafkaCluster:
                 node._spawn()
             _run_coroutine_blocking(self._all_ready(stopped, deadline))
         except BaseException:
-            self.stop()
+            for node in stopped:  # the nodes that were up stay up
+                node.stop()
             raise
         return self
 

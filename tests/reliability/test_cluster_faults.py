@@ -16,6 +16,8 @@ judged partition); the whole suite is marked ``cluster``::
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,13 @@ from loopfuse.streams.local.kafka_broker import KafkaCluster, kafka_unavailable_
 from loopfuse.streams.local.worker_process import WorkerProcess
 from loopfuse.streams.settings import Settings
 from loopfuse.streams.worker.topics import changelog_topic, ensure_topics
+from tests.integration.test_broker import (
+    REPO_ROOT,
+    _child_pids,
+    _port_closed,
+    _process_gone,
+    first_stdout_line,
+)
 from tests.reliability.chaos import ChaosOptions, ChaosResult, partition_leaders, run_chaos
 from tests.support.harness import (
     Collector,
@@ -275,3 +284,38 @@ async def test_quorum_loss_makes_the_worker_unready_not_dead_and_loses_nothing(
         worker.stop()
     print(f"quorum loss: {comparison.line('quorum')}")
     assert comparison.missing == 0 and comparison.wrong == 0, "\n".join(comparison.examples)
+
+
+def test_loopfuse_broker_kafka_nodes_3_prints_three_addresses_and_stops_them_all() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopfuse.streams.cli", "broker", "--kafka", "--nodes", "3"],
+        cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        line = first_stdout_line(proc, 180).strip()
+        assert line.startswith("bootstrap="), line
+        addresses = line.removeprefix("bootstrap=").split(",")
+        assert len(addresses) == 3 and all(a.startswith("127.0.0.1:") for a in addresses), line
+        ports = [int(a.rsplit(":", 1)[1]) for a in addresses]
+        assert not any(_port_closed("127.0.0.1", port) for port in ports)
+        nodes = _child_pids(proc.pid)
+        assert len(nodes) == 3, nodes
+        proc.terminate()
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr.decode()
+    assert stdout == b"", "only the bootstrap line belongs on stdout"
+    assert "3 KRaft nodes" in stderr.decode()
+    assert all(_port_closed("127.0.0.1", port) for port in ports)
+    assert all(_process_gone(pid) for pid in nodes)
+
+
+def test_loopfuse_broker_nodes_needs_kafka() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "loopfuse.streams.cli", "broker", "--nodes", "3"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 2 and "--nodes needs --kafka" in done.stderr
