@@ -67,7 +67,19 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_broker(args: argparse.Namespace) -> int:
     from loopfuse.streams.local.broker import run_broker_cli
 
-    return run_broker_cli(args.port, kafka=args.kafka, data_dir=args.data_dir)
+    if args.nodes > 1 and not args.kafka:
+        print("loopfuse broker: --nodes needs --kafka (the embedded broker is one process)",
+              file=sys.stderr)
+        return 2
+    if args.nodes > 1 and args.port is not None:
+        print("loopfuse broker: --port is for one node; a cluster's ports are free ones",
+              file=sys.stderr)
+        return 2
+    if args.nodes == 2:
+        print("loopfuse broker: --nodes is 1, or 3 or more (a quorum that survives a node)",
+              file=sys.stderr)
+        return 2
+    return run_broker_cli(args.port, kafka=args.kafka, data_dir=args.data_dir, nodes=args.nodes)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -156,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     broker.add_argument(
         "--data-dir", help="with --kafka: keep the node's data here (default: temporary)"
+    )
+    broker.add_argument(
+        "--nodes", type=int, default=1,
+        help="with --kafka: KRaft nodes (3: a cluster, replication 3, min.insync.replicas 2)",
     )
     broker.set_defaults(handler=_cmd_broker)
 

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
         "process or more: docs/benchmarks.md, Verdict fan-out)",
     )
     replication_factor: int = Field(default=1, ge=1, le=32)
+    # A write with acks=all counts once this many replicas hold it: 2 of 3 on a
+    # three-node cluster survives one node's crash with nothing acknowledged lost, and
+    # refuses writes (rather than keep one copy) when two are gone. Set on every topic
+    # the worker creates; 1 (a single node) leaves the broker's default alone.
+    min_insync_replicas: int = Field(default=1, ge=1, le=32)
 
     # -- the Faust app -----------------------------------------------------------------
     app_id: TopicName = Field(default="loopfuse", description="Faust app id = consumer group")

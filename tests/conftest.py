@@ -115,7 +115,15 @@ def kafka_broker_kind(kafka_broker: KafkaBroker) -> str:
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection sees the items
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The whole three-node suite does not fit CI's time next to the rest: the default
+    # run keeps its cheap subset, ``-m cluster`` (any -m naming it) runs it all.
+    full_cluster = "cluster" in (config.getoption("markexpr", "") or "")
+    skip_heavy = pytest.mark.skip(
+        reason="a heavy cluster fault test: run the whole cluster suite with -m cluster"
+    )
     for item in items:
         if _BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        if not full_cluster and item.get_closest_marker("cluster_full") is not None:
+            item.add_marker(skip_heavy)

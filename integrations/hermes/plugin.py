@@ -453,6 +453,7 @@ class HermesPlugin:
             client_id=f"hermes-{uuid.uuid4().hex[:12]}",
             # LOOPFUSE_FETCH_MAX_WAIT_MS, else the broker kind's default (settings)
             verdict_fetch_wait_ms=kafka.fetch_wait_ms,
+            idempotent=not kafka.embedded_broker,  # the embedded broker has no idempotence
             **security,
         )
         try:

@@ -272,9 +272,12 @@ class GatewayClient:
         linger_ms: int = 0,
         verdict_fetch_wait_ms: int = 500,
         reply_partition: int | None = None,
+        idempotent: bool = True,
         **kafka_options: Any,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        # The embedded broker has no idempotent producer: pass idempotent=False there.
+        self._idempotent = idempotent
         # The verdict reader's fetch long-poll. Apache Kafka answers it at the first
         # verdict, so a long one costs no latency and spares the broker a poll every few
         # ms per gateway; the embedded broker waits it out whole: pass ~5 there.
@@ -339,7 +342,10 @@ class GatewayClient:
             bootstrap_servers=self.bootstrap_servers,
             client_id=self.client_id,
             linger_ms=self._linger_ms,
-            acks=1,
+            # A call's event is acknowledged once min.insync.replicas hold it, and a
+            # resend after a leader's crash is not written twice (idempotence).
+            acks="all",
+            enable_idempotence=self._idempotent,
             **self._kafka_options,
         )
         await self._producer.start()

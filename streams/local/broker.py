@@ -42,7 +42,10 @@ import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any, Self, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Self, TypeVar
+
+if TYPE_CHECKING:
+    from loopfuse.streams.local.kafka_broker import KafkaCluster
 
 __all__ = [
     "INSTALL_HINT",
@@ -539,13 +542,16 @@ def run_broker_cli(
     kafka: bool = False,
     data_dir: str | os.PathLike[str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
+    nodes: int = 1,
 ) -> int:
-    """Body of ``loopfuse broker [--kafka]``: run a broker until SIGINT / SIGTERM.
+    """Body of ``loopfuse broker [--kafka [--nodes 3]]``: run a broker until SIGINT / SIGTERM.
 
     The embedded Tansu by default; with ``kafka``, one Apache Kafka KRaft node
     (:class:`loopfuse.streams.local.kafka_broker.ApacheKafka`, its data in ``data_dir`` or a
     temporary folder removed on stop). Prints exactly one line on stdout,
-    ``bootstrap=HOST:PORT`` (scripts parse it), and human notes on stderr. Returns
+    ``bootstrap=HOST:PORT`` (scripts parse it; ``HOST:PORT,HOST:PORT,HOST:PORT`` for a
+    cluster of ``nodes`` > 1, :class:`loopfuse.streams.local.kafka_broker.KafkaCluster`,
+    its nodes' logs in ``log_path``'s folder), and human notes on stderr. Returns
     the process exit code: 0 after a clean stop, 1 if the broker cannot start or
     dies on its own. Must be called from the main thread (signal handlers).
     """
@@ -560,8 +566,18 @@ def run_broker_cli(
     # Install the handlers before starting so a signal during start-up still
     # leads to an orderly stop instead of killing us with the broker orphaned.
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    broker: BrokerProcess
-    if kafka:
+    broker: BrokerProcess | KafkaCluster
+    if kafka and nodes > 1:
+        from loopfuse.streams.local.kafka_broker import KafkaCluster, kafka_version
+
+        log_dir = Path(log_path).parent if log_path is not None else None
+        broker = KafkaCluster(nodes, data_dir=data_dir, log_dir=log_dir, say=_say)
+        where = data_dir if data_dir is not None else "a temporary folder, removed on stop"
+        about = (
+            f"Apache Kafka {kafka_version()}, {nodes} KRaft nodes (broker + controller each), "
+            f"data in {where}"
+        )
+    elif kafka:
         from loopfuse.streams.local.kafka_broker import ApacheKafka, kafka_version
 
         broker = ApacheKafka(port, data_dir=data_dir, log_path=log_path, say=_say)
@@ -583,7 +599,7 @@ def run_broker_cli(
         # Wake up now and then to notice a broker that died on its own.
         while not stop_requested.wait(0.5):
             if not broker.running:
-                _say("the broker exited unexpectedly")
+                _say("the broker (a node of it) exited unexpectedly")
                 return 1
         return 0
     finally:

@@ -208,6 +208,7 @@ async def _demo(args: argparse.Namespace) -> int:
         client = GatewayClient(
             bootstrap, topics=topics, timeout=30.0, fail_policy="open",
             verdict_fetch_wait_ms=5 if isinstance(broker, EmbeddedBroker) else 500,
+            idempotent=not isinstance(broker, EmbeddedBroker),
         )
         await client.start()
         feed = LoopEventFeed(bootstrap, defaults.topic_loop_events)

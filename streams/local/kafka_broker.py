@@ -22,6 +22,7 @@ interpreter's exit).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import fcntl
 import hashlib
@@ -31,21 +32,27 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 from loopfuse.streams.local.broker import (
     DEFAULT_HOST,
     BrokerError,
     BrokerProcess,
     BrokerStartError,
+    _run_coroutine_blocking,
     free_port,
 )
 
 __all__ = [
     "INFRA",
     "ApacheKafka",
+    "KafkaCluster",
+    "KafkaClusterNode",
     "KafkaUnavailableError",
     "kafka_unavailable_reason",
     "kafka_version",
@@ -359,3 +366,191 @@ class ApacheKafka(BrokerProcess):
         if self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
             self._tmp_dir = None
+
+
+#: What a replicated cluster changes in infra/kafka/broker.properties: internal topics
+#: on every node, and a write acknowledged by all in-sync replicas only while at least
+#: two hold it (``acks=all``), so that one node's crash loses nothing acknowledged.
+CLUSTER_SETTINGS = {
+    "offsets.topic.replication.factor": "3",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+    "share.coordinator.state.topic.replication.factor": "3",
+    "share.coordinator.state.topic.min.isr": "2",
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
+}
+
+
+class KafkaClusterNode(ApacheKafka):
+    """One node of a :class:`KafkaCluster`: a combined broker + controller whose
+    controller is one of a static quorum of voters (``controller.quorum.voters``).
+
+    Its ports and data folder are fixed by the cluster, so :meth:`kill` and
+    :meth:`start` bring the same node back, with its data, where the others expect it.
+    A node answers metadata only once the quorum has a leader, so the first start of
+    a cluster spawns all nodes before waiting for any (:meth:`KafkaCluster.start`).
+    """
+
+    _NAME = "Apache Kafka cluster node"
+
+    def __init__(
+        self,
+        node_id: int,
+        port: int,
+        controller_port: int,
+        voters: str,
+        cluster_id: str,
+        *,
+        host: str,
+        data_dir: Path,
+        log_path: str | os.PathLike[str] | None,
+        say: Callable[[str], None] | None,
+    ) -> None:
+        super().__init__(port, host=host, data_dir=data_dir, log_path=log_path,
+                         overrides=CLUSTER_SETTINGS, say=say)
+        self.node_id = node_id
+        self._controller_port = controller_port
+        self._voters = voters
+        self._cluster_id = cluster_id
+
+    def _properties(self) -> dict[str, str]:
+        properties = super()._properties()
+        properties["node.id"] = str(self.node_id)
+        del properties["controller.quorum.bootstrap.servers"]
+        properties["controller.quorum.voters"] = self._voters
+        return properties
+
+    def _format(self, properties: Path) -> None:
+        """``kafka-storage format`` with the cluster's id; the static voters come from
+        the properties, so every node agrees on the quorum from the start."""
+        result = subprocess.run(
+            [*self._java_command(), "kafka.tools.StorageTool", "format",
+             f"--cluster-id={self._cluster_id}", "-c", str(properties)],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+        )
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:])
+            raise KafkaUnavailableError(f"formatting Kafka's storage failed:\n{tail}")
+
+    def _after_failed_attempt(self, exc: BrokerStartError, attempt: int, deadline: float) -> None:
+        # Fixed ports (the other nodes know them): no retry on fresh ones, keep the data.
+        self.stop()
+        raise exc
+
+
+class KafkaCluster:
+    """Apache Kafka, ``nodes`` KRaft nodes on loopback, each broker and controller::
+
+        with KafkaCluster(3) as cluster:
+            run_things(bootstrap_servers=cluster.bootstrap)
+            cluster.nodes[0].kill(); cluster.nodes[0].start()   # one node crashes, returns
+
+    Every node's ports are chosen before the first starts (they are each other's
+    voters), its data lives in ``data_dir/node-N`` (temporary unless given, removed
+    on close), and its log in ``log_dir/node-N.log`` when ``log_dir`` is given.
+    Topics made by loopfuse on it get ``replication_factor`` 3 and
+    ``min.insync.replicas`` 2 from the worker's settings (``LOOPFUSE_REPLICATION_FACTOR``,
+    ``LOOPFUSE_MIN_INSYNC_REPLICAS``); the broker's defaults are the same
+    (:data:`CLUSTER_SETTINGS`).
+    """
+
+    def __init__(
+        self,
+        nodes: int = 3,
+        *,
+        host: str = DEFAULT_HOST,
+        data_dir: str | os.PathLike[str] | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        if nodes < 3:
+            # min.insync.replicas=2 with replication 3 is what a node's loss is measured
+            # against; a smaller cluster would need other settings
+            raise BrokerError("a KafkaCluster has at least 3 nodes (one node: ApacheKafka)")
+        self._host = host
+        self._tmp_dir = None if data_dir is not None else Path(
+            tempfile.mkdtemp(prefix="loopfuse-kafka-cluster-"))
+        root = Path(data_dir) if data_dir is not None else self._tmp_dir
+        assert root is not None
+        self.data_dir = root
+        ports = [(free_port(host), free_port(host)) for _ in range(nodes)]
+        voters = ",".join(f"{n + 1}@{host}:{c}" for n, (_, c) in enumerate(ports))
+        cluster_id = self._cluster_id(root)
+        self.nodes = [
+            KafkaClusterNode(
+                n + 1, port, controller, voters, cluster_id, host=host,
+                data_dir=root / f"node-{n + 1}",
+                log_path=Path(log_dir) / f"node-{n + 1}.log" if log_dir is not None else None,
+                say=say if n == 0 else None,
+            )
+            for n, (port, controller) in enumerate(ports)
+        ]
+
+    @staticmethod
+    def _cluster_id(root: Path) -> str:
+        """The id the nodes were formatted with (kept beside them), else a new one."""
+        root.mkdir(parents=True, exist_ok=True)
+        stored = root / "cluster.id"
+        if stored.exists():
+            return stored.read_text().strip()
+        cluster_id = new_cluster_id()
+        stored.write_text(cluster_id)
+        return cluster_id
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's client address: ``HOST:PORT,HOST:PORT,HOST:PORT``."""
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def running(self) -> bool:
+        """True while every node is alive."""
+        return all(node.running for node in self.nodes)
+
+    def start(self, timeout: float = 180.0) -> Self:
+        """Start the stopped nodes together and wait until each answers as a broker."""
+        stopped = [node for node in self.nodes if not node.running]
+        if not stopped:
+            return self
+        deadline = time.monotonic() + timeout
+        try:
+            for node in stopped:
+                node._spawn()
+            _run_coroutine_blocking(self._all_ready(stopped, deadline))
+        except BaseException:
+            for node in stopped:  # the nodes that were up stay up
+                node.stop()
+            raise
+        return self
+
+    @staticmethod
+    async def _all_ready(nodes: list[KafkaClusterNode], deadline: float) -> None:
+        await asyncio.gather(*(node._wait_ready(deadline) for node in nodes))
+
+    def node_at(self, node_id: int) -> KafkaClusterNode:
+        """The node whose ``node.id`` (a partition's leader, say) is ``node_id``."""
+        return next(node for node in self.nodes if node.node_id == node_id)
+
+    def stop(self) -> None:
+        """Stop every node (data kept)."""
+        for node in self.nodes:
+            node.stop()
+
+    def close(self) -> None:
+        """Stop every node and remove the temporary folder (a given one is kept)."""
+        self.stop()
+        if self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            self._tmp_dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

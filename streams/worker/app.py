@@ -22,7 +22,7 @@ from loopfuse.streams.worker.faust_compat.assignment import prepare_consumer
 from loopfuse.streams.worker.faust_compat.consumer import FaustInputOffsets, owned_inputs
 from loopfuse.streams.worker.faust_compat.delivery import FetchBatches
 from loopfuse.streams.worker.faust_compat.end_offsets import install_end_offset_workaround
-from loopfuse.streams.worker.faust_compat.producer import Publisher
+from loopfuse.streams.worker.faust_compat.producer import Publisher, idempotent_producer
 from loopfuse.streams.worker.faust_compat.recovery import ChangelogRestore
 from loopfuse.streams.worker.faust_compat.tables import FaustSessionStore, session_table
 from loopfuse.streams.worker.faust_compat.typed import (
@@ -67,6 +67,8 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     )
     if settings.embedded_broker:
         install_end_offset_workaround(app)
+    else:
+        idempotent_producer(app)
 
     async def on_changelog(event: Any) -> None:  # recovery and standbys
         processor.on_changelog(event.message.key, event.message.value, event.message.partition)

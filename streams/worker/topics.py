@@ -15,11 +15,11 @@ from typing import Any
 import faust
 import orjson
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from loopfuse.streams.settings import Settings
 from loopfuse.streams.worker.faust_compat.consumer import refresh_consumer_metadata
-from loopfuse.streams.worker.faust_compat.producer import broker_metadata
+from loopfuse.streams.worker.faust_compat.producer import broker_metadata, unreachable_leaders
 from loopfuse.streams.worker.faust_compat.recovery import recovery_progress
 
 log = logging.getLogger("loopfuse.worker")
@@ -71,12 +71,16 @@ def _compacted(settings: Settings, name: str) -> bool:
 REPLY_RETENTION_MS = 3_600_000
 
 
-def _topic_configs(settings: Settings, name: str, replies: set[str]) -> dict[str, str]:
-    if _compacted(settings, name):
-        return {"cleanup.policy": "compact"}
-    if name in replies:
-        return {"retention.ms": str(REPLY_RETENTION_MS)}
-    return {}
+def topic_configs(settings: Settings, name: str) -> dict[str, str]:
+    """The configs a created topic gets: compaction for the changelogs, a short retention
+    for the reply topics, and the ``min.insync.replicas`` of a replicated cluster (a
+    single node keeps the broker's)."""
+    configs = {"cleanup.policy": "compact"} if _compacted(settings, name) else {}
+    if name in settings.reply_topic_names:
+        configs["retention.ms"] = str(REPLY_RETENTION_MS)
+    if settings.min_insync_replicas > 1:
+        configs["min.insync.replicas"] = str(settings.min_insync_replicas)
+    return configs
 
 
 async def ensure_topics(
@@ -96,40 +100,60 @@ async def ensure_topics(
         request_timeout_ms=int(timeout * 1000),
         **settings.kafka_client_kwargs(),
     )
+    deadline = time.monotonic() + timeout
     await asyncio.wait_for(admin.start(), timeout)
     try:
-        strict = [*settings.input_topics, changelog_topic(settings)]
-        wanted = wanted_topics(settings, fleet_breaker)
-        replies = set(settings.reply_topic_names)
-        existing = set(await admin.list_topics())
-        missing = [name for name in wanted if name not in existing]
-        if missing:
-            new = [
-                NewTopic(
-                    name,
-                    settings.reply_partitions if name in replies else settings.partitions,
-                    settings.replication_factor,
-                    topic_configs=_topic_configs(settings, name, replies),
-                )
-                for name in missing
-            ]
-            # another worker may win the race: the size check below still applies
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(new)
-        counts = await _partition_counts(admin, strict)
-        wrong = {name: n for name, n in counts.items() if n != settings.partitions}
-        if wrong:
-            detail = "; ".join(
-                f"topic {name!r} has {n} partitions, expected {settings.partitions}"
-                for name, n in wrong.items()
-            )
-            raise TopicMismatchError(
-                f"{detail} (LOOPFUSE_PARTITIONS={settings.partitions}). Input topics and the "
-                "changelog must have equal partition counts so a session's events and state "
-                "stay on one partition: recreate the topic or change LOOPFUSE_PARTITIONS."
-            )
+        delay = 0.2
+        while True:
+            try:
+                return await _ensure_topics(admin, settings, fleet_breaker)
+            except KafkaError as exc:
+                # The admin client sends each request to a random node of the metadata;
+                # on a cluster with a node down (not fenced yet) that may be the dead
+                # one. Retriable errors are retried on another; the steps are idempotent.
+                if not exc.retriable or time.monotonic() + delay > deadline:
+                    raise
+                log.info("topic check: %r; retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
     finally:
         await admin.close()
+
+
+async def _ensure_topics(
+    admin: AIOKafkaAdminClient, settings: Settings, fleet_breaker: bool
+) -> None:
+    """:func:`ensure_topics`' steps, each idempotent (retried whole)."""
+    strict = [*settings.input_topics, changelog_topic(settings)]
+    wanted = wanted_topics(settings, fleet_breaker)
+    replies = set(settings.reply_topic_names)
+    existing = set(await admin.list_topics())
+    missing = [name for name in wanted if name not in existing]
+    if missing:
+        new = [
+            NewTopic(
+                name,
+                settings.reply_partitions if name in replies else settings.partitions,
+                settings.replication_factor,
+                topic_configs=topic_configs(settings, name),
+            )
+            for name in missing
+        ]
+        # another worker may win the race: the size check below still applies
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics(new)
+    counts = await _partition_counts(admin, strict)
+    wrong = {name: n for name, n in counts.items() if n != settings.partitions}
+    if wrong:
+        detail = "; ".join(
+            f"topic {name!r} has {n} partitions, expected {settings.partitions}"
+            for name, n in wrong.items()
+        )
+        raise TopicMismatchError(
+            f"{detail} (LOOPFUSE_PARTITIONS={settings.partitions}). Input topics and the "
+            "changelog must have equal partition counts so a session's events and state "
+            "stay on one partition: recreate the topic or change LOOPFUSE_PARTITIONS."
+        )
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> dict[str, int]:
@@ -215,7 +239,8 @@ class RecoveryStall:
 
 
 class Readiness:
-    """What ``/ready`` answers: the broker probe (every 2 s), lost topics, Faust's state."""
+    """What ``/ready`` answers: the broker probe (every 2 s), lost topics, partitions
+    whose leader is out of reach (a cluster that lost nodes), Faust's state."""
 
     def __init__(
         self, app: faust.App, settings: Settings, fleet_breaker: bool = False,
@@ -230,6 +255,7 @@ class Readiness:
         self.broker_ok = False
         self.checked = 0.0
         self.topics_missing: list[str] = []
+        self.leaders_down: list[str] = []
         self.stall = RecoveryStall(settings.recovery_stall_seconds)
 
     async def probe(self) -> None:
@@ -246,7 +272,12 @@ class Readiness:
             if lost and not self.topics_missing:
                 # a group that joined while they were gone holds none of their partitions
                 refresh_consumer_metadata(self.app)
+            present_wanted = [name for name in wanted_topics(self.settings, self.fleet_breaker)
+                              if name in present]
+            self.leaders_down = await unreachable_leaders(self.app, cluster, present_wanted)
             update_replies(self.replies, reply_partitions(self.settings, cluster))
+        else:
+            self.leaders_down = []
 
     async def refresh_replies(self) -> None:
         """Read the reply topics' partition counts now (before the first batch)."""
@@ -293,6 +324,13 @@ class Readiness:
             reasons.append("broker unreachable")
         if self.topics_missing:
             reasons.append("topics missing: " + ", ".join(self.topics_missing))
+        if self.leaders_down and self.broker_ok:
+            # a cluster that lost nodes (two of three: no quorum to elect new leaders)
+            shown = ", ".join(self.leaders_down[:6])
+            more = len(self.leaders_down) - 6
+            reasons.append(
+                "partition leaders unreachable: " + shown + (f" and {more} more" if more > 0 else "")
+            )
         if app.rebalancing:
             reasons.append("rebalancing")
         if app.in_recovery or not app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]

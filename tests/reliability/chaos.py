@@ -18,6 +18,15 @@
   fields but ``decided_ts``); duplicates are fine only with the same verdict_id
   and identical content.
 
+With ``--nodes 3`` the broker is a three-node Apache Kafka cluster
+(:class:`loopfuse.streams.local.kafka_broker.KafkaCluster`; topics with replication 3 and
+``min.insync.replicas`` 2, the producer ``acks=all`` and idempotent, as the gateway
+client), and ``--broker-kills N`` adds N broker faults at random moments: kill -9 of the
+node leading a judged partition (an input's, hence its changelog's and verdicts'
+partition too, when they share a leader), then its restart on the same ports and data.
+Worker and broker faults then run together. It reports the longest time without a new
+verdict while events were due, and that time around each broker kill.
+
 The last line is ``chaos: expected=N delivered=N missing=N wrong=N duplicates=N``
 and the exit code is 0 only if missing == wrong == 0. ``--broker`` chooses the broker
 as the test suites do (``tests.support.brokers``): Apache Kafka, one local KRaft node,
@@ -34,13 +43,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from loopfuse.streams.engine import state_codec
+from loopfuse.streams.local.kafka_broker import KafkaCluster
 from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.brokers import choose, describe, started
 from tests.support.harness import (
@@ -75,6 +86,11 @@ class ChaosOptions:
     workdir: Path | None = None
     single_topic: bool = False  # every event on the tool-calls topic (no cross-topic skew)
     workers: int = 1  # in one consumer group
+    nodes: int = 1  # 3: a three-node Kafka cluster (started here, unless cluster is given)
+    broker_kills: int = 0  # kill -9 of a partition leader, then its restart (needs a cluster)
+    cluster: KafkaCluster | None = None  # a running cluster (pytest's), with bootstrap unset
+    lead_node: int | None = None  # this node leads every partition of every topic (created here)
+    rolling_restart: bool = False  # stop and start each node in turn, once, under load
 
 
 @dataclass
@@ -86,6 +102,12 @@ class ChaosResult:
     total_seconds: float
     loop_events: Counter[str]
     log_path: Path
+    broker_kills: int = 0  # broker faults: kills, and nodes restarted in a rolling restart
+    #: per broker kill: seconds from the kill to the first verdict after it (the gap the
+    #: gateways saw), and how long the killed node took to be back
+    broker_gaps: list[float] = field(default_factory=list)
+    broker_restart_seconds: list[float] = field(default_factory=list)
+    longest_gap: float = 0.0  # the longest time without a new verdict while events were due
 
     @property
     def line(self) -> str:
@@ -99,8 +121,20 @@ def say(text: str) -> None:
 async def run_chaos(opts: ChaosOptions) -> ChaosResult:
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="loopfuse-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if opts.cluster is not None:
+        return await _run(opts, opts.cluster.bootstrap, "kafka", workdir)
     if opts.bootstrap is not None:
         return await _run(opts, opts.bootstrap, opts.broker_kind, workdir)
+    if opts.nodes > 1:
+        say(f"broker: a {opts.nodes}-node Apache Kafka cluster (KRaft), logs in {workdir}")
+        cluster = KafkaCluster(opts.nodes, data_dir=workdir / "cluster", log_dir=workdir)
+        await asyncio.to_thread(cluster.start)
+        opts.cluster = cluster
+        try:
+            return await _run(opts, cluster.bootstrap, "kafka", workdir)
+        finally:
+            opts.cluster = None
+            await asyncio.to_thread(cluster.close)
     choice = choose(opts.broker)
     say(describe(choice))
     with started(choice, workdir / "broker") as broker:
@@ -113,7 +147,13 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
     events = generate(opts.events, opts.sessions, seed=opts.seed, prefix=unique("chaos") + "-")
     expected = expected_verdicts(events)
     topics = new_topics()
-    settings = worker_settings(bootstrap, kind, topics, unique("loopfuse-chaos"), workdir / "data")
+    cluster = opts.cluster
+    if opts.broker_kills and cluster is None:
+        raise SystemExit("--broker-kills needs a cluster: --nodes 3")
+    replicated = {"replication_factor": 3, "min_insync_replicas": 2} if cluster else {}
+    settings = worker_settings(
+        bootstrap, kind, topics, unique("loopfuse-chaos"), workdir / "data", **replicated
+    )
     log_paths = [
         workdir / ("worker.log" if n == 0 else f"worker-{n + 1}.log") for n in range(opts.workers)
     ]
@@ -121,17 +161,23 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
     messages = encode(topics, events)
     if opts.single_topic:
         messages = [(topics["tool_calls"], k, v) for _, k, v in messages]
-    rate = opts.rate or opts.events / max(20.0, 15.0 * opts.kills)
+    # A broker kill costs a leader election and a JVM's restart (~15 s here).
+    rate = opts.rate or opts.events / max(20.0, 15.0 * opts.kills + 20.0 * opts.broker_kills)
     duration = len(messages) / rate
     say(
         f"{len(events)} events, {opts.sessions} sessions, {len(expected)} expected verdicts; "
-        f"{opts.kills} kills of {opts.workers} worker(s); producing at {rate:.0f} ev/s for "
+        f"{opts.kills} kills of {opts.workers} worker(s), {opts.broker_kills} broker kills; producing at {rate:.0f} ev/s for "
         f"~{duration:.0f} s; broker {bootstrap} ({kind}); worker logs in {workdir}"
     )
 
+    if opts.lead_node is not None:
+        await create_led_topics(bootstrap, settings, opts.lead_node)
     workers = [WorkerProcess(settings, log_path=path).start() for path in log_paths]
     restarts: list[float] = []
+    broker_restarts: list[float] = []
     producer: asyncio.Task[None] | None = None
+    watcher: asyncio.Task[None] | None = None
+    watch: VerdictWatch | None = None
     produced = [0]
     try:
         for worker in workers:
@@ -140,15 +186,39 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
             t0 = time.monotonic()
             producer = asyncio.create_task(
                 produce_paced(
-                    bootstrap, messages, rate, progress=lambda n: produced.__setitem__(0, n)
+                    bootstrap, messages, rate, progress=lambda n: produced.__setitem__(0, n),
+                    acks_all=cluster is not None,
                 )
             )
-            # Kill moments: random, spread over the production window.
-            kill_at = sorted(rng.uniform(0.05, 0.9) * duration for _ in range(opts.kills))
-            for i, at in enumerate(kill_at, start=1):
+            watch = VerdictWatch(
+                lambda: {p: n for (t, p), n in out.per_partition.items() if t == topics["verdicts"]}
+            )
+            watcher = asyncio.create_task(watch.run())
+            # Kill moments: random, spread over the production window; worker kills
+            # and broker kills in one timeline.
+            faults = sorted(
+                [(rng.uniform(0.05, 0.9) * duration, "worker") for _ in range(opts.kills)]
+                + [(rng.uniform(0.05, 0.9) * duration, "broker")
+                   for _ in range(opts.broker_kills)]
+                + ([(0.15 * duration, "rolling")] if opts.rolling_restart else [])
+            )
+            i = 0
+            for at, fault in faults:
                 delay = at - (time.monotonic() - t0)
                 # Never closer than a random 0.3-3 s to the previous restart.
                 await asyncio.sleep(max(delay, rng.uniform(0.3, 3.0)))
+                if fault == "rolling":
+                    assert cluster is not None
+                    broker_restarts.extend(await rolling_restart(cluster, watch, t0))
+                    continue
+                if fault == "broker":
+                    assert cluster is not None
+                    back = await kill_partition_leader(
+                        cluster, bootstrap, settings, rng, watch, t0, produced[0]
+                    )
+                    broker_restarts.append(back)
+                    continue
+                i += 1
                 victim = rng.randrange(len(workers))
                 workers[victim].kill()
                 workers[victim].stop()  # reaps, closes the log
@@ -179,6 +249,7 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
                 await asyncio.sleep(0.5)
             waited = time.monotonic() - t0 - produce_seconds
             say(f"waited {waited:.1f} s after the last event (complete={complete()})")
+            watch.stop(when_complete=True)
             await settle(out, bootstrap, settings)  # anything extra (duplicates, wrong ones)
             delivered = out.of(topics["verdicts"])
             loop_events = out.of(topics["loop_events"])
@@ -192,9 +263,10 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
         if comparison.missing:
             await _diagnose(bootstrap, settings, expected, delivered)
     finally:
-        if producer is not None and not producer.done():
-            producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
+        for task in (producer, watcher):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for worker in workers:
             worker.stop()
     _dump(workdir / "events.jsonl", events)
@@ -208,6 +280,14 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
         say(
             f"restart-to-ready seconds: {[round(r, 1) for r in restarts]} (max {max(restarts):.1f})"
         )
+    assert watch is not None
+    gaps = watch.gaps_after_kills()
+    if broker_restarts:
+        say(
+            f"broker kills: node back after {[round(r, 1) for r in broker_restarts]} s; "
+            f"seconds from each kill to the next verdict: {[round(g, 1) for g in gaps]}"
+        )
+    say(f"longest time without a new verdict: {watch.longest_gap:.1f} s")
     return ChaosResult(
         comparison,
         len(restarts),
@@ -216,7 +296,149 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
         time.monotonic() - started,
         loops,
         log_path,
+        broker_kills=len(broker_restarts),
+        broker_gaps=gaps,
+        broker_restart_seconds=broker_restarts,
+        longest_gap=watch.longest_gap,
     )
+
+
+class VerdictWatch:
+    """When verdicts arrived, per partition of the verdicts topic (a gateway waits on
+    its session's partition): the longest stretch any partition went without a new
+    verdict, and for each broker kill the longest any partition waited from the kill
+    to its next verdict. Sampled every 50 ms from the collector's counts, from a
+    partition's first verdict until every expected one has arrived (the quiet end of a
+    run is not counted)."""
+
+    def __init__(self, counts: Callable[[], dict[int, int]]) -> None:
+        self._counts = counts
+        self._last: dict[int, tuple[float, int]] = {}  # partition: (when it last moved, count)
+        self.longest_gap = 0.0
+        self._kills: list[float] = []
+        self._waited: list[dict[int, float]] = []  # per kill: partition -> kill to next verdict
+        self._stopped = False
+
+    async def run(self) -> None:
+        while not self._stopped:
+            self.sample()
+            await asyncio.sleep(0.05)
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        for partition, n in self._counts().items():
+            last = self._last.get(partition)
+            if last is not None and n == last[1]:
+                continue
+            if last is not None:
+                self.longest_gap = max(self.longest_gap, now - last[0])
+            self._last[partition] = (now, n)
+            for at, waited in zip(self._kills, self._waited, strict=True):
+                waited.setdefault(partition, now - at)
+
+    def killed(self) -> None:
+        self.sample()
+        self._kills.append(time.monotonic())
+        self._waited.append({})
+
+    def stop(self, when_complete: bool) -> None:
+        self.sample()
+        self._stopped = True
+
+    def gaps_after_kills(self) -> list[float]:
+        """Per broker kill: the longest any partition waited for its next verdict."""
+        return [max(waited.values(), default=float("nan")) for waited in self._waited]
+
+
+async def partition_leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    """partition -> the node id leading it."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+        return {p["partition"]: p["leader"] for p in described["partitions"]}
+    finally:
+        await admin.close()
+
+
+async def create_led_topics(bootstrap: str, settings: dict[str, str], lead: int) -> None:
+    """Create the worker's topics (inputs, changelog, outputs) as it would, replication 3
+    and min.insync.replicas 2, but with node ``lead`` the first replica, hence the
+    leader, of every partition: killing it hits the inputs, the changelog and the
+    verdicts being judged at once."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    parts = int(settings.get("partitions", "4"))
+    others = [n for n in (1, 2, 3) if n != lead]
+    changelog = f"{settings['app_id']}-sessions-changelog"
+    names = [settings[f"topic_{t}"] for t in
+             ("tool_calls", "tool_results", "compactions", "verdicts", "loop_events",
+              "dead_letters")] + [changelog]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        await admin.create_topics([
+            NewTopic(
+                name, -1, -1,
+                replica_assignments={p: [lead, *others] for p in range(parts)},
+                topic_configs={"min.insync.replicas": "2",
+                               **({"cleanup.policy": "compact"} if name == changelog else {})},
+            )
+            for name in names
+        ])
+    finally:
+        await admin.close()
+
+
+async def rolling_restart(cluster: KafkaCluster, watch: VerdictWatch, t0: float) -> list[float]:
+    """Stop (SIGTERM: a controlled shutdown moves its leaderships first) and start each
+    node in turn, as an upgrade does; seconds each took to be back."""
+    took = []
+    for node in cluster.nodes:
+        watch.killed()
+        began = time.monotonic()
+        say(f"rolling restart: node {node.node_id} at t={began - t0:.1f} s")
+        await asyncio.to_thread(node.stop)
+        await asyncio.to_thread(node.start)
+        took.append(time.monotonic() - began)
+        say(f"rolling restart: node {node.node_id} back after {took[-1]:.1f} s")
+    return took
+
+
+async def kill_partition_leader(
+    cluster: KafkaCluster,
+    bootstrap: str,
+    settings: dict[str, str],
+    rng: random.Random,
+    watch: VerdictWatch,
+    t0: float,
+    sent: int,
+) -> float:
+    """kill -9 the node leading a random partition of the tool-calls topic, and start it
+    again on its ports and data; seconds until it answers again."""
+    topic = settings["topic_tool_calls"]
+    leaders = await partition_leaders(bootstrap, topic)
+    partition = rng.choice(sorted(leaders))
+    node = cluster.node_at(leaders[partition])
+    changelog = f"{settings['app_id']}-sessions-changelog"
+    also = [
+        name for name in (changelog, settings["topic_verdicts"])
+        if (await partition_leaders(bootstrap, name)).get(partition) == node.node_id
+    ]
+    node.kill()
+    watch.killed()
+    killed = time.monotonic()
+    say(
+        f"broker kill: node {node.node_id} (leader of {topic}[{partition}]"
+        f"{', and of that partition of ' + ', '.join(also) if also else ''}) "
+        f"at t={killed - t0:.1f} s (produced {sent})"
+    )
+    await asyncio.to_thread(node.start)
+    back = time.monotonic() - killed
+    say(f"broker node {node.node_id} back after {back:.1f} s")
+    return back
 
 
 async def _diagnose(
@@ -315,7 +537,18 @@ def main(argv: list[str] | None = None) -> int:
         "--single-topic", action="store_true", help="send every event to the tool-calls topic"
     )
     parser.add_argument("--workers", type=int, default=1, help="workers in the consumer group")
+    parser.add_argument(
+        "--nodes", type=int, default=1, help="3: a three-node Apache Kafka cluster (--broker kafka)"
+    )
+    parser.add_argument(
+        "--broker-kills", type=int, default=0,
+        help="kill -9 of a partition leader, then its restart, N times (needs --nodes 3)",
+    )
     args = parser.parse_args(argv)
+    if args.broker_kills and args.nodes < 3:
+        parser.error("--broker-kills needs --nodes 3")
+    if args.nodes > 1 and args.broker not in (None, "kafka"):
+        parser.error("--nodes 3 starts an Apache Kafka cluster: --broker kafka")
     opts = ChaosOptions(
         kills=args.kills,
         events=args.events,
@@ -327,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         workdir=args.workdir,
         single_topic=args.single_topic,
         workers=args.workers,
+        nodes=args.nodes,
+        broker_kills=args.broker_kills,
     )
     result = asyncio.run(run_chaos(opts))
     say(f"total {result.total_seconds:.1f} s")

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,9 +348,17 @@ async def produce_paced(
     rate: float,
     *,
     progress: Callable[[int], None] | None = None,
+    acks_all: bool = False,
 ) -> None:
-    """Produce at a steady ``rate`` messages/s (ticks of 50 ms), flushing each tick."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=2)
+    """Produce at a steady ``rate`` messages/s (ticks of 50 ms), flushing each tick.
+
+    ``acks_all``: as loopfuse's gateway client produces on Kafka (``acks=all``,
+    idempotent), so that a partition leader's crash loses or doubles no input: on a
+    cluster, what is lost must be the worker's doing, not the producer's."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=2,
+        **({"acks": "all", "enable_idempotence": True} if acks_all else {}),
+    )
     await producer.start()
     try:
         start = time.monotonic()
@@ -379,6 +388,8 @@ class Collector:
         self.topics = topics
         self.consumer: AIOKafkaConsumer | None = None
         self.records: list[tuple[str, bytes | None, dict[str, Any]]] = []
+        #: records read so far per (topic, partition): fault tests time each partition
+        self.per_partition: Counter[tuple[str, int]] = Counter()
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Collector:
@@ -407,6 +418,7 @@ class Collector:
             batches = await self.consumer.getmany(timeout_ms=100)
             for tp, records in batches.items():
                 self.records.extend((tp.topic, r.key, orjson.loads(r.value)) for r in records)
+                self.per_partition[(tp.topic, tp.partition)] += len(records)
 
     def of(self, topic: str) -> list[dict[str, Any]]:
         return [value for t, _, value in self.records if t == topic]
