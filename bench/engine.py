@@ -22,7 +22,8 @@ The engine measured is the one the process imports: the compiled one when
 figures (``LOOPFUSE_PURE_ENGINE=1``, in a subprocess) are printed too.
 
 The last line is ``engine_events_per_s=<float> state_bytes_per_session=<int>
-ratio_to_orjson=<float> engine=<compiled|pure>``.
+ratio_to_orjson=<float> engine=<compiled|pure>[+native]``. With the native judge built
+(issue 27, stage 1), the pure engine is measured beside it the same way.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ from typing import Any
 import orjson
 
 from loopfuse.schemas import decode_event, parse_config
+from loopfuse.schemas.events import ToolCall
 from loopfuse.streams.engine import COMPILED, Engine, SessionState, state_codec
 from loopfuse.streams.engine.compiled import PURE_ENV
+from loopfuse.streams.engine.fingerprint import args_hash
+from loopfuse.streams.engine.native import NATIVE
 from loopfuse.streams.replay import replay_lines
 
 TOOLS = ["read", "write", "exec", "web_search", "web_fetch", "browser", "memory_search"]
@@ -293,7 +297,7 @@ def main() -> None:
     )
     opts = parser.parse_args()
 
-    kind = "compiled" if COMPILED else "pure"
+    kind = ("compiled" if COMPILED else "pure") + ("+native" if NATIVE is not None else "")
     print(f"engine: {kind}")
     config = parse_config({"tools": {"loopDetection": {"enabled": True}}})
     raw = build_workload(opts.sessions, opts.calls, opts.seed)
@@ -314,6 +318,13 @@ def main() -> None:
     decode_rate = _median_rate(len(raw), opts.rounds, lambda: deque(map(decode_event, raw), 0))
     events = [decode_event(line) for line in raw]
     print(f"decode+validate alone: median {decode_rate:,.0f} events/s")
+    # canonical JSON + xxh3-128 of every payload (call args, result outcomes): the
+    # part of the step the native judge's stage 1 took over
+    payloads = [event.args for event in events if isinstance(event, ToolCall)]
+    fingerprint_rate = _median_rate(
+        len(payloads), opts.rounds, lambda: deque(map(args_hash, payloads), 0)
+    )
+    print(f"args fingerprint alone: median {fingerprint_rate:,.0f} calls/s")
 
     rates: list[float] = []
     latencies_ns: list[int] = []
@@ -371,13 +382,13 @@ def main() -> None:
         f"max {sizes[-1]}; encode {encode_us:.1f} us + decode {decode_us:.1f} us "
         f"(the first encode after a decode {first_us:.1f} us)"
     )
-    if COMPILED:  # the pure engine on the same workload, for comparison
+    if COMPILED or NATIVE is not None:  # the pure engine on the same workload, for comparison
         pure = subprocess.run(
             [sys.executable, *sys.argv], env={**os.environ, PURE_ENV: "1"},
             capture_output=True, text=True, check=True,
         ).stdout.splitlines()
-        summaries = ("offline path /", "OpenClaw's", "decode+validate", "engine step",
-                     "state bytes", "engine_")
+        summaries = ("offline path /", "OpenClaw's", "decode+validate", "args fingerprint",
+                     "engine step", "state bytes", "engine_")
         for line in pure:
             if line.startswith(summaries):
                 print(f"pure engine: {line}")

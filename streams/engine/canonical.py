@@ -18,10 +18,13 @@ tests/unit/test_canonical.py holds both paths to the same bytes on a broad corpu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import rfc8785
+
+from loopfuse.streams.engine.native import NATIVE
 
 _MAX_SAFE_INT = 2**53 - 1
 _BMP_SAFE_LIMIT = "\ue000"
@@ -65,8 +68,21 @@ def _as_javascript(value: Any) -> Any:
     return value
 
 
+#: The native judge's canonical JSON (None for what it leaves to the code below), when built.
+_native_canonical: Callable[[Any], bytes | None] | None = (
+    None if NATIVE is None else NATIVE.canonical_json
+)
+
+
 def canonical_json(value: Any) -> bytes:
     """RFC 8785 bytes of a JSON value (as decoded from the wire)."""
+    if _native_canonical is not None and (native := _native_canonical(value)) is not None:
+        return native
+    return pure_canonical_json(value)
+
+
+def pure_canonical_json(value: Any) -> bytes:
+    """:func:`canonical_json` in Python: the reference the native judge is held to."""
     if _fast_path_ok(value):
         try:
             return orjson.dumps(value, option=_SORT)

@@ -40,7 +40,7 @@ MODULES = (
 #: Engine modules that stay Python even in a build: their msgspec Structs, which mypyc
 #: would build without their class options. The compiled modules read those classes,
 #: so a build is of them too (their sources are in its digest).
-PURE_MODULES = ("history",)
+PURE_MODULES = ("history", "native")
 #: The shared library every compiled module's shim loads, inside the package (not a
 #: top-level module, which an editable install would not find).
 GROUP = "loopfuse.streams.engine._compiled"

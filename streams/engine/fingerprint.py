@@ -9,11 +9,13 @@ go through the same hash, so raw and pre-hashed payloads compare equal.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from xxhash import xxh3_64_intdigest, xxh3_128_hexdigest
 
 from loopfuse.streams.engine.canonical import canonical_json
+from loopfuse.streams.engine.native import NATIVE
 
 ERROR_PREFIX = "error:"
 #: An unknown-tool name taken from error text is cut to this many characters (an
@@ -64,14 +66,28 @@ VOLATILE_SEND_KEYS = frozenset(
 )
 
 
+#: The native judge's xxh3-128 of a value's canonical JSON (None for what it leaves to
+#: Python), when built.
+_native_digest: Callable[[Any], str | None] | None = (
+    None if NATIVE is None else NATIVE.canonical_digest
+)
+
+
 def digest(data: bytes) -> str:
     """The 128-bit token of some canonical bytes."""
     return xxh3_128_hexdigest(data)
 
 
+def canonical_digest(value: Any) -> str:
+    """xxh3-128 of a JSON value's canonical JSON (natively where the native judge can)."""
+    if _native_digest is not None and (native := _native_digest(value)) is not None:
+        return native
+    return xxh3_128_hexdigest(canonical_json(value))
+
+
 def args_hash(args: Any) -> str:
     """Fingerprint of a call's arguments: xxh3-128 of their canonical JSON."""
-    return xxh3_128_hexdigest(canonical_json(args))
+    return canonical_digest(args)
 
 
 def hash64(token: str) -> int:
@@ -271,4 +287,4 @@ def result_token(
     outcome = normalised_result(tool_name, action, result, send_tools)
     if outcome is None:
         return None
-    return digest(canonical_json(outcome))
+    return canonical_digest(outcome)
