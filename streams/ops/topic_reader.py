@@ -287,6 +287,12 @@ class _Positioning(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
         reader = self.reader
         consumer = reader.consumer
+        # aiokafka's fetcher runs while this hook awaits: it finds no committed offset
+        # for a fresh partition, resets it to auto_offset_reset (earliest) and fetches
+        # from 0, so a new group's first read returned the whole topic (seen on Apache
+        # Kafka when the end took a while to learn). Paused before the first await, a
+        # partition is fetched only from where it is positioned below.
+        consumer.pause(*assigned)
         fresh = [tp for tp in sorted(assigned) if await consumer.committed(tp) is None]
         if fresh:
             ends = await fetch_end_offsets(consumer, fresh)
@@ -298,5 +304,7 @@ class _Positioning(ConsumerRebalanceListener):  # type: ignore[misc]
                 # Read from the end anyway; a restart before the next commit starts at
                 # the end again (what was published in between is then not read).
                 log.warning("could not commit the start positions: %s", type(exc).__name__)
+        if not reader.paused:
+            consumer.resume(*assigned)
         if reader._assigned is not None:
             reader._assigned(sorted(tp.partition for tp in assigned))

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from loopfuse.streams.ops import topic_reader
 from loopfuse.streams.ops.tail import Filters, tail
 from loopfuse.streams.ops.topic_reader import GroupReader, TopicRecord
 from tests.support.kafka import new_topic, produce
@@ -67,3 +68,38 @@ async def test_a_new_group_starts_at_the_end_and_a_restart_where_it_committed(
     assert [r.offset for r in got] == [100, 101, 102]
     await produce(bootstrap, topic, critical_loop_events(1, "later"))
     assert [r.offset for r in await read(1)] == [103]
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+async def test_a_new_group_reads_nothing_old_while_its_start_is_being_found(
+    broker: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka fetches while the assignment hook awaits: a fresh partition it reset to
+    the log start was read from offset 0 before the hook moved it to the end (CI saw
+    the 100 old records once). A slow end makes that window wide every time."""
+    bootstrap = request.getfixturevalue(broker)
+    topic, group = await new_topic(bootstrap, partitions=1), f"test-{uuid.uuid4().hex[:8]}"
+    await produce(bootstrap, topic, critical_loop_events(100, "old"))
+    real_end_offsets = topic_reader.fetch_end_offsets
+
+    async def slow_end_offsets(*args: object, **kwargs: object) -> object:
+        await asyncio.sleep(2)
+        return await real_end_offsets(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(topic_reader, "fetch_end_offsets", slow_end_offsets)
+    assigned: list[list[int]] = []
+    reader = GroupReader(bootstrap, topic, group, assigned=assigned.append)
+    await reader.start()
+    got: list[TopicRecord] = []
+    try:
+        async with asyncio.timeout(60):
+            while not assigned:
+                got += await reader.records(0.2)
+        got += await reader.records(1.0)  # anything fetched in the window shows now
+        await produce(bootstrap, topic, critical_loop_events(1, "new"))
+        async with asyncio.timeout(30):
+            while len(got) < 1:
+                got += await reader.records(0.2)
+    finally:
+        await reader.stop()
+    assert [r.offset for r in got] == [100]
