@@ -79,7 +79,12 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         print("loopfuse broker: --nodes is 1, or 3 or more (a quorum that survives a node)",
               file=sys.stderr)
         return 2
-    return run_broker_cli(args.port, kafka=args.kafka, data_dir=args.data_dir, nodes=args.nodes)
+    if args.secure and not args.kafka:
+        print("loopfuse broker: --secure needs --kafka (the embedded broker has no TLS or ACLs)",
+              file=sys.stderr)
+        return 2
+    return run_broker_cli(args.port, kafka=args.kafka, data_dir=args.data_dir, nodes=args.nodes,
+                          secure=args.secure)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -172,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument(
         "--nodes", type=int, default=1,
         help="with --kafka: KRaft nodes (3: a cluster, replication 3, min.insync.replicas 2)",
+    )
+    broker.add_argument(
+        "--secure", action="store_true",
+        help="with --kafka: TLS listeners, SASL_SSL clients (SCRAM-SHA-512), ACLs per role "
+             "(prints security=DIR: the CA and each role's LOOPFUSE_* variables)",
     )
     broker.set_defaults(handler=_cmd_broker)
 

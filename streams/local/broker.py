@@ -370,6 +370,10 @@ class BrokerProcess:
             delay = min(delay * 2, 0.25)
             probe_timeout = min(probe_timeout * 2, 2.0)
 
+    def _probe_options(self) -> dict[str, Any]:
+        """Security options of the readiness probe's client (none: plaintext)."""
+        return {}
+
     async def _answers_kafka(self, timeout: float) -> bool:
         """True when a real Kafka client gets cluster metadata naming our port.
 
@@ -393,6 +397,7 @@ class BrokerProcess:
             bootstrap_servers=self.bootstrap,
             client_id="loopfuse-broker-probe",
             request_timeout_ms=max(int(timeout * 1000), 100),
+            **self._probe_options(),
         )
         try:
             await asyncio.wait_for(admin.start(), timeout)
@@ -543,6 +548,7 @@ def run_broker_cli(
     data_dir: str | os.PathLike[str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
     nodes: int = 1,
+    secure: bool = False,
 ) -> int:
     """Body of ``loopfuse broker [--kafka [--nodes 3]]``: run a broker until SIGINT / SIGTERM.
 
@@ -551,7 +557,11 @@ def run_broker_cli(
     temporary folder removed on stop). Prints exactly one line on stdout,
     ``bootstrap=HOST:PORT`` (scripts parse it; ``HOST:PORT,HOST:PORT,HOST:PORT`` for a
     cluster of ``nodes`` > 1, :class:`loopfuse.streams.local.kafka_broker.KafkaCluster`,
-    its nodes' logs in ``log_path``'s folder), and human notes on stderr. Returns
+    its nodes' logs in ``log_path``'s folder), and human notes on stderr. ``secure``
+    (Apache Kafka only) makes every listener TLS, clients SASL_SSL with SCRAM-SHA-512,
+    the standard authorizer deny what no ACL allows, and grants each role's user its
+    ACLs (:mod:`loopfuse.streams.local.kafka_security`); a second stdout line,
+    ``security=DIR``, names the folder of the CA file and each user's ``USER.env``. Returns
     the process exit code: 0 after a clean stop, 1 if the broker cannot start or
     dies on its own. Must be called from the main thread (signal handlers).
     """
@@ -571,7 +581,7 @@ def run_broker_cli(
         from loopfuse.streams.local.kafka_broker import KafkaCluster, kafka_version
 
         log_dir = Path(log_path).parent if log_path is not None else None
-        broker = KafkaCluster(nodes, data_dir=data_dir, log_dir=log_dir, say=_say)
+        broker = KafkaCluster(nodes, data_dir=data_dir, log_dir=log_dir, say=_say, secure=secure)
         where = data_dir if data_dir is not None else "a temporary folder, removed on stop"
         about = (
             f"Apache Kafka {kafka_version()}, {nodes} KRaft nodes (broker + controller each), "
@@ -580,7 +590,7 @@ def run_broker_cli(
     elif kafka:
         from loopfuse.streams.local.kafka_broker import ApacheKafka, kafka_version
 
-        broker = ApacheKafka(port, data_dir=data_dir, log_path=log_path, say=_say)
+        broker = ApacheKafka(port, data_dir=data_dir, log_path=log_path, say=_say, secure=secure)
         where = data_dir if data_dir is not None else "a temporary folder, removed on stop"
         about = f"Apache Kafka {kafka_version()}, one KRaft node, data in {where}"
     else:
@@ -594,7 +604,23 @@ def run_broker_cli(
             return 1
         if stop_requested.is_set():
             return 0
+        security = getattr(broker, "security", None)
+        if security is not None:
+            from loopfuse.streams.local.kafka_security import SecurityError
+
+            try:
+                security.grant_roles(broker.bootstrap)
+            except SecurityError as exc:
+                _say(str(exc))
+                return 1
+            about += (
+                "; SASL_SSL (SCRAM-SHA-512) with ACLs: give each process the variables "
+                f"of its role's file in {security.folder} (admin, worker, gateway, "
+                "gateway-b, auditor .env)"
+            )
         print(f"bootstrap={broker.bootstrap}", flush=True)
+        if security is not None:
+            print(f"security={security.folder}", flush=True)
         _say(f"{about}; Ctrl-C to stop")
         # Wake up now and then to notice a broker that died on its own.
         while not stop_requested.wait(0.5):

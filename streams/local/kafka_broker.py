@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from loopfuse.streams.local.broker import (
     DEFAULT_HOST,
@@ -47,6 +47,7 @@ from loopfuse.streams.local.broker import (
     _run_coroutine_blocking,
     free_port,
 )
+from loopfuse.streams.local.kafka_security import KafkaSecurity
 
 __all__ = [
     "INFRA",
@@ -150,7 +151,7 @@ def kafka_unavailable_reason() -> str | None:
         version = kafka_version()
     except KafkaUnavailableError as exc:
         return str(exc)
-    if _complete(_cache_root() / version / "libs"):
+    if _complete(_libs_folder(version)):
         return None
     if shutil.which("mvn") is None:
         return f"Apache Kafka {version}'s jars are not cached and there is no mvn to resolve them"
@@ -160,6 +161,13 @@ def kafka_unavailable_reason() -> str | None:
 def _stamp() -> str:
     """What a complete cache was resolved from: the descriptor's digest."""
     return hashlib.sha256(_pom().read_bytes()).hexdigest()
+
+
+def _libs_folder(version: str) -> Path:
+    """Where the jars of this descriptor go. One folder per descriptor: checkouts whose
+    poms differ (another branch's, say) each keep theirs instead of resolving over one
+    another in turn."""
+    return _cache_root() / version / f"libs-{_stamp()[:12]}"
 
 
 def _complete(libs: Path) -> bool:
@@ -179,7 +187,7 @@ def resolve_kafka(say: Callable[[str], None] | None = None) -> Path:
     """
     version = kafka_version()
     root = _cache_root() / version
-    libs = root / "libs"
+    libs = _libs_folder(version)
     if _complete(libs):
         return libs
     mvn = shutil.which("mvn")
@@ -267,13 +275,18 @@ class ApacheKafka(BrokerProcess):
         log_path: str | os.PathLike[str] | None = None,
         overrides: dict[str, str] | None = None,
         say: Callable[[str], None] | None = None,
+        secure: bool = False,
     ) -> None:
         super().__init__(port, host=host, log_path=log_path)
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
         self._tmp_dir: Path | None = None
         self._overrides = dict(overrides or {})
         self._say = say
+        self._secure = secure
+        #: TLS files and users when ``secure`` (made by the first start)
+        self.security: KafkaSecurity | None = None
         self._controller_port: int | None = None
+        self._internal_port: int | None = None
         self._java: Path | None = None
         self._libs: Path | None = None
 
@@ -289,19 +302,30 @@ class ApacheKafka(BrokerProcess):
     def _properties(self) -> dict[str, str]:
         assert self._controller_port is not None
         host, port, controller = self._host, self.port, self._controller_port
-        return {
-            **broker_settings(),
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.bootstrap.servers": f"{host}:{controller}",
+        listeners = {
             "controller.listener.names": "CONTROLLER",
             "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller}",
             "advertised.listeners": f"PLAINTEXT://{host}:{port}",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
+        }
+        if self.security is not None:
+            assert self._internal_port is not None
+            listeners = self.security.broker_properties(
+                f"{host}:{port}", f"{host}:{self._internal_port}", f"{host}:{controller}"
+            )
+        return {
+            **broker_settings(),
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"{host}:{controller}",
+            **listeners,
             "log.dirs": str(self.data_dir / "logs"),
             **self._overrides,
         }
+
+    def _probe_options(self) -> dict[str, Any]:
+        return self.security.client_kwargs("admin") if self.security is not None else {}
 
     def _prepare(self) -> None:
         if self._java is None:
@@ -311,6 +335,12 @@ class ApacheKafka(BrokerProcess):
         if self._controller_port is None:
             self._controller_port = free_port(self._host)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._secure:
+            if self._internal_port is None:
+                self._internal_port = free_port(self._host)
+            if self.security is None:
+                self.security = self._make_security()
+            self.security.write_tools(self._java_command())
         properties = self.data_dir / "server.properties"
         properties.write_text(
             "".join(f"{key}={value}\n" for key, value in self._properties().items())
@@ -318,12 +348,20 @@ class ApacheKafka(BrokerProcess):
         if not (self.data_dir / "logs" / "meta.properties").exists():
             self._format(properties)
 
+    def _make_security(self) -> KafkaSecurity:
+        return KafkaSecurity.create(self.data_dir, self._host)
+
+    def _scram_arguments(self) -> list[str]:
+        """The users a secured node's storage is formatted with."""
+        return self.security.scram_arguments() if self.security is not None else []
+
     def _format(self, properties: Path) -> None:
         """``kafka-storage format --standalone``: a fresh cluster whose one voter is
         this node."""
         result = subprocess.run(
             [*self._java_command(), "kafka.tools.StorageTool", "format", "--standalone",
-             f"--cluster-id={new_cluster_id()}", "-c", str(properties)],
+             f"--cluster-id={new_cluster_id()}", "-c", str(properties),
+             *self._scram_arguments()],
             stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
         )
         if result.returncode != 0:
@@ -348,6 +386,8 @@ class ApacheKafka(BrokerProcess):
         # A retry on fresh ports needs a fresh controller port and storage that knows
         # no voter at the old one.
         self._controller_port = None
+        self._internal_port = None
+        self.security = None
         if self._given_data_dir is None and self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
             self._tmp_dir = None
@@ -406,13 +446,17 @@ class KafkaClusterNode(ApacheKafka):
         data_dir: Path,
         log_path: str | os.PathLike[str] | None,
         say: Callable[[str], None] | None,
+        security: KafkaSecurity | None = None,
+        internal_port: int | None = None,
     ) -> None:
         super().__init__(port, host=host, data_dir=data_dir, log_path=log_path,
-                         overrides=CLUSTER_SETTINGS, say=say)
+                         overrides=CLUSTER_SETTINGS, say=say, secure=security is not None)
         self.node_id = node_id
         self._controller_port = controller_port
+        self._internal_port = internal_port
         self._voters = voters
         self._cluster_id = cluster_id
+        self.security = security  # the cluster's: one CA and one set of users
 
     def _properties(self) -> dict[str, str]:
         properties = super()._properties()
@@ -426,7 +470,8 @@ class KafkaClusterNode(ApacheKafka):
         the properties, so every node agrees on the quorum from the start."""
         result = subprocess.run(
             [*self._java_command(), "kafka.tools.StorageTool", "format",
-             f"--cluster-id={self._cluster_id}", "-c", str(properties)],
+             f"--cluster-id={self._cluster_id}", "-c", str(properties),
+             *self._scram_arguments()],
             stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
         )
         if result.returncode != 0:
@@ -463,6 +508,7 @@ class KafkaCluster:
         data_dir: str | os.PathLike[str] | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         say: Callable[[str], None] | None = None,
+        secure: bool = False,
     ) -> None:
         if nodes < 3:
             # min.insync.replicas=2 with replication 3 is what a node's loss is measured
@@ -474,17 +520,21 @@ class KafkaCluster:
         root = Path(data_dir) if data_dir is not None else self._tmp_dir
         assert root is not None
         self.data_dir = root
-        ports = [(free_port(host), free_port(host)) for _ in range(nodes)]
-        voters = ",".join(f"{n + 1}@{host}:{c}" for n, (_, c) in enumerate(ports))
+        ports = [(free_port(host), free_port(host), free_port(host)) for _ in range(nodes)]
+        voters = ",".join(f"{n + 1}@{host}:{c}" for n, (_, c, _) in enumerate(ports))
         cluster_id = self._cluster_id(root)
+        #: TLS files and users when ``secure``, shared by the nodes
+        self.security = KafkaSecurity.create(root, host) if secure else None
         self.nodes = [
             KafkaClusterNode(
                 n + 1, port, controller, voters, cluster_id, host=host,
                 data_dir=root / f"node-{n + 1}",
                 log_path=Path(log_dir) / f"node-{n + 1}.log" if log_dir is not None else None,
                 say=say if n == 0 else None,
+                security=self.security,
+                internal_port=internal if secure else None,
             )
-            for n, (port, controller) in enumerate(ports)
+            for n, (port, controller, internal) in enumerate(ports)
         ]
 
     @staticmethod

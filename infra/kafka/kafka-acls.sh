@@ -1,0 +1,107 @@
+#!/bin/sh
+# Grant one loopfuse role its ACLs on a Kafka cluster whose authorizer denies what no ACL
+# allows (allow.everyone.if.no.acl.found=false). Idempotent: an ACL that exists is kept.
+#
+#   infra/kafka/kafka-acls.sh worker  PRINCIPAL
+#   infra/kafka/kafka-acls.sh gateway PRINCIPAL REPLY_TOPIC
+#   infra/kafka/kafka-acls.sh auditor PRINCIPAL [GROUP]
+#
+# PRINCIPAL is Kafka's form, User:NAME. A gateway is granted one reply topic: its
+# tenant's (LOOPFUSE_REPLY_TOPICS on the worker lists them all); an auditor its consumer
+# group (default loopfuse-notify, the one `loopfuse notify` uses; `tail` and `audit`
+# use none). Environment:
+#   BOOTSTRAP_SERVER   host:port of a broker (required)
+#   COMMAND_CONFIG     client properties of a principal allowed to alter ACLs (SASL / SSL)
+#   KAFKA_ACLS         the kafka-acls tool (default kafka-acls.sh on PATH, as installed
+#                      with Apache Kafka; /opt/kafka/bin/kafka-acls.sh in its image)
+#   DRY_RUN=1          print the commands instead of running them
+#   LOOPFUSE_*         the worker's topic names and app id, when not the defaults:
+#                      LOOPFUSE_TOPIC_TOOL_CALLS, _TOOL_RESULTS, _COMPACTIONS, _VERDICTS,
+#                      _LOOP_EVENTS, _DEAD_LETTERS, _TOOL_STRIKES, _TOOL_BREAKERS,
+#                      LOOPFUSE_REPLY_TOPICS (comma-separated), LOOPFUSE_APP_ID
+#
+# What each role gets, and why nothing more (README: Running in production):
+#   worker   Read its input topics and its consumer group (LOOPFUSE_APP_ID); Write the
+#            verdicts, loop events, dead letters and every reply topic; Read+Write the
+#            fleet breaker's two topics; all of that topic-by-topic with Describe (metadata)
+#            and Create (it creates what is missing at start; drop Create if an admin runs
+#            infra/create-topics.sh). Its own topics, the session changelog and Faust's
+#            internal ones, share the prefix "APP_ID-": Read, Write, Create, Describe,
+#            DescribeConfigs on that prefix. Idempotent producing needs no cluster ACL
+#            (Kafka 3.0+: Write on a topic implies it).
+#   gateway  Write the input topics; Read its reply topic. Not the verdicts topic: a v1
+#            gateway (no reply_to) needs Read there and then sees every tenant's verdicts.
+#            No consumer group: its reader is assigned its partition, never joins one.
+#   auditor  Read the loop events and dead letters, and its consumer group.
+# Nobody but the worker may write a verdict, a reply or a loop event: a forged `allow` is
+# refused by the broker.
+set -eu
+
+usage() {
+    echo "usage: $0 worker PRINCIPAL | gateway PRINCIPAL REPLY_TOPIC | auditor PRINCIPAL [GROUP]" >&2
+    exit 2
+}
+[ $# -ge 2 ] || usage
+role=$1
+principal=$2
+case "$principal" in User:?*) ;; *) echo "$0: PRINCIPAL is User:NAME, got '$principal'" >&2; exit 2 ;; esac
+: "${BOOTSTRAP_SERVER:?set BOOTSTRAP_SERVER}"
+KAFKA_ACLS=${KAFKA_ACLS:-kafka-acls.sh}
+
+calls=${LOOPFUSE_TOPIC_TOOL_CALLS:-agent.tool-calls}
+results=${LOOPFUSE_TOPIC_TOOL_RESULTS:-agent.tool-results}
+compactions=${LOOPFUSE_TOPIC_COMPACTIONS:-agent.compactions}
+verdicts=${LOOPFUSE_TOPIC_VERDICTS:-loopfuse.verdicts}
+loop_events=${LOOPFUSE_TOPIC_LOOP_EVENTS:-loopfuse.loop-events}
+dead_letters=${LOOPFUSE_TOPIC_DEAD_LETTERS:-loopfuse.dead-letters}
+strikes=${LOOPFUSE_TOPIC_TOOL_STRIKES:-loopfuse.tool-strikes}
+breakers=${LOOPFUSE_TOPIC_TOOL_BREAKERS:-loopfuse.tool-breakers}
+replies=${LOOPFUSE_REPLY_TOPICS-loopfuse.replies}
+app_id=${LOOPFUSE_APP_ID:-loopfuse}
+
+acl() {  # kafka-acls options after --add --allow-principal PRINCIPAL
+    set -- --bootstrap-server "$BOOTSTRAP_SERVER" ${COMMAND_CONFIG:+--command-config "$COMMAND_CONFIG"} \
+        --add --allow-principal "$principal" "$@"
+    if [ "${DRY_RUN:-}" = 1 ]; then
+        echo "$KAFKA_ACLS $*"
+    else
+        "$KAFKA_ACLS" "$@" >/dev/null
+    fi
+}
+
+topics() {  # --topic A --topic B ... from a space-separated list
+    for t in "$@"; do printf -- '--topic\n%s\n' "$t"; done
+}
+
+case "$role" in
+    worker)
+        [ $# -eq 2 ] || usage
+        reply_args=""
+        for t in $(echo "$replies" | tr ',' ' '); do reply_args="$reply_args --topic $t"; done
+        # shellcheck disable=SC2046,SC2086  # topic lists are words by construction
+        acl --operation Read --operation Describe --operation Create \
+            $(topics "$calls" "$results" "$compactions")
+        acl --operation Read --operation Describe --group "$app_id"
+        # shellcheck disable=SC2046,SC2086
+        acl --operation Write --operation Describe --operation Create \
+            $(topics "$verdicts" "$loop_events" "$dead_letters") $reply_args
+        # shellcheck disable=SC2046
+        acl --operation Read --operation Write --operation Describe --operation Create \
+            $(topics "$strikes" "$breakers")
+        acl --operation Read --operation Write --operation Create --operation Describe \
+            --operation DescribeConfigs --resource-pattern-type prefixed --topic "$app_id-"
+        ;;
+    gateway)
+        [ $# -eq 3 ] || usage
+        # shellcheck disable=SC2046
+        acl --operation Write --operation Describe $(topics "$calls" "$results" "$compactions")
+        acl --operation Read --operation Describe --topic "$3"
+        ;;
+    auditor)
+        [ $# -le 3 ] || usage
+        # shellcheck disable=SC2046
+        acl --operation Read --operation Describe $(topics "$loop_events" "$dead_letters")
+        acl --operation Read --operation Describe --group "${3:-loopfuse-notify}"
+        ;;
+    *) usage ;;
+esac
