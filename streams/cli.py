@@ -296,6 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="loopfuse: %(message)s",
         stream=sys.stderr,
     )
+    if args.handler in (_cmd_tail, _cmd_audit, _cmd_notify):
+        from loopfuse.streams.broker_access import EXPLAINED_HERE
+
+        for handler in logging.getLogger().handlers:  # they print the one line instead
+            handler.addFilter(EXPLAINED_HERE)
     try:
         return int(args.handler(args))
     except ConfigError as exc:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from loopfuse.integrations.hermes import host
 from loopfuse.integrations.hermes.settings import HermesConfig
 from loopfuse.schemas import Verdict
+from loopfuse.streams.broker_access import ENV_NAMES, BrokerAccessError
 from loopfuse.streams.gateway.client import TIMEOUT_MESSAGE, GatewayClient, GatewaySession, Topics
 from loopfuse.streams.gateway.client import blocked_tool_result as loopfuse_blocked_result
 
@@ -106,6 +107,7 @@ class HermesPlugin:
         self._loop: EventLoopThread | None = None
         self._client: GatewayClient | None = None
         self._starting: concurrent.futures.Future[GatewayClient] | None = None
+        self._access_error: str | None = None  # the last one logged (said once)
         self._sessions: dict[str, GatewaySession] = {}
         self._open_runs: dict[str, set[str]] = {}  # session key -> runs not yet ended
         self._calls: dict[CallKey, _Call] = {}
@@ -434,6 +436,17 @@ class HermesPlugin:
             return starting.result(self.settings.gateway_timeout)
         except (TimeoutError, concurrent.futures.TimeoutError):
             return None  # still starting: this call gets the fail policy
+        except BrokerAccessError as exc:
+            # A refused password or an untrusted certificate: one line naming the
+            # variable, said once (every call retries the start; none will succeed
+            # until the host's settings change).
+            if str(exc) != self._access_error:
+                self._access_error = str(exc)
+                log.error("%s; calls get the fail policy until it is fixed", exc)
+            with self._lock:
+                if self._starting is starting:
+                    self._starting = None
+            return None
         except Exception as exc:
             log.warning("loopfuse: cannot reach Kafka (%s); will retry", exc)
             with self._lock:
@@ -454,6 +467,7 @@ class HermesPlugin:
             # LOOPFUSE_FETCH_MAX_WAIT_MS, else the broker kind's default (settings)
             verdict_fetch_wait_ms=kafka.fetch_wait_ms,
             idempotent=not kafka.embedded_broker,  # the embedded broker has no idempotence
+            setting_names=ENV_NAMES,  # a host sets LOOPFUSE_*: errors name those
             **security,
         )
         try:

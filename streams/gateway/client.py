@@ -47,9 +47,16 @@ from typing import Any, Literal
 import orjson
 import xxhash
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import errors as kafka_errors
 from pydantic import ValidationError
 
 from loopfuse.schemas.events import Verdict
+from loopfuse.streams.broker_access import (
+    CLIENT_NAMES,
+    BrokerAccessError,
+    SettingNames,
+    diagnose,
+)
 from loopfuse.streams.engine.fingerprint import args_hash, result_token
 from loopfuse.streams.engine.step import verdict_id
 from loopfuse.streams.settings import Settings
@@ -273,9 +280,13 @@ class GatewayClient:
         verdict_fetch_wait_ms: int = 500,
         reply_partition: int | None = None,
         idempotent: bool = True,
+        setting_names: SettingNames = CLIENT_NAMES,
         **kafka_options: Any,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        # What a connection error names: these keyword arguments, or the variables a
+        # host read them from (the Hermes plugin passes LOOPFUSE_*'s names).
+        self._setting_names = setting_names
         # The embedded broker has no idempotent producer: pass idempotent=False there.
         self._idempotent = idempotent
         # The verdict reader's fetch long-poll. Apache Kafka answers it at the first
@@ -338,6 +349,13 @@ class GatewayClient:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()  # a failed start leaves no client connected
+            raise
+
+    async def _start(self) -> None:
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers,
             client_id=self.client_id,
@@ -348,7 +366,17 @@ class GatewayClient:
             enable_idempotence=self._idempotent,
             **self._kafka_options,
         )
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except (kafka_errors.KafkaConnectionError, OSError) as exc:
+            # aiokafka says "Unable to bootstrap" for a refused password, an untrusted
+            # certificate and a broker not up alike: find which, in one line.
+            diagnosis = await diagnose(
+                self.bootstrap_servers, self._kafka_options, self._setting_names
+            )
+            if diagnosis is not None and diagnosis.lasting:
+                raise BrokerAccessError(f"loopfuse gateway client: {diagnosis.message}") from None
+            raise exc from None
         # No consumer group: every gateway reads every verdict partition from "now".
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers,
@@ -400,12 +428,26 @@ class GatewayClient:
 
     async def _partitions_of(self, topic: str, what: str = "topic") -> set[int]:
         assert self._consumer is not None
-        for _ in range(100):
-            partitions = self._consumer.partitions_for_topic(topic)
-            if partitions:
-                return set(partitions)
-            await self._consumer._client.force_metadata_update()
-            await asyncio.sleep(0.1)
+        # Asked by name: metadata of all topics leaves out the ones the ACLs hide, while
+        # a named one comes back refused (TOPIC_AUTHORIZATION_FAILED), which says why.
+        user = self._kafka_options.get("sasl_plain_username")
+        denied = BrokerAccessError(
+            f"loopfuse gateway client: the broker's ACLs do not let "
+            f"{f'user {user!r}' if user else 'this client'} read {what} {topic!r} (a gateway "
+            "reads its tenant's reply topic: infra/kafka/kafka-acls.sh gateway USER TOPIC)"
+        )
+        try:
+            await self._consumer._client.add_topic(topic)
+            for _ in range(100):
+                partitions = self._consumer.partitions_for_topic(topic)
+                if partitions:
+                    return set(partitions)
+                await self._consumer._client.force_metadata_update()
+                if topic in self._consumer._client.cluster.unauthorized_topics:
+                    raise denied
+                await asyncio.sleep(0.1)
+        except kafka_errors.TopicAuthorizationFailedError:
+            raise denied from None
         hint = "is the loopfuse worker running?"
         if what == "reply topic":
             hint = ("the worker creates the topics of LOOPFUSE_REPLY_TOPICS; name one of them, "

@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from loopfuse.streams.broker_access import explain
 from loopfuse.streams.ops import plain
 
 FUNNEL = ("warn", "block", "abort")
@@ -524,8 +525,9 @@ def run_audit(
             _fail(str(exc))
             return 2
         except Exception as exc:  # e.g. KafkaConnectionError: one line, not a trace
-            _fail(f"cannot read {plain.shown(topic)}: {exc}")
-            return 1
+            diagnosis = explain(exc, settings.bootstrap_servers, settings.kafka_client_kwargs())
+            _fail(f"cannot read {plain.shown(topic)}: {diagnosis.message if diagnosis else exc}")
+            return 2 if diagnosis is not None and diagnosis.lasting else 1
         source = f"{topic} at {settings.bootstrap_servers}"
     data = summary.to_dict(top=top)
     # soft_wrap: a long summary line stays one line (greppable); tables still fit 120

@@ -60,6 +60,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from loopfuse.streams.broker_access import explain
 from loopfuse.streams.ops.plain import shown
 from loopfuse.streams.ops.topic_reader import TopicRecord
 
@@ -897,6 +898,11 @@ def run_notify(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # the broker went away for good, ...: one line, exit 1
+        # a refused password, an untrusted certificate...: the variable to fix, exit 2
+        diagnosis = explain(exc, settings.bootstrap_servers, settings.kafka_client_kwargs())
+        if diagnosis is not None:
+            print(f"loopfuse notify: {diagnosis.message}", file=sys.stderr)
+            return 2 if diagnosis.lasting else 1
         print(f"loopfuse notify: {_scrubbed(str(exc), url)}", file=sys.stderr)
         return 1
     return 0

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import orjson
 
+from loopfuse.streams.broker_access import explain
 from loopfuse.streams.ops.plain import shown
 
 MESSAGE_CHARS = 120
@@ -192,5 +193,6 @@ def run_tail(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     except Exception as exc:  # e.g. the broker is unreachable: one line, not a trace
-        print(f"loopfuse tail: {exc}", file=sys.stderr)
-        return 1
+        diagnosis = explain(exc, settings.bootstrap_servers, settings.kafka_client_kwargs())
+        print(f"loopfuse tail: {diagnosis.message if diagnosis else exc}", file=sys.stderr)
+        return 2 if diagnosis is not None and diagnosis.lasting else 1

@@ -47,14 +47,26 @@ class TopicMissing(RuntimeError):
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str, wait: float) -> list[TopicPartition]:
     deadline = asyncio.get_running_loop().time() + wait
-    while True:
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions:
-            return [TopicPartition(topic, p) for p in sorted(partitions)]
-        if asyncio.get_running_loop().time() > deadline:
-            raise TopicMissing(f"topic {topic!r} does not exist on the broker")
-        await consumer._client.force_metadata_update()
-        await asyncio.sleep(0.1)
+    # Asked by name: metadata of all topics leaves out the ones the ACLs hide, while a
+    # named one comes back refused (TOPIC_AUTHORIZATION_FAILED), which says why.
+    denied = TopicMissing(
+        f"the broker's ACLs do not let this principal read topic {topic!r} (each role's "
+        "ACLs: infra/kafka/kafka-acls.sh; README: Running in production)"
+    )
+    try:
+        await consumer._client.add_topic(topic)
+        while True:
+            partitions = consumer.partitions_for_topic(topic)
+            if partitions:
+                return [TopicPartition(topic, p) for p in sorted(partitions)]
+            if asyncio.get_running_loop().time() > deadline:
+                raise TopicMissing(f"topic {topic!r} does not exist on the broker")
+            await consumer._client.force_metadata_update()
+            if topic in consumer._client.cluster.unauthorized_topics:
+                raise denied  # not a topic to wait for: the ACLs hide it from us
+            await asyncio.sleep(0.1)
+    except kafka_errors.TopicAuthorizationFailedError:
+        raise denied from None
 
 
 async def _assign_all(consumer: AIOKafkaConsumer, topic: str, wait: float) -> list[TopicPartition]:
@@ -90,8 +102,8 @@ async def read_snapshot(
     embedded broker's ListOffsets is wrong after multi-record batches.
     """
     consumer = _consumer(bootstrap, kafka_options or {})
-    await consumer.start()
     try:
+        await consumer.start()  # inside: a refused start still closes the consumer
         tps = await _assign_all(consumer, topic, wait_for_topic)
         ends = await fetch_end_offsets(consumer, tps)
         starts: dict[TopicPartition, int] = {}
@@ -133,8 +145,8 @@ async def follow(
     then on nothing published is missed, and nothing published before is shown.
     """
     consumer = _consumer(bootstrap, kafka_options or {})
-    await consumer.start()
     try:
+        await consumer.start()  # inside: a refused start still closes the consumer
         tps = await _assign_all(consumer, topic, wait_for_topic)
         ends = await fetch_end_offsets(consumer, tps)
         for tp in tps:
@@ -212,8 +224,8 @@ class GroupReader:
 
     async def start(self) -> int:
         """Connect and join the group; returns the topic's partition count."""
-        await self.consumer.start()
         try:
+            await self.consumer.start()  # inside: a refused start still closes it
             tps = await _partitions(self.consumer, self.topic, self.wait_for_topic)
             self.consumer.subscribe([self.topic], listener=_Positioning(self))
         except BaseException:

@@ -7,14 +7,16 @@ import logging
 import sys
 
 import faust
+from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 
 from loopfuse.schemas.config import ConfigError, load_config
+from loopfuse.streams.broker_access import diagnose
 from loopfuse.streams.engine.rule_config import RulesResolver
 from loopfuse.streams.settings import Settings, describe_settings_error
 from loopfuse.streams.worker.app import create_app
 from loopfuse.streams.worker.faust_compat import UnsupportedVersion, check_versions
-from loopfuse.streams.worker.topics import TopicMismatchError, ensure_topics
+from loopfuse.streams.worker.topics import TopicAccessDenied, TopicMismatchError, ensure_topics
 
 log = logging.getLogger("loopfuse.worker")
 
@@ -42,7 +44,22 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
         print(f"loopfuse worker: {exc}", file=sys.stderr, flush=True)
         loop.close()
         return 2
+    except TopicAccessDenied as exc:
+        print(f"loopfuse worker: {exc}", file=sys.stderr, flush=True)
+        loop.close()
+        return 2
     except Exception as exc:
+        # A refused password, an untrusted certificate, the wrong protocol: one line
+        # naming the variable, and exit 2 (a restart will not fix it).
+        diagnosis = None
+        if isinstance(exc, KafkaConnectionError | OSError | TimeoutError):
+            diagnosis = loop.run_until_complete(
+                diagnose(settings.bootstrap_servers, settings.kafka_client_kwargs())
+            )
+        if diagnosis is not None:
+            print(f"loopfuse worker: {diagnosis.message}", file=sys.stderr, flush=True)
+            loop.close()
+            return 2 if diagnosis.lasting else 1
         print(
             f"loopfuse worker: cannot create topics on {settings.bootstrap_servers}: {exc!r}",
             file=sys.stderr,

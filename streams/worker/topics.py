@@ -15,7 +15,7 @@ from typing import Any
 import faust
 import orjson
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, TopicAuthorizationFailedError
 
 from loopfuse.streams.settings import Settings
 from loopfuse.streams.worker.faust_compat.consumer import refresh_consumer_metadata
@@ -29,6 +29,24 @@ SESSION_TABLE = "sessions"
 
 class TopicMismatchError(RuntimeError):
     """An existing topic's partition count breaks co-partitioning."""
+
+
+class TopicAccessDenied(RuntimeError):
+    """The broker's ACLs refuse the worker's principal one of its topics."""
+
+
+_TOPIC_AUTHORIZATION_FAILED = TopicAuthorizationFailedError.errno
+
+
+def _denied(settings: Settings, topics: Sequence[str], operation: str) -> TopicAccessDenied:
+    user = settings.sasl_username
+    who = f"user {user!r}" if user else "the worker's principal"
+    listed = ", ".join(repr(t) for t in sorted(topics))
+    return TopicAccessDenied(
+        f"the broker's ACLs do not let {who} {operation} topic {listed}: grant the worker's "
+        f"role (infra/kafka/kafka-acls.sh worker User:{user or 'NAME'}; README: Running in "
+        "production)"
+    )
 
 
 
@@ -141,8 +159,14 @@ async def _ensure_topics(
         ]
         # another worker may win the race: the size check below still applies
         with contextlib.suppress(TopicAlreadyExistsError):
-            await admin.create_topics(new)
-    counts = await _partition_counts(admin, strict)
+            response = await admin.create_topics(new)
+            refused = [
+                error[0] for error in getattr(response, "topic_errors", ())
+                if error[1] == _TOPIC_AUTHORIZATION_FAILED
+            ]
+            if refused:  # list_topics shows only what the principal may describe
+                raise _denied(settings, refused, "describe or create")
+    counts = await _partition_counts(admin, strict, settings)
     wrong = {name: n for name, n in counts.items() if n != settings.partitions}
     if wrong:
         detail = "; ".join(
@@ -156,11 +180,17 @@ async def _ensure_topics(
         )
 
 
-async def _partition_counts(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> dict[str, int]:
+async def _partition_counts(
+    admin: AIOKafkaAdminClient, topics: Sequence[str], settings: Settings
+) -> dict[str, int]:
     # describe_topics can race topic creation on some brokers: retry briefly until
     # every topic reports partitions.
     for _ in range(50):
         described = await admin.describe_topics(list(topics))
+        refused = [d["topic"] for d in described
+                   if d.get("error_code") == _TOPIC_AUTHORIZATION_FAILED]
+        if refused:
+            raise _denied(settings, refused, "describe")
         counts = {d["topic"]: len(d.get("partitions") or ()) for d in described}
         if all(counts.get(name) for name in topics):
             return counts

@@ -346,3 +346,69 @@ def _create_topics(bootstrap: str, names: list[str]) -> None:
             await admin.close()
 
     asyncio.run(create())
+
+
+@pytest.fixture(scope="module")
+def secured_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    """A secured Apache Kafka node (TLS, SASL_SSL with SCRAM-SHA-512, ACLs per role, as
+    ``loopfuse broker --kafka --secure`` makes it) and a worker on it as user ``worker``."""
+    from loopfuse.streams.local.kafka_broker import ApacheKafka
+
+    tmp = tmp_path_factory.mktemp("hermes-secured")
+    with ApacheKafka(secure=True, data_dir=tmp / "kafka", log_path=tmp / "kafka.log") as kafka:
+        security = kafka.security
+        assert security is not None
+        security.grant_roles(kafka.bootstrap)
+        variables = {key.removeprefix("LOOPFUSE_").lower(): value
+                     for key, value in security.client_env("worker").items()}
+        settings = worker_settings(kafka.bootstrap, "kafka", {}, "loopfuse", tmp / "data",
+                                   config_file=CONFIG, **variables)
+        process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
+        try:
+            process.wait_ready(120)
+            yield kafka.bootstrap, security
+        finally:
+            process.stop()
+
+
+def test_over_sasl_ssl_as_a_gateway_a_loop_is_blocked_and_a_wrong_password_named_once(
+    hermes_home: Path, tools: Tools, secured_worker: tuple[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The plugin's Kafka settings in Hermes' config (as the gateway user, with only a
+    gateway's ACLs): a loop is warned then blocked over SASL_SSL. With a wrong password
+    every call gets the fail policy and the log says once which variable to fix, never
+    the password."""
+    bootstrap, security = secured_worker
+    kafka = {key.removeprefix("LOOPFUSE_").lower(): value
+             for key, value in security.client_env("gateway").items()}
+    entry = {"bootstrap_servers": bootstrap, "gateway_timeout": 20, **kafka}
+    agent = Hermes(hermes_home, entry)
+    before = tools.runs.get("lf_exec", 0)
+    session = f"secure-{uuid.uuid4().hex[:8]}"
+    try:
+        seen = [agent.call("lf_exec", {"command": "make"}, session=session, task="t")
+                for _ in range(7)]
+    finally:
+        agent.plugin.close()
+    assert seen[:3] == [STUCK] * 3
+    assert all("loopfuse_warning" in json.loads(s) for s in seen[3:5])
+    assert all(json.loads(s)["error"].startswith("CRITICAL: Called lf_exec") for s in seen[5:])
+    assert tools.runs["lf_exec"] - before == 5
+
+    wrong = f"hunter2-{uuid.uuid4().hex}"
+    agent = Hermes(hermes_home, {**entry, "sasl_password": wrong, "gateway_timeout": 5})
+    try:
+        with caplog.at_level("ERROR"):
+            seen = [agent.call("lf_exec", {"command": "make"}, session=f"{session}-2", task="t")
+                    for _ in range(3)]
+    finally:
+        agent.plugin.close()
+    assert seen == [STUCK] * 3  # fail policy "open": the tool ran each time
+    said = [r.getMessage() for r in caplog.records if "SASL credentials" in r.getMessage()]
+    assert said == [
+        "loopfuse gateway client: the broker refused the SASL credentials of user 'gateway' "
+        "(LOOPFUSE_SASL_USERNAME / LOOPFUSE_SASL_PASSWORD); calls get the fail policy until "
+        "it is fixed"
+    ]
+    assert wrong not in caplog.text

@@ -4,6 +4,8 @@ launcher the suites run on and for docker-compose.yml's kafka service."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -76,3 +78,28 @@ def test_a_cluster_id_is_kraft_s_form_and_never_reads_as_an_option() -> None:
         assert set(cluster_id) <= set(
             "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
         )
+
+
+def test_the_readmes_acl_commands_are_what_the_acl_script_runs() -> None:
+    """README: Running in production lists each role's kafka-acls commands; they must be
+    the script's (a dry run for the default names), so the docs cannot drift from it."""
+    readme = (ROOT / "README.md").read_text()
+    listed = [line for line in readme.splitlines() if line.startswith("kafka-acls.sh ")]
+    ran: list[str] = []
+    for role in (["worker", "User:worker"], ["gateway", "User:gateway-a", "loopfuse.replies.a"],
+                 ["auditor", "User:auditor"]):
+        env = {"PATH": os.environ["PATH"], "BOOTSTRAP_SERVER": "$BOOTSTRAP",
+               "COMMAND_CONFIG": "admin.properties", "DRY_RUN": "1"}
+        done = subprocess.run(["sh", str(ROOT / "infra" / "kafka" / "kafka-acls.sh"), *role],
+                              env=env, capture_output=True, text=True, check=True)
+        ran += done.stdout.splitlines()
+    assert len(ran) == 9
+    assert listed == ran
+
+
+def test_the_acl_script_refuses_what_is_not_a_role_or_a_principal() -> None:
+    script = str(ROOT / "infra" / "kafka" / "kafka-acls.sh")
+    env = {"PATH": os.environ["PATH"], "BOOTSTRAP_SERVER": "b:1", "DRY_RUN": "1"}
+    for args in (["admin", "User:x"], ["worker", "worker"], ["gateway", "User:g"], ["worker"]):
+        done = subprocess.run(["sh", script, *args], env=env, capture_output=True, text=True)
+        assert done.returncode == 2 and done.stdout == "", args

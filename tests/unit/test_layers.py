@@ -36,14 +36,19 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loopfuse.streams.engine": ("loopfuse.schemas",),
     "loopfuse.streams.settings": ("loopfuse.schemas",),
     "loopfuse.streams.end_offsets": (),
+    # why a client cannot connect (one line naming the setting): every edge that connects
+    "loopfuse.streams.broker_access": (),
     "loopfuse.streams.gateway": ("loopfuse.schemas", "loopfuse.streams.engine",
-                                 "loopfuse.streams.settings"),
+                                 "loopfuse.streams.settings", "loopfuse.streams.broker_access"),
     "loopfuse.integrations": ("loopfuse.schemas", "loopfuse.streams.engine",
-                              "loopfuse.streams.settings", "loopfuse.streams.gateway"),
+                              "loopfuse.streams.settings", "loopfuse.streams.gateway",
+                              "loopfuse.streams.broker_access"),
     "loopfuse.streams.ops": ("loopfuse.schemas", "loopfuse.streams.engine",
-                             "loopfuse.streams.settings", "loopfuse.streams.end_offsets"),
+                             "loopfuse.streams.settings", "loopfuse.streams.end_offsets",
+                             "loopfuse.streams.broker_access"),
     "loopfuse.streams.worker": ("loopfuse.schemas", "loopfuse.streams.engine",
-                                "loopfuse.streams.settings", "loopfuse.streams.end_offsets"),
+                                "loopfuse.streams.settings", "loopfuse.streams.end_offsets",
+                                "loopfuse.streams.broker_access"),
     # offline replay: the session processor without Kafka
     "loopfuse.streams.replay": ("loopfuse.schemas", "loopfuse.streams.engine",
                                 "loopfuse.streams.worker.processor",
@@ -56,7 +61,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 }
 #: The base install (no [worker] extra) runs these: they may not import WORKER_ONLY.
 BASE = ("loopfuse.schemas", "loopfuse.streams.engine", "loopfuse.streams.settings",
-        "loopfuse.streams.end_offsets", "loopfuse.streams.gateway", "loopfuse.integrations",
+        "loopfuse.streams.end_offsets", "loopfuse.streams.broker_access", "loopfuse.streams.gateway", "loopfuse.integrations",
         "loopfuse.streams.ops", "loopfuse.streams.replay", "loopfuse.streams.cli",
         "loopfuse.streams.worker.processor", "loopfuse.streams.worker.progress")
 
