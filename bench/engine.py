@@ -23,7 +23,9 @@ figures (``LOOPFUSE_PURE_ENGINE=1``, in a subprocess) are printed too.
 
 The last line is ``engine_events_per_s=<float> state_bytes_per_session=<int>
 ratio_to_orjson=<float> engine=<compiled|pure>[+native]``. With the native judge built
-(issue 27, stage 1), the pure engine is measured beside it the same way.
+(issue 27), the pure engine is measured beside it the same way; "decode + fingerprints"
+is the work its stage 2 does in one pass (the pure engine: the decoder, then the args and
+result tokens as the step computes them).
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ from typing import Any
 import orjson
 
 from loopfuse.schemas import decode_event, parse_config
-from loopfuse.schemas.events import ToolCall
+from loopfuse.schemas.events import InputEvent, ToolCall, ToolResult
 from loopfuse.streams.engine import COMPILED, Engine, SessionState, state_codec
 from loopfuse.streams.engine.compiled import PURE_ENV
-from loopfuse.streams.engine.fingerprint import args_hash
+from loopfuse.streams.engine.fingerprint import args_hash, result_token
 from loopfuse.streams.engine.native import NATIVE
+from loopfuse.streams.engine.wire import decode_fingerprinted
 from loopfuse.streams.replay import replay_lines
 
 TOOLS = ["read", "write", "exec", "web_search", "web_fetch", "browser", "memory_search"]
@@ -221,6 +224,21 @@ def build_workload(sessions: int, calls: int, seed: int) -> list[bytes]:
     return events
 
 
+def _decode_and_fingerprint(raw: bytes) -> InputEvent:
+    """An event and its tokens, by the route the offline path takes: one native pass, or
+    the decoder and then the tokens as the step computes them."""
+    event, fingerprints = decode_fingerprinted(raw)
+    if fingerprints is None:
+        if type(event) is ToolCall:
+            args_hash(event.args)
+        elif type(event) is ToolResult:
+            if event.has_args and event.args_hash is None:
+                args_hash(event.args)
+            result_token(event.tool_name, event.args, result=event.result,
+                         error=event.error_text, args_action=event.args_action)
+    return event
+
+
 def _median_rate(count: int, rounds: int, run: Any) -> float:
     """Events per second of ``run()`` over ``count`` events: the median of ``rounds``."""
     rates: list[float] = []
@@ -318,6 +336,10 @@ def main() -> None:
     decode_rate = _median_rate(len(raw), opts.rounds, lambda: deque(map(decode_event, raw), 0))
     events = [decode_event(line) for line in raw]
     print(f"decode+validate alone: median {decode_rate:,.0f} events/s")
+    route_rate = _median_rate(
+        len(raw), opts.rounds, lambda: deque(map(_decode_and_fingerprint, raw), 0)
+    )
+    print(f"decode+validate+fingerprints (args and result tokens): median {route_rate:,.0f} events/s")
     # canonical JSON + xxh3-128 of every payload (call args, result outcomes): the
     # part of the step the native judge's stage 1 took over
     payloads = [event.args for event in events if isinstance(event, ToolCall)]
@@ -387,7 +409,7 @@ def main() -> None:
             [sys.executable, *sys.argv], env={**os.environ, PURE_ENV: "1"},
             capture_output=True, text=True, check=True,
         ).stdout.splitlines()
-        summaries = ("offline path /", "OpenClaw's", "decode+validate", "args fingerprint",
+        summaries = ("offline path", "OpenClaw's", "decode+validate", "args fingerprint",
                      "engine step", "state bytes", "engine_")
         for line in pure:
             if line.startswith(summaries):

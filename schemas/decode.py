@@ -125,6 +125,11 @@ def decode_event(
     deep = _nested_deeper(event, max_depth - 1)
     if deep is None:
         return _decode_by_the_models(raw, max_depth, max_identifier_bytes)
+    if not deep and _may_hide_nesting(event) and raw.count(b"{") + raw.count(b"[") > max_depth:
+        # A usage or error object drops the fields it does not know, with their nesting
+        # (``{"usage": {"k": [[0]]}}``): where the brackets allow too deep a value, the
+        # models' path judges it.
+        return _decode_by_the_models(raw, max_depth, max_identifier_bytes)
     if deep and raw.count(b"{") + raw.count(b"[") > max_depth:
         raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")
     # An identifier takes at most as many UTF-8 bytes as its JSON text: in an event
@@ -188,6 +193,11 @@ def _nested_deeper(event: InputEvent, limit: int) -> bool | None:
     elif type(event) is not ToolCall:
         return False  # only scalars
     return event.args is not UNSET and _deeper(event.args, limit)
+
+
+def _may_hide_nesting(event: InputEvent) -> bool:
+    """Whether the event holds an object that ignores unknown fields (usage, an error)."""
+    return type(event) is ToolResult and (event.usage is not None or type(event.error) is ErrorDetail)
 
 
 def _deeper(value: Any, limit: int) -> bool:

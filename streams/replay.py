@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from typing import IO
 
 from loopfuse.schemas.config import DetectionConfigFile
-from loopfuse.schemas.decode import DEFAULT_MAX_EVENT_BYTES, EventRejected, decode_event
+from loopfuse.schemas.decode import DEFAULT_MAX_EVENT_BYTES, EventRejected
 from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.wire import decode_fingerprinted
 from loopfuse.streams.worker.processor import Limits, SessionFold, Source, dead_letter
 
 log = logging.getLogger("loopfuse.replay")
@@ -46,7 +47,7 @@ def replay_lines(
         raw = line.rstrip(b"\r\n")
         source = Source(line=line_no, value=raw)
         try:
-            event = decode_event(
+            event, fingerprints = decode_fingerprinted(
                 raw, max_bytes=max_event_bytes, max_identifier_bytes=max_identifier_bytes
             )
         except EventRejected as exc:
@@ -64,7 +65,7 @@ def replay_lines(
             fold = folds[key] = SessionFold(
                 engine, key.encode("utf-8", "surrogatepass"), limits, None, None
             )
-        for message in fold.apply(event, source, event.ts, None):
+        for message in fold.apply(event, source, event.ts, None, fingerprints):
             yield message.value
         if fold.notices:
             for notice in fold.notices:

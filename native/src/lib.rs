@@ -1,41 +1,26 @@
-//! loopfuse's native judge, stage 1: canonical JSON (RFC 8785) and the 128-bit digests.
+//! loopfuse's native judge: canonical JSON (RFC 8785) and the 128-bit digests (stage 1);
+//! an input event's wire bytes validated and fingerprinted in one pass (stage 2, `decode`).
 //!
 //! Every function answers only the common case and returns `None` for anything else
-//! (floats, integers beyond 2**53 - 1, lone surrogates, subclasses of the JSON types,
-//! tuples, very deep values), which the Python engine then handles as it always did:
+//! (integers beyond 2**53 - 1, lone surrogates, subclasses of the JSON types, tuples,
+//! very deep values; for the decoder, every event it is not sure of), which the Python
+//! engine then handles as it always did:
 //! so the native path never decides an unusual case, and where it answers, it gives
 //! the bytes the Python reference gives (tests/unit/test_native_identity.py).
 
-use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
-use xxhash_rust::xxh3::xxh3_128;
+mod canonical;
+mod decode;
+mod json;
+mod outcome;
 
-const MAX_SAFE_INT: i64 = (1 << 53) - 1;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
+
+use canonical::{write_number, write_string, MAX_SAFE_INT};
+use decode::hex128;
+
 /// Deeper than this the Python path decides (a decoded event is at most 64 deep).
 const MAX_DEPTH: usize = 256;
-
-fn write_string(out: &mut Vec<u8>, text: &str) {
-    out.push(b'"');
-    for &byte in text.as_bytes() {
-        match byte {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x09 => out.extend_from_slice(b"\\t"),
-            0x0a => out.extend_from_slice(b"\\n"),
-            0x0c => out.extend_from_slice(b"\\f"),
-            0x0d => out.extend_from_slice(b"\\r"),
-            control if control < 0x20 => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[usize::from(control >> 4)]);
-                out.push(HEX[usize::from(control & 0xf)]);
-            }
-            other => out.push(other),
-        }
-    }
-    out.push(b'"');
-}
 
 /// Appends the canonical JSON of `value`; `None` where the Python path must decide.
 fn write_value(out: &mut Vec<u8>, value: &Bound<'_, PyAny>, depth: usize) -> Option<()> {
@@ -54,6 +39,12 @@ fn write_value(out: &mut Vec<u8>, value: &Bound<'_, PyAny>, depth: usize) -> Opt
             return None;
         }
         out.extend_from_slice(number.to_string().as_bytes());
+    } else if let Ok(number) = value.downcast_exact::<PyFloat>() {
+        let number = number.value();
+        if !number.is_finite() {
+            return None; // the Python reference refuses it, with its own error
+        }
+        write_number(out, number);
     } else if let Ok(dict) = value.downcast_exact::<PyDict>() {
         let mut entries: Vec<(String, Bound<'_, PyAny>)> = Vec::with_capacity(dict.len());
         for (key, child) in dict.iter() {
@@ -93,10 +84,6 @@ fn canonical(value: &Bound<'_, PyAny>) -> Option<Vec<u8>> {
     Some(out)
 }
 
-fn hex128(data: &[u8]) -> String {
-    format!("{:032x}", xxh3_128(data))
-}
-
 /// RFC 8785 bytes of a JSON value, or None where the Python path decides.
 #[pyfunction]
 fn canonical_json<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
@@ -120,5 +107,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_json, module)?)?;
     module.add_function(wrap_pyfunction!(canonical_digest, module)?)?;
     module.add_function(wrap_pyfunction!(digest, module)?)?;
+    module.add_function(wrap_pyfunction!(decode::event_fingerprints, module)?)?;
     Ok(())
 }

@@ -66,6 +66,13 @@ VOLATILE_SEND_KEYS = frozenset(
 )
 
 
+#: An event's tokens as the native judge computed them from its wire bytes
+#: (loopfuse.streams.engine.wire), for ``Engine.step``: (the args token or None, the
+#: result token or None, whether that result token is known; None with True means
+#: "nothing is recorded"). The result token assumes no configured send tools, so the
+#: step takes it only for a tool that is not one.
+Fingerprints = tuple[str | None, str | None, bool]
+
 #: The native judge's xxh3-128 of a value's canonical JSON (None for what it leaves to
 #: Python), when built.
 _native_digest: Callable[[Any], str | None] | None = (

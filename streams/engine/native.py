@@ -5,9 +5,10 @@ which ``./dev test`` runs where cargo is) sits beside the engine's sources, git-
 It only counts while it matches its sources: the build stamps the digest of the crate's
 files and of the Python it stands in for, and :func:`load` gives None (the pure engine)
 when the stamp is missing or stale, when the crate's sources are not there to check it
-against, or when ``LOOPFUSE_PURE_ENGINE=1`` asks for the pure engine. Stage 1 of issue 27:
-canonical JSON and the 128-bit digests; every native function returns None for what it
-leaves to the Python code.
+against, or when ``LOOPFUSE_PURE_ENGINE=1`` asks for the pure engine. Issue 27: canonical
+JSON and the 128-bit digests (stage 1), an input event decoded, validated and
+fingerprinted from its wire bytes (stage 2); every native function returns None for what
+it leaves to the Python code.
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ CRATE_DIR = ENGINE_DIR.parent.parent / "native"
 MODULE = "loopfuse.streams.engine._native"
 STAMP = "_native.digest"
 PURE_ENV = "LOOPFUSE_PURE_ENGINE"
-#: The crate's files a build is of, and the Python modules whose behaviour it reproduces
-#: (a change to either makes a build stale until built again).
+#: The crate's files a build is of, and the Python modules whose behaviour it reproduces,
+#: relative to the package (a change to either makes a build stale until built again).
 CRATE_FILES = ("Cargo.toml", "Cargo.lock")
-MIRRORED = ("canonical.py", "fingerprint.py")
+MIRRORED = (
+    "streams/engine/canonical.py",
+    "streams/engine/fingerprint.py",
+    "schemas/decode.py",
+    "schemas/events.py",
+)
 
 
 def source_digest(crate_dir: Path = CRATE_DIR, engine_dir: Path = ENGINE_DIR) -> str | None:
@@ -38,7 +44,8 @@ def source_digest(crate_dir: Path = CRATE_DIR, engine_dir: Path = ENGINE_DIR) ->
     digest = hashlib.sha256(sys.implementation.cache_tag.encode())
     sources = [crate_dir / name for name in CRATE_FILES]
     sources += sorted((crate_dir / "src").rglob("*.rs"))
-    sources += [engine_dir / name for name in MIRRORED]
+    package = engine_dir.parent.parent
+    sources += [package / name for name in MIRRORED]
     for path in sources:
         digest.update(path.name.encode())
         digest.update(path.read_bytes() if path.exists() else b"")

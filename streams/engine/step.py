@@ -33,6 +33,7 @@ from loopfuse.schemas.events import (
 from loopfuse.streams.engine.config import ConfigResolver, ResolvedConfig
 from loopfuse.streams.engine.detectors import Detection, detect, guard_message, message_for
 from loopfuse.streams.engine.fingerprint import (
+    Fingerprints,
     action_of,
     args_hash,
     digest,
@@ -146,6 +147,9 @@ class Engine:
         self._config_dicts: dict[ResolvedConfig, dict[str, Any]] = {}
         self._policies: dict[str | None, _Policy] = {}
         self._runs: dict[str, tuple[str | None, int]] = {}
+        # The event being stepped and its fingerprints from the native decoder, while
+        # ``step`` runs (see _args_token): no state, only work not done twice.
+        self._given: tuple[InputEvent, Fingerprints] | None = None
 
     def resolve(self, agent_id: str | None) -> ResolvedConfig:
         return self.resolver.resolve(agent_id)
@@ -185,6 +189,7 @@ class Engine:
         event: InputEvent,
         now_ms: int,
         watermark_ms: int | None = None,
+        fingerprints: Fingerprints | None = None,
     ) -> tuple[SessionState, list[Output]]:
         """Apply one event of a session; return its state and what to publish.
 
@@ -198,7 +203,25 @@ class Engine:
         events can come from has been read (None: no input is behind, e.g. one
         ordered file). It only decides when a ``seq`` gap is given up on, see
         :meth:`_release_gaps`.
+
+        ``fingerprints`` are the event's tokens as loopfuse.streams.engine.wire computed them
+        from its bytes (None: computed here); they are what this step would compute.
         """
+        if fingerprints is None:
+            return self._step(state, event, now_ms, watermark_ms)
+        self._given = (event, fingerprints)
+        try:
+            return self._step(state, event, now_ms, watermark_ms)
+        finally:
+            self._given = None
+
+    def _step(
+        self,
+        state: SessionState | None,
+        event: InputEvent,
+        now_ms: int,
+        watermark_ms: int | None,
+    ) -> tuple[SessionState, list[Output]]:
         if state is None:
             state = SessionState()
         outputs: list[Output] = []
@@ -348,7 +371,7 @@ class Engine:
             return replace(
                 event,
                 args=UNSET,
-                args_hash=args_hash(event.args),
+                args_hash=self._args_token(event),
                 args_action=action_of(event.args, event.args_action),
             )
         if isinstance(event, ToolResult):
@@ -494,9 +517,14 @@ class Engine:
             assert type(event) is RunEnded
             self._on_run_ended(state, event)
 
-    @staticmethod
-    def _args_token(event: ToolCall | ToolResult) -> str:
-        return event.args_hash if event.args_hash is not None else args_hash(event.args)
+    def _args_token(self, event: ToolCall | ToolResult) -> str:
+        if event.args_hash is not None:
+            return event.args_hash
+        given = self._given
+        # ``is``: the tokens are the stepped event's, not those of one it releases
+        if given is not None and given[0] is event and (token := given[1][0]) is not None:
+            return token
+        return args_hash(event.args)
 
     def _result_token(self, event: ToolResult) -> tuple[str | None, str | None]:
         """(outcome token or None when nothing is recorded, unknown-tool name)."""
@@ -506,13 +534,22 @@ class Engine:
             unknown = unknown or unknown_tool_name(error)
         if event.result_hash is not None:
             return event.result_hash, unknown
+        given = self._given
+        send_tools = self.resolver.send_tools
+        if (
+            given is not None
+            and given[0] is event
+            and given[1][2]
+            and event.tool_name not in send_tools  # the native token assumes none
+        ):
+            return given[1][1], unknown
         token = result_token(
             event.tool_name,
             event.args,
             result=event.result,
             error=error,
             args_action=event.args_action,
-            send_tools=self.resolver.send_tools,
+            send_tools=send_tools,
         )
         return token, unknown
 

@@ -46,8 +46,9 @@ from loopfuse.streams.engine import (
     fleet,
     state_codec,
 )
-from loopfuse.streams.engine.fingerprint import hash64
+from loopfuse.streams.engine.fingerprint import Fingerprints, hash64
 from loopfuse.streams.engine.state_codec import StateTooLarge
+from loopfuse.streams.engine.wire import decode_fingerprinted
 from loopfuse.streams.worker.metrics import Metrics
 from loopfuse.streams.worker.progress import InputProgress
 
@@ -339,12 +340,20 @@ class SessionFold:
     strike: bool = False
 
     def apply(
-        self, event: InputEvent, source: Source, now_ms: int, watermark_ms: int | None
+        self,
+        event: InputEvent,
+        source: Source,
+        now_ms: int,
+        watermark_ms: int | None,
+        fingerprints: Fingerprints | None = None,
     ) -> list[Outgoing]:
-        """Judge one event: its messages, or its dead letter (state then unchanged)."""
+        """Judge one event: its messages, or its dead letter (state then unchanged).
+        ``fingerprints``: its tokens from the native decoder, if it made them."""
         asking = _asking(event, self.state)  # before the step drains what waits
         try:
-            state, outputs = self.engine.step(self.state, event, now_ms, watermark_ms)
+            state, outputs = self.engine.step(
+                self.state, event, now_ms, watermark_ms, fingerprints
+            )
             encoded = self._encode_outputs(outputs, source, asking)
         except EventFailed as exc:
             return self._reject(source, exc.code, exc.reason)
@@ -697,13 +706,13 @@ class SessionProcessor:
         limits, metrics, progress = self.limits, self.metrics, self.progress
         now_ms = self.clock()
         out: list[Message] = []
-        sessions: dict[bytes, list[tuple[InputEvent, Source]]] = {}
+        sessions: dict[bytes, list[tuple[InputEvent, Source, Fingerprints | None]]] = {}
         for record in records:
             source = Source(
                 record.topic, record.partition, record.offset, key=record.key, value=record.value
             )
             try:
-                decoded = decode_event(
+                decoded, fingerprints = decode_fingerprinted(
                     record.value,
                     max_bytes=self.max_event_bytes,
                     max_identifier_bytes=limits.max_identifier_bytes,
@@ -732,19 +741,19 @@ class SessionProcessor:
                 self._emit(dead_letter(source, "invalid_event", reason, limits), out)
                 continue
             metrics.inc(metrics.events, decoded.type)
-            sessions.setdefault(key, []).append((decoded, source))
+            sessions.setdefault(key, []).append((decoded, source, fingerprints))
 
         watermarks: dict[int, int | None] = {}
         for key, items in sessions.items():
             partition = items[-1][1].partition or 0
             watermark = self._watermark(partition, watermarks)
-            if len(items) > 1 and all(decoded.seq is not None for decoded, _ in items):
+            if len(items) > 1 and all(decoded.seq is not None for decoded, _, _ in items):
                 # The engine would park and drain them into seq order anyway; in
                 # order they cost no parking.
                 items.sort(key=lambda item: item[0].seq or 0)
             fold = self._fold(key)
-            for decoded, source in items:
-                fold.apply(decoded, source, now_ms, watermark)
+            for decoded, source, fingerprints in items:
+                fold.apply(decoded, source, now_ms, watermark, fingerprints)
             self._settle(key, fold, partition, out)
         self._release_waiting(now_ms, watermarks, out, skip=sessions)
         metrics.batches.inc()

@@ -22,9 +22,8 @@ from typing import Any
 import orjson
 
 from bench.engine import build_workload
-from loopfuse.schemas import DetectionConfigFile, decode_event, load_config, parse_config
+from loopfuse.schemas import DetectionConfigFile, load_config, parse_config
 from loopfuse.schemas.decode import EventRejected
-from loopfuse.schemas.events import InputEvent
 from loopfuse.streams.engine import (
     COMPILED,
     Engine,
@@ -35,6 +34,7 @@ from loopfuse.streams.engine import (
     Verdict,
     state_codec,
 )
+from loopfuse.streams.engine.wire import decode_fingerprinted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,12 +89,15 @@ def run(lines: list[bytes], config: DetectionConfigFile) -> list[bytes]:
     out: list[bytes] = []
     for raw in lines:
         try:
-            event: InputEvent = decode_event(raw)
+            # the route replay and the worker take: the native judge's fingerprints, if built
+            event, fingerprints = decode_fingerprinted(raw)
         except EventRejected as exc:
-            out.append(orjson.dumps(["dead_letter", exc.code]))
+            out.append(orjson.dumps(["dead_letter", exc.code, exc.reason]))
             continue
         key = event.key
-        states[key], outputs = engine.step(states.get(key), event, event.ts, event.ts - 1_000)
+        states[key], outputs = engine.step(
+            states.get(key), event, event.ts, event.ts - 1_000, fingerprints
+        )
         out.extend(map(_line, outputs))
     for key, state in sorted(states.items()):
         for output in engine.release(state, state.touched_ms + 60_000, None):

@@ -268,6 +268,11 @@ def test_payload_floats_are_read_as_orjson_reads_them(value: float, form: str) -
         b'"tool_name":"t","ts":5,"result":null,"usage":{"input_tokens":1.0}}',
         b'{"type":"tool_result","event_id":"a","session_key":"s","call_id":"c",'
         b'"tool_name":"t","ts":5,"result":null,"usage":{"cost":-0.0,"total_tokens":0}}',
+        # nesting in the fields a usage or error object ignores
+        b'{"type":"tool_result","event_id":"a","session_key":"s","call_id":"c",'
+        b'"tool_name":"t","ts":5,"result":null,"usage":{"k":' + b"[" * 70 + b"]" * 70 + b"}}",
+        b'{"type":"tool_result","event_id":"a","session_key":"s","call_id":"c",'
+        b'"tool_name":"t","ts":5,"error":{"message":"m","k":' + b"[" * 70 + b"]" * 70 + b"}}",
     ],
 )
 def test_awkward_bytes_get_the_verdict_of_the_models_path(raw: bytes) -> None:

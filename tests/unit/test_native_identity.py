@@ -1,6 +1,7 @@
 """The native judge (native/, Rust) against the Python engine it stands in for: every byte.
 
-Stage 1 of issue 27 makes canonical JSON and the 128-bit digests native. Each native
+Stage 1 of issue 27 makes canonical JSON and the 128-bit digests native (floats written
+as ECMAScript writes them since stage 2; its decoder: tests/unit/test_native_decode.py). Each native
 function answers the common case and returns None for what it leaves to Python; where it
 answers, it must give the Python reference's bytes. The tests drive the built module
 directly (whatever LOOPFUSE_PURE_ENGINE says), over the engine corpus (run whole, native
@@ -11,6 +12,7 @@ JSON values; they skip, saying why, only where the module is not built.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import subprocess
 import sys
@@ -54,11 +56,14 @@ def same_bytes(native: ModuleType, value: Any) -> bool:
 
 
 def _plain(value: Any) -> bool:
-    """What the native judge must answer itself: JSON without floats, big ints, surrogates."""
+    """What the native judge must answer itself: JSON without big ints, lone surrogates or
+    non-finite floats (which the reference refuses)."""
     if isinstance(value, bool) or value is None:
         return True
     if isinstance(value, int):
         return abs(value) <= 2**53 - 1
+    if isinstance(value, float):
+        return math.isfinite(value)
     if isinstance(value, str):
         return not any("\ud800" <= char <= "\udfff" for char in value)
     if isinstance(value, list):
@@ -98,17 +103,33 @@ def test_malformed_and_example_inputs(native: ModuleType) -> None:
     assert answered == sum(map(_plain, values))
 
 
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_hypothesis_floats(native: ModuleType, number: float) -> None:
+    assert same_bytes(native, number)
+
+
 def test_what_it_leaves_to_python(native: ModuleType) -> None:
     class Text(str):
         pass
 
-    for value in (1.0, 1e16, 2**53, -(2**53), 2**64, "\ud800", {"\udfff": 1}, (1, 2),
-                  Text("x"), {1: "x"}, [[[]]] * 0 + [1.5], {"a": {"b": [0.1]}}):
+    for value in (2**53, -(2**53), 2**64, "\ud800", {"\udfff": 1}, (1, 2), Text("x"),
+                  {1: "x"}, [math.nan], {"a": {"b": [math.inf]}}, [2**53, 0.5]):
         assert native.canonical_json(value) is None
     deep: Any = "leaf"
     for _ in range(300):
         deep = [deep]
     assert native.canonical_json(deep) is None
+
+
+@pytest.mark.parametrize(
+    "number",
+    [0.0, -0.0, 1.0, -1.5, 1e16, 1e21, 1e-7, 1e-6, 123456789012345680000.0, 1.5e300, 5e-324,
+     1.7976931348623157e308, 0.1, 0.30000000000000004, 2.0**53, -(2.0**60), 1e20, 4.35],
+)
+def test_floats_as_ecmascript_writes_them(native: ModuleType, number: float) -> None:
+    assert same_bytes(native, number)
+    assert same_bytes(native, {"n": [number, 1, "x"]})
 
 
 def test_key_order_is_utf16_code_units(native: ModuleType) -> None:

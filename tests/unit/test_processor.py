@@ -137,11 +137,14 @@ class FlakyEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
-    def step(self, state: Any, event: Any, now_ms: int, watermark_ms: int | None = None) -> Any:
+    def step(
+        self, state: Any, event: Any, now_ms: int, watermark_ms: int | None = None,
+        fingerprints: Any = None,
+    ) -> Any:
         if event.call_id == "boom":
-            state, _ = self.engine.step(state, event, now_ms, watermark_ms)  # partly applied...
+            state, _ = self.engine.step(state, event, now_ms, watermark_ms, fingerprints)  # partly applied...
             raise RuntimeError("engine bug")  # ...then a bug
-        return self.engine.step(state, event, now_ms, watermark_ms)
+        return self.engine.step(state, event, now_ms, watermark_ms, fingerprints)
 
 
 def test_an_engine_error_dead_letters_the_event_and_keeps_the_state_before_it() -> None:
