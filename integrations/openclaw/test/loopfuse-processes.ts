@@ -72,7 +72,7 @@ export class Processes {
   }
 
   async stopAll(): Promise<void> {
-    for (const child of this.children.reverse()) await stop(child);
+    for (const child of this.children.splice(0).reverse()) await stop(child);
   }
 }
 
