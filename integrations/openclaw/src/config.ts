@@ -1,4 +1,7 @@
 /** Plugin config: the manifest's configSchema, defaults, and a tolerant normaliser. */
+import { X509Certificate } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { createSecureContext } from "node:tls";
 
 export type FailPolicy = "open" | "closed";
 
@@ -17,6 +20,18 @@ export interface SaslConfig {
   password: string;
 }
 
+/**
+ * TLS to Kafka. Each file is PEM, read once when the transport starts; a CA file
+ * replaces Node's default CA store (a private CA: the brokers' certificates are signed
+ * by it and nothing else is trusted); certFile and keyFile are a client certificate
+ * for brokers that require mutual TLS.
+ */
+export interface SslConfig {
+  caFile: string | null;
+  certFile: string | null;
+  keyFile: string | null;
+}
+
 export interface LoopfuseConfig {
   /** Kafka bootstrap servers, `host:port[,host:port]`. */
   bootstrap: string[];
@@ -29,7 +44,8 @@ export interface LoopfuseConfig {
   shadow: boolean;
   /** Kafka client id of the producer and the verdict reader. */
   clientId: string;
-  ssl: boolean;
+  /** null: plaintext; `ssl: true` is TLS trusting Node's default CAs (every file null). */
+  ssl: SslConfig | null;
   sasl: SaslConfig | null;
   /** The reply partition to read; null: the incarnation's hash modulo the topic's partition count. */
   replyPartition: number | null;
@@ -55,7 +71,7 @@ export const DEFAULTS: LoopfuseConfig = {
   topics: DEFAULT_TOPICS,
   shadow: false,
   clientId: "openclaw-loopfuse",
-  ssl: false,
+  ssl: null,
   sasl: null,
   replyPartition: null,
   groupSessionTimeoutMs: 30_000,
@@ -106,7 +122,26 @@ export const CONFIG_SCHEMA = {
       default: false,
     },
     clientId: { type: "string", minLength: 1, default: "openclaw-loopfuse" },
-    ssl: { type: "boolean", default: false },
+    ssl: {
+      description: "TLS to Kafka: true trusts Node's default CAs; an object names PEM files (a private CA, a client certificate)",
+      anyOf: [
+        { type: "boolean" },
+        {
+          type: "object",
+          additionalProperties: false,
+          properties: {
+            caFile: {
+              description: "The CA certificate(s) that sign the brokers' certificates, trusted instead of Node's default CAs",
+              type: "string",
+              minLength: 1,
+            },
+            certFile: { description: "Client certificate for mutual TLS (with keyFile)", type: "string", minLength: 1 },
+            keyFile: { description: "The client certificate's private key (with certFile)", type: "string", minLength: 1 },
+          },
+        },
+      ],
+      default: false,
+    },
     sasl: {
       type: "object",
       additionalProperties: false,
@@ -134,6 +169,73 @@ export const CONFIG_SCHEMA = {
 
 function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+const SSL_FILES = ["caFile", "certFile", "keyFile"] as const;
+
+/** `ssl: {...}`: TLS with the files named; a wrong entry is dropped (and reported). */
+function resolveSsl(raw: Record<string, unknown>, bad: (key: string, why: string) => void): SslConfig {
+  const ssl: SslConfig = { caFile: null, certFile: null, keyFile: null };
+  for (const key of Object.keys(raw)) {
+    if (!(SSL_FILES as readonly string[]).includes(key)) bad(`ssl.${key}`, "unknown key");
+  }
+  for (const key of SSL_FILES) {
+    const value = raw[key];
+    if (typeof value === "string" && value) ssl[key] = value;
+    else if (value !== undefined) bad(`ssl.${key}`, "expected a file path");
+  }
+  if ((ssl.certFile === null) !== (ssl.keyFile === null)) {
+    bad(ssl.certFile ? "ssl.keyFile" : "ssl.certFile", "ssl.certFile and ssl.keyFile go together (no client certificate used)");
+    ssl.certFile = ssl.keyFile = null;
+  }
+  return ssl;
+}
+
+/** The PEM contents of `ssl`'s files, as Node's TLS options `ca`, `cert`, `key`. */
+export interface TlsFiles {
+  ca?: string;
+  cert?: string;
+  key?: string;
+}
+
+/**
+ * Read `ssl`'s files and check that Node accepts them (a CA that is PEM, a key that
+ * matches its certificate). Throws `ConfigError` naming the setting: the operator must
+ * fix the file, so the transport reports it once and does not retry.
+ */
+export function readTlsFiles(ssl: SslConfig): TlsFiles {
+  const files: TlsFiles = {};
+  const names = { caFile: "ca", certFile: "cert", keyFile: "key" } as const;
+  for (const key of SSL_FILES) {
+    const path = ssl[key];
+    if (path === null) continue;
+    try {
+      files[names[key]] = readFileSync(path, "utf8");
+    } catch (err) {
+      throw new ConfigError(`ssl.${key}: cannot read "${path}" (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+    }
+  }
+  // Node ignores a CA that does not parse (and then trusts nothing): say so now.
+  if (files.ca !== undefined) {
+    try {
+      new X509Certificate(files.ca);
+    } catch {
+      throw new ConfigError(`ssl.caFile: "${ssl.caFile}" holds no PEM certificate`);
+    }
+  }
+  if (files.cert !== undefined) {
+    try {
+      createSecureContext({ cert: files.cert, key: files.key });
+    } catch (err) {
+      throw new ConfigError(`ssl.certFile / ssl.keyFile: not a certificate and its key (${(err as Error).message})`);
+    }
+  }
+  return files;
+}
+
+/** A setting the operator must fix; its message starts with the setting's name. */
+export class ConfigError extends Error {
+  override name = "ConfigError";
 }
 
 /**
@@ -181,8 +283,9 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
   else if (shadow !== undefined) bad("shadow", "expected a boolean");
   if (typeof clientId === "string" && clientId) cfg.clientId = clientId;
   else if (clientId !== undefined) bad("clientId", "expected a string");
-  if (typeof ssl === "boolean") cfg.ssl = ssl;
-  else if (ssl !== undefined) bad("ssl", "expected a boolean");
+  if (ssl === true) cfg.ssl = { caFile: null, certFile: null, keyFile: null };
+  else if (isRecord(ssl)) cfg.ssl = resolveSsl(ssl, bad);
+  else if (ssl !== undefined && ssl !== false) bad("ssl", "expected a boolean or {caFile, certFile, keyFile}");
   if (isRecord(sasl)) {
     const { mechanism, username, password } = sasl;
     if (

@@ -242,6 +242,8 @@ export class LoopfuseGuard {
   private started: Promise<void> | null = null;
   /** Set by stop(); a stopped guard publishes nothing more. */
   stopped = false;
+  /** The transport gave up (a config error, logged once): sends fail without a line each. */
+  private unavailable = false;
 
   constructor(options: GuardOptions) {
     this.config = options.config;
@@ -261,6 +263,8 @@ export class LoopfuseGuard {
     this.started ??= this.transport.start((raw) => this.onVerdictMessage(raw)).then(
       () => this.logger.info(`loopfuse: connected (incarnation ${this.incarnation})`),
       (err: unknown) => {
+        this.unavailable = true;
+        if (this.stopped) return; // stopped before it connected: nothing to report
         this.logger.error(`loopfuse: could not connect to Kafka: ${String(err)}; every call falls to the fail-${this.config.failPolicy} policy`);
       },
     );
@@ -636,7 +640,7 @@ export class LoopfuseGuard {
       },
       (err: unknown) => {
         this.stats.publishErrors++;
-        this.logger.warn(`loopfuse: publish to ${topic} failed: ${String(err)}`);
+        if (!this.unavailable) this.logger.warn(`loopfuse: publish to ${topic} failed: ${String(err)}`);
         onError?.();
       },
     );

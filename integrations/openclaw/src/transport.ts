@@ -9,7 +9,7 @@ import {
   type ClusterMetadata,
   type SASLOptions,
 } from "@platformatic/kafka";
-import type { LoopfuseConfig } from "./config.js";
+import { readTlsFiles, type LoopfuseConfig, type TlsFiles } from "./config.js";
 import type { PluginLogger } from "./types.js";
 
 /** What the guard needs from Kafka; tests substitute an in-memory one. */
@@ -68,6 +68,10 @@ export class KafkaTransport implements Transport {
   replyPartition: number | null = null;
   /** Records the reader took from Kafka, and of those other gateways' (skipped unparsed). */
   readonly counts = { recordsRead: 0, foreignRecords: 0 };
+  /** The PEM contents of `ssl`'s files, read once by start(). */
+  private tls: TlsFiles | null = null;
+  /** The refusal last logged, so a retried one is not logged again. */
+  private lastRefusal: string | null = null;
 
   constructor(
     private readonly config: LoopfuseConfig,
@@ -76,27 +80,20 @@ export class KafkaTransport implements Transport {
   ) {}
 
   private connection() {
-    const sasl: SASLOptions | undefined = this.config.sasl
-      ? { mechanism: SASL_MECHANISMS[this.config.sasl.mechanism], username: this.config.sasl.username, password: this.config.sasl.password }
-      : undefined;
-    return {
-      clientId: this.config.clientId,
-      bootstrapBrokers: this.config.bootstrap,
-      ...(this.config.ssl ? { tls: {} } : {}),
-      ...(sasl ? { sasl } : {}),
-      connectTimeout: 5_000,
-      retries: 3,
-      retryDelay: 250,
-      autocreateTopics: false, // the loopfuse worker creates topics with the right partition count
-    };
+    return { ...connectionOptions(this.config, this.tls), autocreateTopics: false }; // the loopfuse worker creates topics with the right partition count
   }
 
   /**
    * Connect, retrying with back-off until connected or stopped (a gateway may start
    * before Kafka or the loopfuse worker). Events sent meanwhile wait for the producer;
    * their calls are decided by the fail policy when their verdict does not come in time.
+   *
+   * A refusal only the operator can fix (credentials, an untrusted certificate, an ACL)
+   * is logged once, as one line naming the setting, and retried quietly: the broker's
+   * side may be what gets fixed. TLS files that cannot be read reject at once (no retry).
    */
   async start(onVerdict: (raw: string) => void): Promise<void> {
+    if (this.config.ssl) this.tls = readTlsFiles(this.config.ssl);
     this.producerReady = new Promise<void>((resolve) => (this.markConnected = resolve));
     for (let attempt = 0; !this.stopped; attempt++) {
       try {
@@ -105,12 +102,30 @@ export class KafkaTransport implements Transport {
         this.reading = this.read(cursors, onVerdict);
         return;
       } catch (err) {
-        if (attempt % 10 === 0) this.logger.warn(`loopfuse: Kafka not ready (${String(err)}); retrying`);
+        if (!this.reportRefusal(err, this.config.topics.toolCalls) && attempt % 10 === 0) this.logger.warn(`loopfuse: Kafka not ready (${this.redact(err)}); retrying`);
         await this.closeAll();
         await sleep(Math.min(5000, 250 * 2 ** Math.min(attempt, 5)));
       }
     }
     throw new Error("loopfuse transport stopped before it connected");
+  }
+
+  /** Log a refusal the operator must fix, the first time it is seen; false: not one. */
+  private reportRefusal(err: unknown, topic: string): boolean {
+    const refusal = describeRefusal(err, this.config, topic);
+    if (refusal === null) return false;
+    if (refusal !== this.lastRefusal) {
+      this.lastRefusal = refusal;
+      this.logger.error(`loopfuse: ${refusal}; every call falls to the fail-${this.config.failPolicy} policy until it is fixed`);
+    }
+    return true;
+  }
+
+  /** An error as text without the SASL password (should a library ever echo it). */
+  private redact(err: unknown): string {
+    const text = String(err);
+    const password = this.config.sasl?.password;
+    return password ? text.split(password).join("***") : text;
   }
 
   /** The topic the reader reads: the reply topic, or (v1) the verdict topic. */
@@ -135,11 +150,13 @@ export class KafkaTransport implements Transport {
         const ends = await this.reader.listOffsets({ topics: [topic] });
         return this.cursors(metadata, ends.get(topic) ?? []);
       } catch (err) {
-        if (attempt % 40 === 0) {
+        if (this.reportRefusal(err, topic)) {
+          // denied, not missing: waits quietly for the ACL, as a missing topic does
+        } else if (attempt % 40 === 0) {
           const hint = this.config.topics.replies
             ? "the worker creates the topics of its LOOPFUSE_REPLY_TOPICS: is it running, and is this one of them?"
             : "is the worker running?";
-          this.logger.warn(`loopfuse: verdict topic ${topic} not readable yet (${String(err)}); ${hint}`);
+          this.logger.warn(`loopfuse: verdict topic ${topic} not readable yet (${this.redact(err)}); ${hint}`);
         }
         await sleep(250);
       }
@@ -197,7 +214,7 @@ export class KafkaTransport implements Transport {
         await Promise.all(leaders().map((node) => this.fetchFrom(node, topicId, cursors.filter((c) => c.leader === node), onVerdict)));
       } catch (err) {
         if (this.stopped) return;
-        this.logger.warn(`loopfuse: verdict fetch failed (${String(err)}); refreshing leaders`);
+        this.logger.warn(`loopfuse: verdict fetch failed (${this.redact(err)}); refreshing leaders`);
         topicId = "";
         await sleep(250);
       }
@@ -274,4 +291,86 @@ export class KafkaTransport implements Transport {
 /** The reply partition of a gateway that names none: its incarnation's hash, spread evenly. */
 export function replyPartitionOf(incarnation: string, partitions: number): number {
   return createHash("sha256").update(incarnation).digest().readUInt32BE(0) % partitions;
+}
+
+/** The client options of the producer and the reader: bootstrap, TLS (`tls`: the PEM contents of `ssl`'s files), SASL. */
+export function connectionOptions(config: LoopfuseConfig, tls: TlsFiles | null) {
+  const sasl: SASLOptions | undefined = config.sasl
+    ? { mechanism: SASL_MECHANISMS[config.sasl.mechanism], username: config.sasl.username, password: config.sasl.password }
+    : undefined;
+  return {
+    clientId: config.clientId,
+    bootstrapBrokers: config.bootstrap,
+    // Node's TLS: without `ca` its default CA store, with it that CA only.
+    ...(config.ssl ? { tls: { ...tls } } : {}),
+    ...(sasl ? { sasl } : {}),
+    connectTimeout: 5_000,
+    retries: 3,
+    retryDelay: 250,
+  };
+}
+
+/** Node's codes of a certificate chain it does not trust. */
+const UNTRUSTED_CERTIFICATE = new Set([
+  "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+  "UNABLE_TO_GET_ISSUER_CERT",
+  "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+  "SELF_SIGNED_CERT_IN_CHAIN",
+  "DEPTH_ZERO_SELF_SIGNED_CERT",
+  "CERT_SIGNATURE_FAILURE",
+  "CERT_UNTRUSTED",
+  "CERT_REJECTED",
+  "CERT_HAS_EXPIRED",
+  "CERT_NOT_YET_VALID",
+]);
+
+/** The error and every error it wraps (@platformatic/kafka nests them in `errors` and `cause`). */
+function* errorChain(err: unknown, depth = 0): Generator<Record<string, unknown>> {
+  if (!err || typeof err !== "object" || depth > 8) return;
+  const e = err as Record<string, unknown>;
+  yield e;
+  if (Array.isArray(e.errors)) for (const inner of e.errors) yield* errorChain(inner, depth + 1);
+  yield* errorChain(e.cause, depth + 1);
+}
+
+/**
+ * What a connection error means when only the operator can fix it, as one sentence
+ * naming the setting (never the password); `topic` is the one being asked for. Null
+ * for everything else (Kafka down,
+ * starting, a leader moving), which the transport retries and reports as "not ready".
+ */
+export function describeRefusal(err: unknown, config: LoopfuseConfig, topic: string): string | null {
+  for (const e of errorChain(err)) {
+    const code = typeof e.code === "string" ? e.code : "";
+    const apiId = typeof e.apiId === "string" ? e.apiId : "";
+    const message = typeof e.message === "string" ? e.message : "";
+    if (apiId === "SASL_AUTHENTICATION_FAILED" || (code === "PLT_KFK_AUTHENTICATION" && message.startsWith("SASL authentication failed"))) {
+      return config.sasl
+        ? `Kafka refused the SASL credentials of user ${JSON.stringify(config.sasl.username)} (sasl.username / sasl.password)`
+        : "Kafka refused the SASL authentication (sasl)";
+    }
+    if (apiId === "UNSUPPORTED_SASL_MECHANISM" || message === "Cannot find a suitable SASL mechanism.") {
+      return `Kafka does not offer SASL mechanism ${config.sasl ? SASL_MECHANISMS[config.sasl.mechanism] : "(none)"} (sasl.mechanism)`;
+    }
+    if (message === "Broker requires TLS." || message.startsWith("TLS handshake failed")) {
+      return `the broker's listener and the plugin disagree on TLS / SASL (ssl, sasl): ${message || apiId}`;
+    }
+    if (UNTRUSTED_CERTIFICATE.has(code)) {
+      const trust = config.ssl?.caFile
+        ? `ssl.caFile ${JSON.stringify(config.ssl.caFile)} is not the CA that signed it`
+        : "ssl.caFile is not set: only Node's default CAs are trusted";
+      return `the broker's certificate is not trusted (${trust}; ${code})`;
+    }
+    if (code === "ERR_TLS_CERT_ALTNAME_INVALID") {
+      return `the broker's certificate does not name the host connected to (bootstrap; ${message})`;
+    }
+    if (apiId === "TOPIC_AUTHORIZATION_FAILED") {
+      const who = config.sasl ? `user ${JSON.stringify(config.sasl.username)}` : "this client";
+      return (
+        `Kafka's ACLs deny ${who} topic ${topic} (${apiId}; topics): a gateway's user may write the input topics ` +
+        "and read its reply topic (infra/kafka/kafka-acls.sh gateway), not the verdicts topic"
+      );
+    }
+  }
+  return null;
 }

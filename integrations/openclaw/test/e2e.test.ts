@@ -7,25 +7,20 @@
  * it before this runs). Every process started here is stopped by its PID.
  */
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn } from "node:child_process";
 import { once } from "node:events";
-import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { createLoopfusePlugin, TIMEOUT_MESSAGE, type LoopfuseGuard, type Verdict, type WireEvent } from "../src/index.js";
-import { FakeApi, REPO_ROOT, inputEventValidator, toolCtx } from "./support.js";
+import { TIMEOUT_MESSAGE, type Verdict } from "../src/index.js";
+import { Agent, gateway, type Gateway } from "./agent.js";
+import { Processes, startBroker, startWorker, stop, waitFor, type Logged } from "./loopfuse-processes.js";
+import { REPO_ROOT, inputEventValidator } from "./support.js";
 
 const BIN = process.env.LOOPFUSE_BIN ?? resolve(REPO_ROOT, ".venv/bin");
 const LOOPFUSE = join(BIN, "loopfuse");
 const RUN_ID = `${process.pid}-${Date.now().toString(36)}`;
-const TOPICS = {
-  toolCalls: `oc-${RUN_ID}.tool-calls`,
-  toolResults: `oc-${RUN_ID}.tool-results`,
-  compactions: `oc-${RUN_ID}.compactions`,
-  verdicts: `oc-${RUN_ID}.verdicts`,
-};
 const DETECTION = {
   tools: {
     loopDetection: {
@@ -39,129 +34,7 @@ const DETECTION = {
 };
 
 const work = mkdtempSync(join(tmpdir(), "loopfuse-openclaw-e2e-"));
-const children: ChildProcess[] = [];
-
-function freePort(): Promise<number> {
-  return new Promise((res, rej) => {
-    const server = createServer();
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() => (typeof address === "object" && address ? res(address.port) : rej(new Error("no port"))));
-    });
-  });
-}
-
-function start(args: string[], env: Record<string, string>, logName: string): ChildProcess {
-  const child = spawn(LOOPFUSE, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
-  children.push(child);
-  const log: string[] = [];
-  child.stdout?.on("data", (d: Buffer) => log.push(d.toString()));
-  child.stderr?.on("data", (d: Buffer) => log.push(d.toString()));
-  child.on("exit", () => writeFileSync(join(work, logName), log.join("")));
-  (child as ChildProcess & { log: string[] }).log = log;
-  return child;
-}
-
-/** SIGTERM by PID, SIGKILL after 10 s. */
-async function stop(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null || child.pid === undefined) return;
-  const exited = once(child, "exit");
-  process.kill(child.pid, "SIGTERM");
-  const timer = setTimeout(() => child.pid !== undefined && child.exitCode === null && process.kill(child.pid, "SIGKILL"), 10_000);
-  await exited;
-  clearTimeout(timer);
-}
-
-async function waitFor<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined> | T | undefined): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
-interface Gateway {
-  api: FakeApi;
-  guard: LoopfuseGuard;
-  events: { topic: string; event: WireEvent }[];
-  verdicts: Verdict[];
-}
-
-async function gateway(bootstrap: string, config: Record<string, unknown>): Promise<Gateway> {
-  const events: Gateway["events"] = [];
-  const verdicts: Verdict[] = [];
-  let guard: LoopfuseGuard | undefined;
-  const plugin = createLoopfusePlugin({
-    onEvent: (topic, event) => events.push({ topic, event: structuredClone(event) }),
-    onVerdict: (v) => verdicts.push(v),
-    onGuard: (g) => (guard = g),
-  });
-  const api = new FakeApi({ bootstrap, topics: TOPICS, groupSessionTimeoutMs: 6000, clientId: `e2e-${RUN_ID}`, ...config });
-  plugin.register(api);
-  await guard!.start();
-  assert.deepEqual(api.logs.filter((l) => l.level === "error"), []);
-  return { api, guard: guard!, events, verdicts };
-}
-
-/** What an OpenClaw agent run looks like to the plugin, with a transcript of what the agent saw. */
-class Agent {
-  readonly transcript: string[] = [];
-  private n = 0;
-  private seenVerdicts = 0;
-  constructor(
-    private readonly gw: Gateway,
-    readonly sessionKey: string,
-    public runId: string,
-  ) {}
-
-  async call(toolName: string, params: Record<string, unknown>, output: string, details: Record<string, unknown> = {}) {
-    this.noteAborts();
-    const toolCallId = `toolu_${this.runId}_${++this.n}`;
-    const ctx = toolCtx(this.sessionKey, this.runId, toolCallId, { toolName });
-    const before = this.gw.verdicts.length;
-    const decision = (await this.gw.api.emit("before_tool_call", { toolName, params, runId: this.runId, toolCallId }, ctx)) as
-      | { block?: boolean; blockReason?: string }
-      | undefined;
-    const verdict = this.gw.verdicts.slice(before).find((v) => v.call_id === toolCallId);
-    const judged = verdict
-      ? `${verdict.action}${verdict.detector ? ` (${verdict.detector}, count ${verdict.count})` : ""}`
-      : `no verdict (${decision?.block ? "blocked" : "allowed"} by the plugin)`;
-    let seen: string;
-    if (decision?.block) {
-      seen = `BLOCKED: ${decision.blockReason}`;
-    } else {
-      const result = { content: [{ type: "text", text: output }], details: { status: "completed", ...details } };
-      const shown = (await this.gw.api.runMiddleware({ toolCallId, toolName, args: params, result }, { runtime: "openclaw" })) as {
-        content: { text: string }[];
-      };
-      seen = shown.content.map((c) => c.text).join(" | ");
-    }
-    this.transcript.push(`${this.sessionKey} #${this.n} ${toolName} ${JSON.stringify(params)} -> ${judged} -> agent saw: ${seen}`);
-    return { decision, verdict, seen };
-  }
-
-  /** Abort verdicts arrive on their own (for a tool_result), between calls. */
-  private noteAborts() {
-    for (const v of this.gw.verdicts.slice(this.seenVerdicts)) {
-      if (v.action === "abort" && v.session_key === this.sessionKey) {
-        this.transcript.push(`${this.sessionKey} <- loopfuse: abort (${v.detector}, count ${v.count}) for the result of ${v.call_id}: ${v.message}`);
-      }
-    }
-    this.seenVerdicts = this.gw.verdicts.length;
-  }
-
-  async compaction() {
-    await this.gw.api.emit("after_compaction", { messageCount: 12, compactedCount: 40 }, { sessionKey: this.sessionKey, runId: this.runId, agentId: "main" });
-    this.transcript.push(`${this.sessionKey} -- after_compaction --`);
-  }
-
-  async end() {
-    await this.gw.api.emit("agent_end", { runId: this.runId, messages: [], success: true }, { sessionKey: this.sessionKey, runId: this.runId, agentId: "main" });
-    this.transcript.push(`${this.sessionKey} -- agent_end --`);
-  }
-}
+const processes = new Processes(work);
 
 /** Verdict fields that must agree between the worker and replay (decided_ts is the decider's clock). */
 function comparable(v: Verdict) {
@@ -172,57 +45,22 @@ const order = (a: { session_key: string | null; seq: number | null }, b: { sessi
   String(a.session_key).localeCompare(String(b.session_key)) || (a.seq ?? 0) - (b.seq ?? 0);
 
 describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
-  let bootstrap = "";
-  let worker: ChildProcess;
-  const configFile = join(work, "detection.json");
+  let worker: Logged;
+  let configFile: string;
+  let plugin: (config: Record<string, unknown>) => Promise<Gateway>;
 
   before(async () => {
-    assert.ok(existsSync(LOOPFUSE), `${LOOPFUSE} missing: create the venv (python3 -m venv .venv && .venv/bin/pip install -e '.[test,rocksdb]') or set LOOPFUSE_BIN`);
-    writeFileSync(configFile, JSON.stringify(DETECTION));
-    // Apache Kafka (one KRaft node: `loopfuse broker --kafka`) unless the suite runs on
-    // the embedded broker (LOOPFUSE_TEST_BROKER=embedded, as pytest's broker choice).
-    const embedded = (process.env.LOOPFUSE_TEST_BROKER ?? "").toLowerCase() === "embedded";
-    const broker = start(embedded ? ["broker"] : ["broker", "--kafka"], {}, "broker.log");
-    bootstrap = await waitFor("the broker's bootstrap line", 120_000, () => {
-      const m = /bootstrap=(\S+)/.exec((broker as ChildProcess & { log: string[] }).log.join(""));
-      return m?.[1];
-    });
-    const webPort = await freePort();
-    worker = start(["worker"], {
-      LOOPFUSE_BOOTSTRAP_SERVERS: bootstrap,
-      LOOPFUSE_EMBEDDED_BROKER: String(embedded),
-      LOOPFUSE_BROKER_SESSION_TIMEOUT: "6",
-      LOOPFUSE_BROKER_HEARTBEAT_INTERVAL: "1",
-      LOOPFUSE_APP_ID: `oc-e2e-${RUN_ID}`,
-      LOOPFUSE_TOPIC_TOOL_CALLS: TOPICS.toolCalls,
-      LOOPFUSE_TOPIC_TOOL_RESULTS: TOPICS.toolResults,
-      LOOPFUSE_TOPIC_COMPACTIONS: TOPICS.compactions,
-      LOOPFUSE_TOPIC_VERDICTS: TOPICS.verdicts,
-      LOOPFUSE_TOPIC_LOOP_EVENTS: `oc-${RUN_ID}.loop-events`,
-      LOOPFUSE_TOPIC_DEAD_LETTERS: `oc-${RUN_ID}.dead-letters`,
-      LOOPFUSE_PARTITIONS: "2",
-      LOOPFUSE_STORE: "memory://",
-      LOOPFUSE_DATA_DIR: join(work, "data"),
-      LOOPFUSE_WEB_PORT: String(webPort),
-      LOOPFUSE_CONFIG_FILE: configFile,
-    }, "worker.log");
-    await waitFor("worker /ready", 120_000, async () => {
-      if (worker.exitCode !== null) throw new Error(`worker exited ${worker.exitCode}: ${(worker as ChildProcess & { log: string[] }).log.join("").slice(-2000)}`);
-      try {
-        const res = await fetch(`http://127.0.0.1:${webPort}/ready`);
-        return res.status === 200 ? true : undefined;
-      } catch {
-        return undefined;
-      }
-    });
+    const { bootstrap } = await startBroker(processes, BIN, "e2e");
+    const started = await startWorker(processes, BIN, { name: "e2e", bootstrap, detection: DETECTION, id: `oc-${RUN_ID}` });
+    worker = started.process;
+    configFile = started.configFile;
+    plugin = (config) => gateway({ bootstrap, topics: started.topics, clientId: `e2e-${RUN_ID}`, ...config });
   });
 
-  after(async () => {
-    for (const child of children.reverse()) await stop(child);
-  });
+  after(() => processes.stopAll());
 
   it("a looping session is warned, then blocked, then aborted after compaction, exactly as loopfuse replay judges it; a healthy one is untouched", async () => {
-    const gw = await gateway(bootstrap, { timeoutMs: 10_000, failPolicy: "open" });
+    const gw = await plugin({ timeoutMs: 10_000, failPolicy: "open" });
     const loop = new Agent(gw, "agent:main:looping", "run-loop-1");
     const healthy = new Agent(gw, "agent:main:healthy", "run-ok-1");
 
@@ -273,8 +111,7 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     // The same events through `loopfuse replay`: the same verdicts.
     const eventsFile = join(work, "events.jsonl");
     writeFileSync(eventsFile, gw.events.map(({ event }) => JSON.stringify(event)).join("\n") + "\n");
-    const replay = spawn(LOOPFUSE, ["replay", "--config", configFile, eventsFile], { stdio: ["ignore", "pipe", "pipe"] });
-    children.push(replay);
+    const replay = processes.adopt(spawn(LOOPFUSE, ["replay", "--config", configFile, eventsFile], { stdio: ["ignore", "pipe", "pipe"] }));
     let out = "";
     replay.stdout?.on("data", (d: Buffer) => (out += d.toString()));
     const [code] = (await once(replay, "exit")) as [number];
@@ -288,8 +125,8 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
   });
 
   it("each gateway reads its own reply partition: an idle one reads none of a busy one's verdicts", async () => {
-    const busy = await gateway(bootstrap, { timeoutMs: 10_000, replyPartition: 0, clientId: `e2e-busy-${RUN_ID}` });
-    const idle = await gateway(bootstrap, { timeoutMs: 10_000, replyPartition: 1, clientId: `e2e-idle-${RUN_ID}` });
+    const busy = await plugin({ timeoutMs: 10_000, replyPartition: 0, clientId: `e2e-busy-${RUN_ID}` });
+    const idle = await plugin({ timeoutMs: 10_000, replyPartition: 1, clientId: `e2e-idle-${RUN_ID}` });
     const calls = async (gw: Gateway, sessions: number, each: number, prefix: string) => {
       const runs = Array.from({ length: sessions }, async (_, s) => {
         const agent = new Agent(gw, `agent:main:${prefix}-${s}`, `run-${prefix}-${s}`);
@@ -314,7 +151,7 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
 
   it("with the worker down, the fail policy decides within the timeout", async () => {
     await stop(worker);
-    const gw = await gateway(bootstrap, { timeoutMs: 1500, failPolicy: "closed" });
+    const gw = await plugin({ timeoutMs: 1500, failPolicy: "closed" });
     const agent = new Agent(gw, "agent:main:down", "run-down");
     const started = Date.now();
     const { decision } = await agent.call("exec", { command: "ls" }, "unused");

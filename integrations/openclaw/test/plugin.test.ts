@@ -118,6 +118,38 @@ describe("registration", () => {
     assert.equal(cfg.shadow, false);
     assert.equal(problems.length, 3, problems.join("; ")); // typo, timeout over the host budget, shadow
   });
+
+  it("config: ssl is off, true (Node's default CAs) or the PEM files to use; wrong entries reported", () => {
+    assert.equal(resolveConfig({}).ssl, null);
+    assert.deepEqual(resolveConfig({ ssl: true }).ssl, { caFile: null, certFile: null, keyFile: null });
+    assert.deepEqual(resolveConfig({ ssl: { caFile: "/etc/ca.pem" } }).ssl, { caFile: "/etc/ca.pem", certFile: null, keyFile: null });
+    const problems: string[] = [];
+    const cfg = resolveConfig({ ssl: { cafile: "/etc/ca.pem", caFile: "", certFile: "/c.pem" } }, problems);
+    assert.deepEqual(cfg.ssl, { caFile: null, certFile: null, keyFile: null });
+    assert.deepEqual(problems, [
+      "ssl.cafile: unknown key",
+      "ssl.caFile: expected a file path",
+      "ssl.keyFile: ssl.certFile and ssl.keyFile go together (no client certificate used)",
+    ]);
+    assert.deepEqual(resolveConfig({ ssl: "yes" }, problems).ssl, null);
+    assert.equal(problems.at(-1), "ssl: expected a boolean or {caFile, certFile, keyFile}");
+  });
+
+  it("an unreadable ssl.caFile: one config error naming it; every call falls to the fail policy at once", async () => {
+    const api = new FakeApi({ bootstrap: "127.0.0.1:1", ssl: { caFile: "/nonexistent/ca.pem" }, failPolicy: "closed", timeoutMs: 5000, clientId: `no-ca-${process.pid}` });
+    let guard: LoopfuseGuard | undefined;
+    createLoopfusePlugin({ onGuard: (g) => (guard = g) }).register(api); // the real Kafka transport
+    const started = Date.now();
+    for (const id of ["c1", "c2"]) {
+      const decision = await api.emit("before_tool_call", { toolName: "exec", params: {}, toolCallId: id }, toolCtx("s", "r", id));
+      assert.deepEqual(decision, { block: true, blockReason: TIMEOUT_MESSAGE("closed") });
+    }
+    assert.ok(Date.now() - started < 1000, "decided without waiting for the timeout");
+    assert.deepEqual(api.logs.filter((l) => l.level !== "info").map((l) => l.message), [
+      'loopfuse: could not connect to Kafka: ConfigError: ssl.caFile: cannot read "/nonexistent/ca.pem" (ENOENT); every call falls to the fail-closed policy',
+    ]);
+    await guard!.stop();
+  });
 });
 
 describe("wire events", () => {

@@ -11,10 +11,20 @@ import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import {
+  Processes,
+  startBroker,
+  startWorker,
+  stop,
+  waitFor,
+  type Topics,
+} from "../../../integrations/openclaw/test/loopfuse-processes.ts";
+
+export { stop };
+export { SECURE_BROKER_UNAVAILABLE } from "../../../integrations/openclaw/test/loopfuse-processes.ts";
 
 export const HERE = dirname(fileURLToPath(import.meta.url));
 export const REPO_ROOT = resolve(HERE, "../../..");
@@ -23,111 +33,39 @@ const BIN = process.env.LOOPFUSE_BIN ?? join(REPO_ROOT, ".venv/bin");
 const OPENCLAW_BIN = join(HERE, "node_modules/.bin"); // openclaw and the Node 24 `node`
 export const WORK = mkdtempSync(join(tmpdir(), "loopfuse-openclaw-loop-"));
 
-const children: ChildProcess[] = [];
+const processes = new Processes(WORK);
 
-interface Logged extends ChildProcess {
-  log: string[];
-}
-
-function start(command: string, args: string[], env: Record<string, string>, logName: string, cwd = WORK): Logged {
-  const child = spawn(command, args, { cwd, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] }) as Logged;
-  children.push(child);
-  child.log = [];
-  child.stdout?.on("data", (d: Buffer) => child.log.push(d.toString()));
-  child.stderr?.on("data", (d: Buffer) => child.log.push(d.toString()));
-  child.on("exit", () => writeFileSync(join(WORK, logName), child.log.join("")));
-  return child;
-}
-
-/** SIGTERM by PID, SIGKILL after 10 s. */
-export async function stop(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null || child.pid === undefined) return;
-  const exited = once(child, "exit");
-  process.kill(child.pid, "SIGTERM");
-  const timer = setTimeout(() => child.pid !== undefined && child.exitCode === null && process.kill(child.pid, "SIGKILL"), 10_000);
-  await exited;
-  clearTimeout(timer);
-}
-
-export async function stopAll(): Promise<void> {
-  for (const child of children.reverse()) await stop(child);
-}
-
-async function waitFor<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined> | T | undefined): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
-function freePort(): Promise<number> {
-  return new Promise((res, rej) => {
-    const server = createServer();
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() => (typeof address === "object" && address ? res(address.port) : rej(new Error("no port"))));
-    });
-  });
-}
-
-export interface Topics {
-  toolCalls: string;
-  toolResults: string;
-  compactions: string;
-  verdicts: string;
-}
+export const stopAll = () => processes.stopAll();
 
 export interface Loopfuse {
   bootstrap: string;
   topics: Topics;
   worker: ChildProcess;
+  /** The plugin's config keys that reach this worker: bootstrap and topics; on a secured broker, TLS and SASL as the gateway user too. */
+  connection: Record<string, unknown>;
 }
 
-/** A broker (unless LOOPFUSE_E2E_BOOTSTRAP) and a worker judging with `detection` (a loopDetection config file's content). */
-export async function startLoopfuse(name: string, detection: unknown): Promise<Loopfuse> {
-  const loopfuse = join(BIN, "loopfuse");
-  assert.ok(existsSync(loopfuse), `${loopfuse} missing: run ./dev test once (it creates .venv) or set LOOPFUSE_BIN`);
-  const embedded = (process.env.LOOPFUSE_TEST_BROKER ?? "").toLowerCase() === "embedded";
-  let bootstrap = process.env.LOOPFUSE_E2E_BOOTSTRAP ?? "";
-  if (!bootstrap) {
-    const broker = start(loopfuse, embedded ? ["broker"] : ["broker", "--kafka"], {}, `${name}-broker.log`);
-    bootstrap = await waitFor("the broker's bootstrap line", 120_000, () => /bootstrap=(\S+)/.exec(broker.log.join(""))?.[1]);
+/**
+ * A broker (unless LOOPFUSE_E2E_BOOTSTRAP) and a worker judging with `detection` (a
+ * loopDetection config file's content). With `secure`, `loopfuse broker --kafka
+ * --secure`: the worker connects as its `worker` user on loopfuse's default topics
+ * (those the ACLs name), the plugin as the `gateway` user.
+ */
+export async function startLoopfuse(name: string, detection: unknown, opts: { secure?: boolean } = {}): Promise<Loopfuse> {
+  const reuse = opts.secure ? "" : (process.env.LOOPFUSE_E2E_BOOTSTRAP ?? "");
+  const { bootstrap, security } = reuse ? { bootstrap: reuse, security: null } : await startBroker(processes, BIN, name, opts);
+  const id = security ? undefined : `oc-${name}-${process.pid}-${Date.now().toString(36)}`;
+  const worker = await startWorker(processes, BIN, { name, bootstrap, detection, id, env: security?.env("worker") });
+  const connection: Record<string, unknown> = { bootstrap, topics: worker.topics };
+  if (security) {
+    const user = security.env("gateway");
+    Object.assign(connection, {
+      topics: { ...worker.topics, replies: user.LOOPFUSE_REPLY_TOPICS },
+      ssl: { caFile: user.LOOPFUSE_SSL_CAFILE },
+      sasl: { mechanism: "scram-sha-512", username: user.LOOPFUSE_SASL_USERNAME, password: user.LOOPFUSE_SASL_PASSWORD },
+    });
   }
-  const id = `oc-${name}-${process.pid}-${Date.now().toString(36)}`;
-  const topics = { toolCalls: `${id}.tool-calls`, toolResults: `${id}.tool-results`, compactions: `${id}.compactions`, verdicts: `${id}.verdicts` };
-  const configFile = join(WORK, `${name}-detection.json`);
-  writeFileSync(configFile, JSON.stringify(detection));
-  const webPort = await freePort();
-  const worker = start(loopfuse, ["worker"], {
-    LOOPFUSE_BOOTSTRAP_SERVERS: bootstrap,
-    LOOPFUSE_EMBEDDED_BROKER: String(embedded),
-    LOOPFUSE_BROKER_SESSION_TIMEOUT: "6",
-    LOOPFUSE_BROKER_HEARTBEAT_INTERVAL: "1",
-    LOOPFUSE_APP_ID: id,
-    LOOPFUSE_TOPIC_TOOL_CALLS: topics.toolCalls,
-    LOOPFUSE_TOPIC_TOOL_RESULTS: topics.toolResults,
-    LOOPFUSE_TOPIC_COMPACTIONS: topics.compactions,
-    LOOPFUSE_TOPIC_VERDICTS: topics.verdicts,
-    LOOPFUSE_TOPIC_LOOP_EVENTS: `${id}.loop-events`,
-    LOOPFUSE_TOPIC_DEAD_LETTERS: `${id}.dead-letters`,
-    LOOPFUSE_PARTITIONS: "2",
-    LOOPFUSE_STORE: "memory://",
-    LOOPFUSE_DATA_DIR: join(WORK, `${name}-data`),
-    LOOPFUSE_WEB_PORT: String(webPort),
-    LOOPFUSE_CONFIG_FILE: configFile,
-  }, `${name}-worker.log`);
-  await waitFor("worker /ready", 120_000, async () => {
-    if (worker.exitCode !== null) throw new Error(`worker exited ${worker.exitCode}: ${(worker as Logged).log.join("").slice(-2000)}`);
-    try {
-      return (await fetch(`http://127.0.0.1:${webPort}/ready`)).status === 200 ? true : undefined;
-    } catch {
-      return undefined;
-    }
-  });
-  return { bootstrap, topics, worker };
+  return { bootstrap, topics: worker.topics, worker: worker.process, connection };
 }
 
 /** A scripted model's step: one tool call, or a text answer. */
@@ -210,8 +148,7 @@ export class OpenClawHome {
   }
 
   async openclaw(args: string[], timeoutMs = 180_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
-    const child = spawn(join(OPENCLAW_BIN, "openclaw"), args, { cwd: this.workspace, env: { ...process.env, ...this.env() }, stdio: ["ignore", "pipe", "pipe"] });
-    children.push(child);
+    const child = processes.adopt(spawn(join(OPENCLAW_BIN, "openclaw"), args, { cwd: this.workspace, env: { ...process.env, ...this.env() }, stdio: ["ignore", "pipe", "pipe"] }));
     let stdout = "";
     let stderr = "";
     child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
@@ -243,7 +180,7 @@ export class OpenClawHome {
     const script = join(WORK, `${name}-script.json`);
     const log = join(WORK, `${name}-requests.jsonl`);
     writeFileSync(script, JSON.stringify({ steps, then: "stop" }));
-    const model = start(join(BIN, "python"), ["-m", "tests.support.scripted_model", "--script", script, "--log", log], {}, `${name}-model.log`, REPO_ROOT);
+    const model = processes.start(join(BIN, "python"), ["-m", "tests.support.scripted_model", "--script", script, "--log", log], {}, `${name}-model.log`, REPO_ROOT);
     try {
       const url = await waitFor("the scripted model", 30_000, () => /listening on (\S+)/.exec(model.log.join(""))?.[1]);
       this.set((c) => (c.models.providers.scripted.baseUrl = url));
