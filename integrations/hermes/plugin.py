@@ -454,6 +454,7 @@ class HermesPlugin:
             # LOOPFUSE_FETCH_MAX_WAIT_MS, else the broker kind's default (settings)
             verdict_fetch_wait_ms=kafka.fetch_wait_ms,
             idempotent=not kafka.embedded_broker,  # the embedded broker has no idempotence
+            verdict_key=kafka.verdict_keys(),  # LOOPFUSE_VERDICT_KEY (empty: not checked)
             **security,
         )
         try:
