@@ -217,3 +217,42 @@ async def test_a_client_without_a_key_ignores_signatures() -> None:
     record = _Record(_verdict(client, "warn"), b"s", [(HEADER, b"k1:whatever")])
     assert await _read(client, [record]) == "warn"
     assert client.stats.unsigned_verdicts == client.stats.bad_signatures == 0
+
+
+# -- the worker: what it hands the producer ---------------------------------------------
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes, list[tuple[str, bytes]] | None]] = []
+
+    async def send(self, topic: str, key: bytes | None, value: bytes, partition: int | None,
+                   timestamp: None, headers: list[tuple[str, bytes]] | None) -> Any:
+        self.sent.append((topic, key, value, headers))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+async def test_the_worker_signs_every_verdict_wherever_it_goes_and_nothing_else() -> None:
+    from types import SimpleNamespace
+
+    from loopfuse.streams.worker.faust_compat.producer import VerdictSigning, deliver
+    from tests.unit.test_processor import Feed
+    from tests.unit.test_reply_routing import asking, calls, make, reply
+
+    events = [*asking(calls("routed", 6)), *calls("v1", 6),
+              *[{**e, "reply_to": reply(topic="not-a-reply-topic")} for e in calls("lost", 2)]]
+    messages = make().process([Feed().record(e) for e in events])
+    keys = parse_verdict_keys(SPEC)
+    producer = _Producer()
+    signing = VerdictSigning(VerdictSigner(keys[0]), ("verdicts", "loopfuse.replies"))
+    await deliver(SimpleNamespace(producer=producer), messages, signing)  # type: ignore[arg-type]
+    verifier = VerdictVerifier(keys)
+    verdicts = [(t, k, v, h) for t, k, v, h in producer.sent if b'"type":"verdict"' in v]
+    assert {t for t, *_ in verdicts} == {"loopfuse.replies", "verdicts"} and len(verdicts) == 14
+    assert all(verifier.check(k, v, h or []) == "ok" for _, k, v, h in verdicts)
+    # the bytes are the processor's, unchanged; loop events go unsigned
+    assert [v for _, _, v, _ in producer.sent] == [v for _, _, v, _ in messages]
+    others = [h for t, _, _, h in producer.sent if t not in ("verdicts", "loopfuse.replies")]
+    assert others and all(h is None for h in others)
