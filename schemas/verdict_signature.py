@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import re
 from collections.abc import Iterable, Sequence
@@ -92,24 +93,26 @@ def _decode_base64(encoded: str) -> bytes | None:
         return None
 
 
-def signed_message(key: bytes | None, value: bytes) -> bytes:
-    """The bytes a signature is the HMAC of: domain, key length (u32 big-endian), key,
-    value. The length keeps the key/value boundary unambiguous; a null key is empty."""
-    key = key or b""
-    return DOMAIN + len(key).to_bytes(4, "big") + key + value
-
-
 class VerdictSigner:
-    """Signs with one key: the header value is ``<key id>:<base64url(HMAC), no padding>``."""
+    """Signs with one key: the header value is ``<key id>:<base64url(MAC), no padding>``,
+    MAC = HMAC-SHA256(secret, DOMAIN + u32 big-endian length of the record key + record
+    key + record value). The length keeps the key/value boundary unambiguous; a null
+    record key signs as an empty one."""
 
     def __init__(self, key: VerdictKey) -> None:
         self.key_id = key.key_id
         self._prefix = key.key_id.encode("ascii") + b":"
-        self._secret = key.secret
+        # The key's pads and the domain are hashed once; each signature starts from a
+        # copy (1.4 µs for a 400-byte verdict, against 2.0 µs for hmac.digest, which
+        # sets the key up every time: bench/verdict_signing.py).
+        self._start = hmac.new(key.secret, DOMAIN, hashlib.sha256)
 
     def signature(self, key: bytes | None, value: bytes) -> bytes:
-        mac = hmac.digest(self._secret, signed_message(key, value), "sha256")
-        return self._prefix + base64.urlsafe_b64encode(mac).rstrip(b"=")
+        key = key or b""
+        mac = self._start.copy()
+        mac.update(len(key).to_bytes(4, "big") + key)
+        mac.update(value)
+        return self._prefix + base64.urlsafe_b64encode(mac.digest()).rstrip(b"=")
 
     def header(self, key: bytes | None, value: bytes) -> tuple[str, bytes]:
         return (HEADER, self.signature(key, value))
