@@ -256,3 +256,17 @@ async def test_the_worker_signs_every_verdict_wherever_it_goes_and_nothing_else(
     assert [v for _, _, v, _ in producer.sent] == [v for _, _, v, _ in messages]
     others = [h for t, _, _, h in producer.sent if t not in ("verdicts", "loopfuse.replies")]
     assert others and all(h is None for h in others)
+
+
+def test_a_record_with_many_signature_headers_costs_one_mac_per_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys = parse_verdict_keys(f"{SPEC},{OLD}")
+    verifier = VerdictVerifier(keys)
+    macs = []
+    real = VerdictSigner.signature
+    monkeypatch.setattr(VerdictSigner, "signature",
+                        lambda self, key, value: macs.append(1) or real(self, key, value))
+    junk = [(HEADER, f"{k}:{'A' * 43}".encode()) for k in ("k1", "k0") for _ in range(5_000)]
+    assert verifier.check(KEY, VALUE * 1_000, junk) == "bad"
+    assert len(macs) == 2
