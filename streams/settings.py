@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from loopfuse.schemas.verdict_signature import VerdictKey, VerdictKeyError, parse_verdict_keys
+
 TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -22,7 +24,10 @@ class Settings(BaseSettings):
     """Everything a stream worker needs to know about its environment."""
 
     model_config = SettingsConfigDict(
-        env_prefix="LOOPFUSE_", frozen=True, extra="forbid", validate_default=True
+        env_prefix="LOOPFUSE_", frozen=True, extra="forbid", validate_default=True,
+        # str(ValidationError) would quote a secret (LOOPFUSE_VERDICT_KEY) to whoever
+        # prints it (the Hermes plugin's loader); describe_settings_error never does
+        hide_input_in_errors=True,
     )
 
     # -- broker ------------------------------------------------------------------------
@@ -139,6 +144,11 @@ class Settings(BaseSettings):
     producer_max_batch_size: int = Field(default=262_144, ge=1_024)
     producer_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
 
+    # -- verdict signatures (docs/wire-format.md: Verdict signatures) -----------------
+    # id:base64[,id:base64...]: the worker signs every verdict with the first key, a
+    # gateway accepts any listed one (rotation). A secret: never logged, never in errors.
+    verdict_key: SecretStr | None = None
+
     @field_validator("bootstrap_servers")
     @classmethod
     def _hosts(cls, value: str) -> str:
@@ -146,6 +156,17 @@ class Settings(BaseSettings):
         if not hosts or any(":" not in h for h in hosts):
             raise ValueError("bootstrap_servers must be host:port[,host:port...]")
         return ",".join(hosts)
+
+    @field_validator("verdict_key")
+    @classmethod
+    def _verdict_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and value.get_secret_value().strip():
+            try:
+                parse_verdict_keys(value.get_secret_value())
+            except VerdictKeyError as exc:  # its message never quotes the key
+                raise ValueError(str(exc)) from None
+            return value
+        return None  # unset or empty: verdicts are not signed
 
     @field_validator("reply_topics")
     @classmethod
@@ -222,6 +243,12 @@ class Settings(BaseSettings):
         if self.fetch_max_wait_ms is not None:
             return self.fetch_max_wait_ms
         return 5 if self.embedded_broker else 500
+
+    def verdict_keys(self) -> tuple[VerdictKey, ...]:
+        """The verdict keys, current first (empty: no signing, no checking)."""
+        if self.verdict_key is None:
+            return ()
+        return parse_verdict_keys(self.verdict_key.get_secret_value())
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context of an SSL or SASL_SSL connection (None: no TLS)."""

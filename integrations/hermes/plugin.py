@@ -468,6 +468,7 @@ class HermesPlugin:
             verdict_fetch_wait_ms=kafka.fetch_wait_ms,
             idempotent=not kafka.embedded_broker,  # the embedded broker has no idempotence
             setting_names=ENV_NAMES,  # a host sets LOOPFUSE_*: errors name those
+            verdict_key=kafka.verdict_keys(),  # LOOPFUSE_VERDICT_KEY (empty: not checked)
             **security,
         )
         try:

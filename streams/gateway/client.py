@@ -29,6 +29,12 @@ its end, with no consumer group. The partition is the incarnation's hash modulo 
 topic's partition count (or ``reply_partition``); another gateway that lands on the
 same one costs a key comparison per record of its, never a parse. ``Topics(replies=None)``
 is the v1 way: every partition of the verdicts topic, every record parsed.
+
+Verdict signatures (docs/wire-format.md: Verdict signatures): with ``verdict_key`` (the
+worker's ``LOOPFUSE_VERDICT_KEY``), a verdict record of ours whose ``loopfuse-sig``
+header is missing or does not verify is dropped before it is parsed, and counted
+(``stats.unsigned_verdicts``, ``stats.bad_signatures``): its call waits on, and the
+fail policy decides if no genuine verdict comes. Without a key, headers are ignored.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +57,7 @@ from aiokafka import errors as kafka_errors
 from pydantic import ValidationError
 
 from loopfuse.schemas.events import Verdict
+from loopfuse.schemas.verdict_signature import VerdictKey, VerdictVerifier, parse_verdict_keys
 from loopfuse.streams.broker_access import (
     CLIENT_NAMES,
     BrokerAccessError,
@@ -71,6 +78,8 @@ TIMEOUT_MESSAGE = "loopfuse did not answer in time; the call is {what} by the fa
 #: continues in a fresh seq space (a sub-incarnation), which loopfuse handles like a
 #: restart, so eviction never turns detection off.
 MAX_TRACKED_SESSIONS = 100_000
+#: How often, at most, the client logs verdicts it dropped for their signature (counted).
+SIGNATURE_LOG_INTERVAL_SECONDS = 10.0
 
 
 @dataclass(slots=True)
@@ -88,6 +97,9 @@ class ClientStats:
     records_read: int = 0  # records the verdict reader took from Kafka
     bytes_read: int = 0  # their keys and values, in bytes (what the brokers served this client)
     foreign_records: int = 0  # of those, other gateways' (reply key not ours): not parsed
+    # With a verdict key: our records dropped unparsed for their signature
+    unsigned_verdicts: int = 0  # no loopfuse-sig header (a worker without the key, a forgery)
+    bad_signatures: int = 0  # a header that does not verify (wrong or unknown key, altered)
 
 
 @dataclass(slots=True)
@@ -280,6 +292,7 @@ class GatewayClient:
         verdict_fetch_wait_ms: int = 500,
         reply_partition: int | None = None,
         idempotent: bool = True,
+        verdict_key: str | Sequence[VerdictKey] | None = None,
         setting_names: SettingNames = CLIENT_NAMES,
         **kafka_options: Any,
     ) -> None:
@@ -287,6 +300,12 @@ class GatewayClient:
         # What a connection error names: these keyword arguments, or the variables a
         # host read them from (the Hermes plugin passes LOOPFUSE_*'s names).
         self._setting_names = setting_names
+        # "id:base64[,...]" as LOOPFUSE_VERDICT_KEY, or Settings.verdict_keys(): any listed
+        # key verifies (rotation); None or empty: signatures are not checked.
+        keys = parse_verdict_keys(verdict_key) if isinstance(verdict_key, str) else verdict_key
+        self._verifier = VerdictVerifier(keys) if keys else None
+        self._signature_logged: float | None = None
+        self._signature_unlogged = 0
         # The embedded broker has no idempotent producer: pass idempotent=False there.
         self._idempotent = idempotent
         # The verdict reader's fetch long-poll. Apache Kafka answers it at the first
@@ -654,6 +673,7 @@ class GatewayClient:
             routed = self.topics.replies is not None
             mine = self._reply_key
             stats = self.stats
+            verifier = self._verifier
             for records in batches.values():
                 stats.records_read += len(records)
                 for record in records:
@@ -664,7 +684,35 @@ class GatewayClient:
                     if routed and record.key != mine:
                         stats.foreign_records += 1
                         continue
+                    if verifier is not None and not self._signed(verifier, record):
+                        continue
                     self._deliver(record.value)
+
+    def _signed(self, verifier: VerdictVerifier, record: Any) -> bool:
+        """Whether a record of ours carries a valid signature; if not, counted (and
+        logged at most every 10 s): never parsed, never matched to a call."""
+        check = verifier.check(record.key, record.value or b"", record.headers)
+        if check == "ok":
+            return True
+        if check == "unsigned":
+            self.stats.unsigned_verdicts += 1
+        else:
+            self.stats.bad_signatures += 1
+        now = time.monotonic()
+        last = self._signature_logged
+        if last is not None and now - last < SIGNATURE_LOG_INTERVAL_SECONDS:
+            self._signature_unlogged += 1
+            return False
+        self._signature_logged = now
+        log.warning(
+            "dropping a verdict record that is %s (%d unsigned, %d badly signed so far; %d "
+            "more since the last such line): forged, or the worker's LOOPFUSE_VERDICT_KEY "
+            "is not one of this gateway's keys",
+            "unsigned" if check == "unsigned" else "not signed by a key of this gateway",
+            self.stats.unsigned_verdicts, self.stats.bad_signatures, self._signature_unlogged,
+        )
+        self._signature_unlogged = 0
+        return False
 
     def _deliver(self, raw: bytes | None) -> None:
         try:

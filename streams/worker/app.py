@@ -15,6 +15,7 @@ from faust.types import StreamT
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from loopfuse.schemas.config import DetectionConfigFile, load_config
+from loopfuse.schemas.verdict_signature import VerdictSigner
 from loopfuse.streams.engine import Engine
 from loopfuse.streams.settings import Settings
 from loopfuse.streams.worker import faust_compat as compat
@@ -22,7 +23,11 @@ from loopfuse.streams.worker.faust_compat.assignment import prepare_consumer
 from loopfuse.streams.worker.faust_compat.consumer import FaustInputOffsets, owned_inputs
 from loopfuse.streams.worker.faust_compat.delivery import FetchBatches
 from loopfuse.streams.worker.faust_compat.end_offsets import install_end_offset_workaround
-from loopfuse.streams.worker.faust_compat.producer import Publisher, idempotent_producer
+from loopfuse.streams.worker.faust_compat.producer import (
+    Publisher,
+    VerdictSigning,
+    idempotent_producer,
+)
 from loopfuse.streams.worker.faust_compat.recovery import ChangelogRestore
 from loopfuse.streams.worker.faust_compat.tables import FaustSessionStore, session_table
 from loopfuse.streams.worker.faust_compat.typed import (
@@ -98,7 +103,13 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
                        partitions=settings.partitions)
     readiness = Readiness(app, settings, fleet_breaker=board is not None, replies=replies)
 
-    publish = Publisher(app, table, store)  # right after each processor call
+    keys = settings.verdict_keys()  # LOOPFUSE_VERDICT_KEY: sign with the first
+    signing = None if not keys else VerdictSigning(
+        VerdictSigner(keys[0]), (settings.topic_verdicts, *settings.reply_topic_names))
+    if keys:  # the id only: the secret is never logged
+        log.info("verdicts are signed with key %r (%d key(s) configured)", keys[0].key_id,
+                 len(keys))
+    publish = Publisher(app, table, store, signing)  # right after each processor call
 
     def owned() -> list[tuple[str, int]]:
         return owned_inputs(app, settings.input_topics)

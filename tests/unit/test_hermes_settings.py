@@ -52,3 +52,33 @@ def test_every_plugin_setting_is_documented() -> None:
     missing = [n for n in PluginSettings.model_fields if f"LOOPFUSE_{n.upper()}" not in docs
                or f"{n}:" not in docs]
     assert missing == []
+
+
+def test_the_verdict_key_comes_from_the_entry_or_the_variable_and_reaches_the_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    import base64
+
+    from loopfuse.integrations.hermes import plugin as hermes_plugin
+
+    secret = base64.b64encode(b"s" * 32).decode()
+    monkeypatch.setenv("LOOPFUSE_VERDICT_KEY", f"env:{secret}")
+    assert [k.key_id for k in load(None).kafka.verdict_keys()] == ["env"]
+    config = load({"verdict_key": f"new:{secret},old:{secret}"})
+    made: dict[str, object] = {}
+
+    class Client:  # what the plugin hands GatewayClient, without a broker
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            made.update(kwargs)
+
+        async def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(hermes_plugin, "GatewayClient", Client)
+    asyncio.run(hermes_plugin.HermesPlugin(config)._start())
+    assert [k.key_id for k in made["verdict_key"]] == ["new", "old"]  # type: ignore[attr-defined]
+    short = base64.b64encode(b"hunter2-hunter2!").decode()
+    with pytest.raises(ValidationError, match="verdict_key") as refused:
+        load({"verdict_key": f"k1:{short}"})
+    assert short not in str(refused.value)  # what Hermes shows when the plugin fails to load

@@ -2,6 +2,7 @@
 import { X509Certificate } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { createSecureContext } from "node:tls";
+import { parseVerdictKeys, type VerdictKey } from "./signature.js";
 
 export type FailPolicy = "open" | "closed";
 
@@ -51,6 +52,12 @@ export interface LoopfuseConfig {
   replyPartition: number | null;
   /** Unused (the verdict reader joins no group); kept so configs that set it stay valid. */
   groupSessionTimeoutMs: number;
+  /**
+   * `verdictKey` parsed (the worker's LOOPFUSE_VERDICT_KEY): verdicts must carry a valid
+   * signature by one of these keys. null: signatures are not checked. Empty: a key was
+   * configured but is malformed, so no verdict verifies (never silently unchecked).
+   */
+  verdictKeys: VerdictKey[] | null;
 }
 
 export const DEFAULT_TOPICS: Topics = {
@@ -75,7 +82,12 @@ export const DEFAULTS: LoopfuseConfig = {
   sasl: null,
   replyPartition: null,
   groupSessionTimeoutMs: 30_000,
+  verdictKeys: null,
 };
+
+/** `id:base64[,id:base64...]` with each secret at least 32 bytes (43 base64 characters). */
+const VERDICT_KEY_PATTERN =
+  "^\\s*[A-Za-z0-9._-]{1,64}:[A-Za-z0-9+/_-]{43,}={0,2}\\s*(,\\s*[A-Za-z0-9._-]{1,64}:[A-Za-z0-9+/_-]{43,}={0,2}\\s*)*$";
 
 /** The inline JSON Schema of `openclaw.plugin.json` (kept identical; a test checks). */
 export const CONFIG_SCHEMA = {
@@ -163,6 +175,12 @@ export const CONFIG_SCHEMA = {
       type: "integer",
       minimum: 3000,
       default: 30000,
+    },
+    verdictKey: {
+      description:
+        "The worker's LOOPFUSE_VERDICT_KEY (id:base64[,id:base64...], each key >= 32 bytes): only verdicts signed by one of these keys are taken; a secret",
+      type: "string",
+      pattern: VERDICT_KEY_PATTERN,
     },
   },
 } as const;
@@ -256,7 +274,7 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
   for (const key of Object.keys(raw)) {
     if (!(key in CONFIG_SCHEMA.properties)) bad(key, "unknown key");
   }
-  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, replyPartition, groupSessionTimeoutMs } = raw;
+  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, replyPartition, groupSessionTimeoutMs, verdictKey } = raw;
   if (typeof bootstrap === "string" && bootstrap.trim()) {
     cfg.bootstrap = bootstrap.split(",").map((s) => s.trim()).filter(Boolean);
   } else if (Array.isArray(bootstrap) && bootstrap.length && bootstrap.every((s) => typeof s === "string" && s)) {
@@ -305,6 +323,17 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
     if (Number.isInteger(groupSessionTimeoutMs) && (groupSessionTimeoutMs as number) >= 3000) {
       cfg.groupSessionTimeoutMs = groupSessionTimeoutMs as number;
     } else bad("groupSessionTimeoutMs", "expected an integer >= 3000");
+  }
+  if (verdictKey !== undefined && verdictKey !== null) {
+    // Fails closed: a malformed key checks every verdict against no key at all (each is
+    // dropped, the fail policy decides), rather than fall back to checking none.
+    try {
+      if (typeof verdictKey !== "string") throw new Error("expected a string");
+      cfg.verdictKeys = parseVerdictKeys(verdictKey);
+    } catch (err) {
+      cfg.verdictKeys = [];
+      problems.push(`verdictKey: ${(err as Error).message}; no verdict is accepted until it is fixed`);
+    }
   }
   return cfg;
 }

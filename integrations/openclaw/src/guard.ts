@@ -12,7 +12,7 @@
 import { createHash, randomUUID } from "node:crypto";
 import type { LoopfuseConfig } from "./config.js";
 import { boundedId } from "./ids.js";
-import type { Transport } from "./transport.js";
+import type { ReadCounts, Transport } from "./transport.js";
 import type {
   AfterCompactionEvent,
   AgentEndEvent,
@@ -217,8 +217,11 @@ export class LoopfuseGuard {
     internalErrors: 0,
   };
 
-  /** Records the verdict reader read, and other gateways' replies among them (skipped unparsed). */
-  get readCounts(): { recordsRead: number; foreignRecords: number } | undefined {
+  /**
+   * Records the verdict reader read: other gateways' replies among them (skipped unparsed)
+   * and, with `verdictKey`, verdicts dropped unsigned or badly signed.
+   */
+  get readCounts(): ReadCounts | undefined {
     return this.transport.counts;
   }
 

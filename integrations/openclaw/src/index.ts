@@ -27,7 +27,9 @@ export type { LoopfuseConfig } from "./config.js";
 export { LoopfuseGuard, blockedToolResult, appendWarning, TIMEOUT_MESSAGE } from "./guard.js";
 export type { GuardStats, Verdict, WireEvent } from "./guard.js";
 export { KafkaTransport } from "./transport.js";
-export type { Transport } from "./transport.js";
+export type { ReadCounts, Transport } from "./transport.js";
+export { parseVerdictKeys, signVerdict, VerdictVerifier, SIGNATURE_HEADER } from "./signature.js";
+export type { VerdictKey, SignatureCheck } from "./signature.js";
 export { boundedId, MAX_ID_BYTES } from "./ids.js";
 export type * from "./types.js";
 
@@ -105,7 +107,8 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
       const problems: string[] = [];
       const config = resolveConfig(api.pluginConfig, problems);
       const full = !api.registrationMode || api.registrationMode === "full";
-      if (full) for (const problem of problems) logger.warn(`loopfuse config: ${problem} (default used)`);
+      // A malformed verdictKey has no default to fall back to: it says what happens instead.
+      if (full) for (const problem of problems) logger.warn(`loopfuse config: ${problem}${problem.startsWith("verdictKey:") ? "" : " (default used)"}`);
       const make = () => {
         const incarnation = hooks.incarnation ?? randomUUID();
         const transport = (hooks.transport ?? ((c, i, l) => new KafkaTransport(c, i, l)))(config, incarnation, logger);

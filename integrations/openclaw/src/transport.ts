@@ -10,6 +10,8 @@ import {
   type SASLOptions,
 } from "@platformatic/kafka";
 import { readTlsFiles, type LoopfuseConfig, type TlsFiles } from "./config.js";
+import type { LoopfuseConfig } from "./config.js";
+import { VerdictVerifier } from "./signature.js";
 import type { PluginLogger } from "./types.js";
 
 /** What the guard needs from Kafka; tests substitute an in-memory one. */
@@ -20,8 +22,22 @@ export interface Transport {
   send(topic: string, key: string, value: string): Promise<void>;
   stop(): Promise<void>;
   /** What the verdict reader read: every record, and other gateways' among them (reply routing). */
-  readonly counts?: { recordsRead: number; foreignRecords: number };
+  readonly counts?: ReadCounts;
 }
+
+export interface ReadCounts {
+  /** Records the reader took from Kafka. */
+  recordsRead: number;
+  /** Of those, other gateways' replies on a shared partition (skipped unparsed). */
+  foreignRecords: number;
+  /** With `verdictKey`: records of ours without a `loopfuse-sig` header (dropped unparsed). */
+  unsignedVerdicts: number;
+  /** With `verdictKey`: records of ours whose signature does not verify (dropped unparsed). */
+  badSignatures: number;
+}
+
+/** How often, at most, the reader logs verdicts it dropped for their signature (all are counted). */
+const SIGNATURE_LOG_INTERVAL_MS = 10_000;
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -66,8 +82,12 @@ export class KafkaTransport implements Transport {
   private requesterKey: Buffer | null = null;
   /** The reply partition read (null: no reply routing, or not connected yet). */
   replyPartition: number | null = null;
-  /** Records the reader took from Kafka, and of those other gateways' (skipped unparsed). */
-  readonly counts = { recordsRead: 0, foreignRecords: 0 };
+  /** Records the reader took from Kafka; of those, others' and (with a key) dropped ones. */
+  readonly counts: ReadCounts = { recordsRead: 0, foreignRecords: 0, unsignedVerdicts: 0, badSignatures: 0 };
+  /** With `verdictKey`: what a record of ours must be signed by (null: not checked). */
+  private readonly verifier: VerdictVerifier | null;
+  private signatureLoggedAt = -Infinity;
+  private signatureUnlogged = 0;
   /** The PEM contents of `ssl`'s files, read once by start(). */
   private tls: TlsFiles | null = null;
   /** The refusal last logged, so a retried one is not logged again. */
@@ -77,7 +97,9 @@ export class KafkaTransport implements Transport {
     private readonly config: LoopfuseConfig,
     private readonly incarnation: string,
     private readonly logger: PluginLogger,
-  ) {}
+  ) {
+    this.verifier = config.verdictKeys ? new VerdictVerifier(config.verdictKeys) : null;
+  }
 
   private connection() {
     return { ...connectionOptions(this.config, this.tls), autocreateTopics: false }; // the loopfuse worker creates topics with the right partition count
@@ -257,11 +279,37 @@ export class KafkaTransport implements Transport {
               this.counts.foreignRecords++;
               continue;
             }
+            if (this.verifier && !this.signed(this.verifier, record.key, record.value, record.headers)) continue;
             if (record.value) onVerdict(record.value.toString("utf8"));
           }
         }
       }
     }
+  }
+
+  /**
+   * Whether a record of ours is signed by one of our keys; if not it is counted, logged at
+   * most every 10 s, and never parsed: its call waits on, and the fail policy decides if
+   * no genuine verdict comes.
+   */
+  private signed(verifier: VerdictVerifier, key: Buffer | null, value: Buffer | null, headers: [Buffer | null, Buffer | null][]): boolean {
+    const check = verifier.check(key, value, headers);
+    if (check === "ok") return true;
+    if (check === "unsigned") this.counts.unsignedVerdicts++;
+    else this.counts.badSignatures++;
+    const now = Date.now();
+    if (now - this.signatureLoggedAt < SIGNATURE_LOG_INTERVAL_MS) {
+      this.signatureUnlogged++;
+      return false;
+    }
+    this.signatureLoggedAt = now;
+    this.logger.warn(
+      `loopfuse: dropping a verdict record that is ${check === "unsigned" ? "unsigned" : "not signed by a key of this gateway"} ` +
+        `(${this.counts.unsignedVerdicts} unsigned, ${this.counts.badSignatures} badly signed so far; ${this.signatureUnlogged} more since the last such line): ` +
+        "forged, or the worker's LOOPFUSE_VERDICT_KEY is not one of this gateway's verdictKey keys",
+    );
+    this.signatureUnlogged = 0;
+    return false;
   }
 
   async send(topic: string, key: string, value: string): Promise<void> {

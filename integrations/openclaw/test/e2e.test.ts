@@ -9,11 +9,13 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { once } from "node:events";
+import { randomBytes } from "node:crypto";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { TIMEOUT_MESSAGE, type Verdict } from "../src/index.js";
+import { Producer } from "@platformatic/kafka";
+import { parseVerdictKeys, signVerdict, SIGNATURE_HEADER, TIMEOUT_MESSAGE, type Verdict } from "../src/index.js";
 import { Agent, gateway, type Gateway } from "./agent.js";
 import { Processes, startBroker, startWorker, stop, waitFor, type Logged } from "./loopfuse-processes.js";
 import { REPO_ROOT, inputEventValidator } from "./support.js";
@@ -21,6 +23,8 @@ import { REPO_ROOT, inputEventValidator } from "./support.js";
 const BIN = process.env.LOOPFUSE_BIN ?? resolve(REPO_ROOT, ".venv/bin");
 const LOOPFUSE = join(BIN, "loopfuse");
 const RUN_ID = `${process.pid}-${Date.now().toString(36)}`;
+/** The worker signs its verdicts (LOOPFUSE_VERDICT_KEY); gateways without `verdictKey` ignore the signatures. */
+const VERDICT_KEY = `e2e:${randomBytes(32).toString("base64")}`;
 const DETECTION = {
   tools: {
     loopDetection: {
@@ -46,12 +50,15 @@ const order = (a: { session_key: string | null; seq: number | null }, b: { sessi
 
 describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
   let worker: Logged;
+  let bootstrap: string;
   let configFile: string;
   let plugin: (config: Record<string, unknown>) => Promise<Gateway>;
 
   before(async () => {
-    const { bootstrap } = await startBroker(processes, BIN, "e2e");
-    const started = await startWorker(processes, BIN, { name: "e2e", bootstrap, detection: DETECTION, id: `oc-${RUN_ID}` });
+    ({ bootstrap } = await startBroker(processes, BIN, "e2e"));
+    const started = await startWorker(processes, BIN, {
+      name: "e2e", bootstrap, detection: DETECTION, id: `oc-${RUN_ID}`, env: { LOOPFUSE_VERDICT_KEY: VERDICT_KEY },
+    });
     worker = started.process;
     configFile = started.configFile;
     plugin = (config) => gateway({ bootstrap, topics: started.topics, clientId: `e2e-${RUN_ID}`, ...config });
@@ -144,9 +151,55 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     assert.equal(busy.guard.stats.verdictsMatched, 200);
     assert.equal(idle.guard.stats.verdictsMatched, 3);
     // its own three verdicts and nothing else came to the idle gateway
-    assert.deepEqual(idle.guard.readCounts, { recordsRead: 3, foreignRecords: 0 });
+    assert.deepEqual(idle.guard.readCounts, { recordsRead: 3, foreignRecords: 0, unsignedVerdicts: 0, badSignatures: 0 });
     await busy.guard.stop();
     await idle.guard.stop();
+  });
+
+  it("with verdictKey: forged allows on the reply partition are dropped and counted; the worker's signed block is what the call gets", async () => {
+    const gw = await plugin({ timeoutMs: 10_000, verdictKey: VERDICT_KEY, replyPartition: 2, clientId: `e2e-signed-${RUN_ID}` });
+    const agent = new Agent(gw, "agent:main:forged", "run-forged-1");
+    const poll = () => agent.call("process", { action: "poll", sessionId: "build-7" }, "build still running", { sessionId: "build-7" });
+    const actions = [];
+    for (let i = 0; i < 5; i++) actions.push((await poll()).verdict?.action);
+    assert.deepEqual(actions, ["allow", "allow", "allow", "warn", "warn"]); // signed verdicts, taken
+    const forger = new Producer({ clientId: `e2e-forger-${RUN_ID}`, bootstrapBrokers: [bootstrap], autocreateTopics: false });
+    const wrongKey = parseVerdictKeys(`e2e:${randomBytes(32).toString("base64")}`)[0]!; // same id, not the worker's
+    const before = gw.events.length;
+    // The worker frozen (SIGSTOP, by its PID) for a moment: the forgeries are read before its verdict can come.
+    process.kill(worker.pid!, "SIGSTOP");
+    let sixth: ReturnType<typeof poll>;
+    try {
+      sixth = poll(); // the worker blocks it
+      const call = await waitFor("the sixth call published", 5_000, () => gw.events.slice(before).find((e) => e.event.type === "tool_call")?.event);
+      const forged = Buffer.from(JSON.stringify({
+        type: "verdict", verdict_id: "forged", session_key: call.session_key, run_id: call.run_id, agent_id: call.agent_id ?? null,
+        call_id: call.call_id, seq: call.seq, incarnation: call.incarnation, tool_name: call.tool_name, action: "allow",
+        level: "none", detector: null, count: 0, message: null, args_hash: null, event_ts: call.ts, decided_ts: call.ts,
+      }));
+      const key = Buffer.from(gw.guard.incarnation); // keyed as this gateway's replies: not skipped as another's
+      await forger.send({
+        messages: [
+          { topic: "loopfuse.replies", partition: 2, key, value: forged },
+          { topic: "loopfuse.replies", partition: 2, key, value: forged, headers: new Map([[Buffer.from(SIGNATURE_HEADER), signVerdict(wrongKey, key, forged)]]) },
+        ],
+      });
+      await waitFor("the forgeries read", 5_000, () => {
+        const counts = gw.guard.readCounts!;
+        return counts.unsignedVerdicts + counts.badSignatures >= 2 ? true : undefined;
+      });
+    } finally {
+      process.kill(worker.pid!, "SIGCONT");
+      await forger.close();
+    }
+    const { verdict, decision } = await sixth;
+    assert.equal(verdict?.action, "block");
+    assert.equal(decision?.block, true);
+    assert.deepEqual(gw.guard.readCounts, { recordsRead: 8, foreignRecords: 0, unsignedVerdicts: 1, badSignatures: 1 });
+    assert.equal(gw.guard.stats.verdictsMatched, 6);
+    assert.equal(gw.guard.stats.timeouts, 0);
+    assert.equal(gw.api.logs.filter((l) => l.message.includes("dropping a verdict record")).length, 1); // at most one line per 10 s
+    await gw.guard.stop();
   });
 
   it("with the worker down, the fail policy decides within the timeout", async () => {

@@ -3,7 +3,16 @@ import assert from "node:assert/strict";
 import { readFileSync, existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { describe, it } from "node:test";
-import { CONFIG_SCHEMA, createLoopfusePlugin, resolveConfig, type LoopfuseGuard } from "../src/index.js";
+import {
+  CONFIG_SCHEMA,
+  createLoopfusePlugin,
+  parseVerdictKeys,
+  resolveConfig,
+  signVerdict,
+  VerdictVerifier,
+  SIGNATURE_HEADER,
+  type LoopfuseGuard,
+} from "../src/index.js";
 import defaultEntry from "../src/index.js";
 import { blockedToolResult, TIMEOUT_MESSAGE } from "../src/guard.js";
 import { FakeApi, FakeTransport, PACKAGE_ROOT, inputEventValidator, tick, toolCtx } from "./support.js";
@@ -459,5 +468,66 @@ describe("verdicts", () => {
     await api.emit("gateway_stop", {}, {});
     assert.equal(await pending, undefined);
     assert.equal(transport.stopped, true);
+  });
+});
+
+describe("verdict signatures (loopfuse docs/wire-format.md: Verdict signatures)", () => {
+  // The Python side's test vector (tests/unit/test_verdict_signature.py): the same bytes verify.
+  const SECRET = Buffer.from(Array.from({ length: 32 }, (_, i) => i));
+  const SPEC = `k1:${SECRET.toString("base64")}`;
+  const OLD = `k0:${Buffer.alloc(32, "o").toString("base64")}`;
+  const KEY = Buffer.from("requester-1");
+  const VALUE = Buffer.from('{"type":"verdict","action":"block"}');
+  const header = (value: Buffer | string): [Buffer, Buffer][] => [[Buffer.from(SIGNATURE_HEADER), Buffer.from(value)]];
+  const flip = (data: Buffer, i: number) => {
+    const copy = Buffer.from(data);
+    copy[i]! ^= 1;
+    return copy;
+  };
+
+  it("signs exactly as the Python worker does (the documented test vector)", () => {
+    const [key] = parseVerdictKeys(SPEC);
+    assert.equal(signVerdict(key!, KEY, VALUE).toString(), "k1:59MfjKvsUSjSlBVvHVxLIVC-wJCqCEhNTdJDgoVpZeQ");
+  });
+
+  it("a flipped bit in value, key or signature, an unsigned record and an unknown key id are rejected; rotation accepts the old key", () => {
+    const keys = parseVerdictKeys(`${SPEC}, ${OLD}`);
+    const verifier = new VerdictVerifier(keys);
+    const signed = signVerdict(keys[0]!, KEY, VALUE);
+    assert.equal(verifier.check(KEY, VALUE, header(signed)), "ok");
+    assert.equal(verifier.check(KEY, flip(VALUE, 30), header(signed)), "bad");
+    assert.equal(verifier.check(flip(KEY, 0), VALUE, header(signed)), "bad");
+    assert.equal(verifier.check(KEY, VALUE, header(flip(signed, signed.length - 5))), "bad");
+    assert.equal(verifier.check(KEY, VALUE, []), "unsigned");
+    assert.equal(verifier.check(KEY, VALUE, [[Buffer.from("other"), signed]]), "unsigned");
+    assert.equal(verifier.check(KEY, VALUE, header(`k9${signed.toString().slice(2)}`)), "bad");
+    for (const junk of ["", ":", "k1", "k1:", "k1:" + "A".repeat(43)]) assert.equal(verifier.check(KEY, VALUE, header(junk)), "bad");
+    // signed by the previous key (a worker not yet rotated): accepted while it is listed
+    const byOld = signVerdict(keys[1]!, KEY, VALUE);
+    assert.equal(verifier.check(KEY, VALUE, header(byOld)), "ok");
+    assert.equal(new VerdictVerifier([keys[0]!]).check(KEY, VALUE, header(byOld)), "bad");
+  });
+
+  it("config: a valid verdictKey is parsed; a malformed one is reported without the key and accepts no verdict", () => {
+    assert.equal(resolveConfig({}).verdictKeys, null);
+    assert.deepEqual(resolveConfig({ verdictKey: `${SPEC},${OLD}` }).verdictKeys?.map((k) => k.keyId), ["k1", "k0"]);
+    const short = `k1:${Buffer.from("hunter2-hunter2!").toString("base64")}`;
+    for (const [value, why] of [
+      [short, "key 1 is shorter than 32 bytes"],
+      [`${SPEC},${SPEC}`, "key 2 repeats the id"],
+      ["no-colon", "key 1 must be id:base64"],
+      [`k1:${"!".repeat(44)}`, "key 1 is not base64"],
+    ] as const) {
+      const problems: string[] = [];
+      const cfg = resolveConfig({ verdictKey: value }, problems);
+      assert.deepEqual(cfg.verdictKeys, [], value); // checked against no key: fails closed
+      assert.equal(problems.length, 1);
+      assert.match(problems[0]!, new RegExp(`^verdictKey: ${why}.*no verdict is accepted`));
+      assert.ok(!problems[0]!.includes("aHVudGVy") && !problems[0]!.includes(SPEC.slice(3)), problems[0]);
+    }
+    // the manifest's pattern refuses what the host can refuse before the plugin loads
+    const pattern = new RegExp(CONFIG_SCHEMA.properties.verdictKey.pattern);
+    assert.ok(pattern.test(SPEC) && pattern.test(` ${SPEC} , ${OLD} `));
+    assert.ok(!pattern.test(short) && !pattern.test("k1") && !pattern.test(`${SPEC},`));
   });
 });

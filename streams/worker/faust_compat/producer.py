@@ -12,17 +12,44 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from typing import Any
 
 import faust
 from aiokafka.errors import KafkaError
 from faust.types import TP
 
+from loopfuse.schemas.verdict_signature import VerdictSigner
+
 log = logging.getLogger("loopfuse.worker")
+
+Headers = list[tuple[str, bytes]]
+
+
+class VerdictSigning:
+    """Signs what goes to a verdict topic (``LOOPFUSE_VERDICT_KEY``; docs/wire-format.md:
+    Verdict signatures): the verdicts topic and the reply topics.
+
+    By topic, at hand-over, so that every path to those topics is covered - a routed
+    reply, a v1 verdict, a fleet-breaker block, a redelivered call's verdict, one sent
+    again after a broker error - whatever built it. Loop events, dead letters, strikes
+    and breaker states go unsigned: no gateway acts on them.
+    """
+
+    def __init__(self, signer: VerdictSigner, topics: Collection[str]) -> None:
+        self.signer = signer
+        self.topics = frozenset(topics)
+
+    def headers(self, topic: str, key: bytes | None, value: bytes | None) -> Headers | None:
+        if value is None or topic not in self.topics:
+            return None
+        return [self.signer.header(key, value)]
 
 
 async def send_retrying(
-    app: faust.App, messages: list[tuple[str, bytes | None, bytes, int | None]]
+    app: faust.App,
+    messages: list[tuple[str, bytes | None, bytes, int | None]],
+    signing: VerdictSigning | None = None,
 ) -> None:
     """Hand messages to the producer; a broker problem is retried, never skipped.
 
@@ -31,7 +58,7 @@ async def send_retrying(
     acknowledged without its verdicts.
     """
     for topic, key, value, partition in messages:
-        await _hand_over(app, topic, key, value, partition)
+        await _hand_over(app, topic, key, value, partition, signing)
 
 
 async def send_table_writes(
@@ -59,13 +86,19 @@ async def send_table_writes(
 
 
 async def _hand_over(
-    app: faust.App, topic: str, key: bytes | None, value: bytes | None, partition: int | None
+    app: faust.App,
+    topic: str,
+    key: bytes | None,
+    value: bytes | None,
+    partition: int | None,
+    signing: VerdictSigning | None = None,
 ) -> asyncio.Future[Any]:
     """One record into the producer (its delivery future), retried until it is in."""
+    headers = signing.headers(topic, key, value) if signing is not None else None
     delay = 0.1
     while True:
         try:
-            return await app.producer.send(topic, key, value, partition, None, None)  # type: ignore[return-value]
+            return await app.producer.send(topic, key, value, partition, None, headers)  # type: ignore[return-value]
         except (KafkaError, OSError) as exc:
             log.warning("cannot hand a record to the producer (%r); retrying", exc)
             await asyncio.sleep(delay)
@@ -80,8 +113,15 @@ class Publisher:
     once its own writes are with the producer (a timer's call takes its own).
     """
 
-    def __init__(self, app: faust.App, table: faust.Table[bytes, bytes], store: Any) -> None:
+    def __init__(
+        self,
+        app: faust.App,
+        table: faust.Table[bytes, bytes],
+        store: Any,
+        signing: VerdictSigning | None = None,
+    ) -> None:
         self.app, self.table, self.store = app, table, store  # store: FaustSessionStore
+        self.signing = signing
 
     async def __call__(self, messages: list[tuple[str, bytes | None, bytes, int | None]]) -> None:
         writes = self.store.take_writes()
@@ -94,19 +134,21 @@ class Publisher:
         # changelog's partitions have different leaders and land in separate requests.
         # In this order a crash between the two only means the batch is judged again,
         # with the same verdicts (duplicates with the same ids).
-        await deliver(self.app, messages)
+        await deliver(self.app, messages, self.signing)
         await send_table_writes(self.app, self.table, writes)
 
 
 async def deliver(
-    app: faust.App, messages: list[tuple[str, bytes | None, bytes, int | None]]
+    app: faust.App,
+    messages: list[tuple[str, bytes | None, bytes, int | None]],
+    signing: VerdictSigning | None = None,
 ) -> None:
     """Hand messages to the producer and wait until the broker has each (``acks=all``:
     the in-sync replicas); one that failed is sent again, never skipped."""
     pending = messages
     delay = 0.1
     while pending:
-        sent = [await _hand_over(app, topic, key, value, partition)
+        sent = [await _hand_over(app, topic, key, value, partition, signing)
                 for topic, key, value, partition in pending]
         outcomes = await asyncio.gather(*sent, return_exceptions=True)
         failed = [m for m, outcome in zip(pending, outcomes, strict=True)
