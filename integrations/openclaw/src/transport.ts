@@ -10,7 +10,6 @@ import {
   type SASLOptions,
 } from "@platformatic/kafka";
 import { readTlsFiles, type LoopfuseConfig, type TlsFiles } from "./config.js";
-import type { LoopfuseConfig } from "./config.js";
 import { VerdictVerifier } from "./signature.js";
 import type { PluginLogger } from "./types.js";
 
