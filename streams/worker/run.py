@@ -56,10 +56,19 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
             diagnosis = loop.run_until_complete(
                 diagnose(settings.bootstrap_servers, settings.kafka_client_kwargs())
             )
-        if diagnosis is not None:
+        if diagnosis is not None and diagnosis.lasting:
             print(f"loopfuse worker: {diagnosis.message}", file=sys.stderr, flush=True)
             loop.close()
-            return 2 if diagnosis.lasting else 1
+            return 2
+        if diagnosis is not None:  # not up yet: a restart may help (exit 1)
+            print(
+                f"loopfuse worker: cannot create topics on {settings.bootstrap_servers}: "
+                f"{diagnosis.message}",
+                file=sys.stderr,
+                flush=True,
+            )
+            loop.close()
+            return 1
         print(
             f"loopfuse worker: cannot create topics on {settings.bootstrap_servers}: {exc!r}",
             file=sys.stderr,
