@@ -163,22 +163,33 @@ pub fn write_value(out: &mut Vec<u8>, value: &Value<'_>) -> Option<()> {
             }
             out.push(b']');
         }
-        Value::Object(entries) => {
-            let mut sorted: Vec<(&str, &Value<'_>)> =
-                entries.iter().map(|(key, child)| (key.as_ref(), child)).collect();
-            sort_keys(&mut sorted);
-            out.push(b'{');
-            for (index, (key, child)) in sorted.into_iter().enumerate() {
-                if index > 0 {
-                    out.push(b',');
-                }
-                write_string(out, key);
-                out.push(b':');
-                write_value(out, child)?;
-            }
-            out.push(b'}');
-        }
+        Value::Object(entries) => write_object(
+            out,
+            entries.iter().map(|(key, child)| (key.as_ref(), child)).collect(),
+            write_value,
+        )?,
     }
+    Some(())
+}
+
+/// `{"key":value,...}` with the keys in JCS order ([`sort_keys`]), each value written
+/// by `write`: one writer for JSON values and for outcome maps.
+pub fn write_object<T>(
+    out: &mut Vec<u8>,
+    mut entries: Vec<(&str, &T)>,
+    write: impl Fn(&mut Vec<u8>, &T) -> Option<()>,
+) -> Option<()> {
+    sort_keys(&mut entries);
+    out.push(b'{');
+    for (index, (key, child)) in entries.into_iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_string(out, key);
+        out.push(b':');
+        write(out, child)?;
+    }
+    out.push(b'}');
     Some(())
 }
 

@@ -6,7 +6,7 @@
 //! the result, cut and stripped as fingerprint.py cuts them. `None` where the Python
 //! engine decides: an integer beyond 2**53 - 1 in it.
 
-use crate::canonical::{sort_keys, write_string, write_value};
+use crate::canonical::{write_object, write_string, write_value};
 use crate::json::Value;
 
 /// The outcome, built of the wire tree's values and of the strings cut from them.
@@ -235,21 +235,11 @@ pub fn write_outcome(out: &mut Vec<u8>, outcome: &Outcome<'_, '_>) -> Option<()>
             }
             out.push(b']');
         }
-        Outcome::Map(entries) => {
-            let mut sorted: Vec<(&str, &Outcome<'_, '_>)> =
-                entries.iter().map(|(key, child)| (*key, child)).collect();
-            sort_keys(&mut sorted);
-            out.push(b'{');
-            for (index, (key, child)) in sorted.into_iter().enumerate() {
-                if index > 0 {
-                    out.push(b',');
-                }
-                write_string(out, key);
-                out.push(b':');
-                write_outcome(out, child)?;
-            }
-            out.push(b'}');
-        }
+        Outcome::Map(entries) => write_object(
+            out,
+            entries.iter().map(|(key, child)| (*key, child)).collect(),
+            write_outcome,
+        )?,
     }
     Some(())
 }

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
+from types import ModuleType
 from typing import Any
 
+import pytest
+
 from loopfuse.schemas import LoopEvent, Verdict, parse_config, validate_event
+from loopfuse.streams.engine import native as choice
 
 _counter = itertools.count(1)
 _MISSING: Any = object()
@@ -161,3 +166,13 @@ def comparable(output: Any) -> Any:
         return (type(output).__name__, repr(output))
     data.pop("decided_ts", None)
     return (type(output).__name__, repr(sorted(data.items())))
+
+
+@pytest.fixture(scope="module")
+def native() -> ModuleType:
+    """The built native engine module (skipped where it is not built; a stale build fails)."""
+    if not (choice.ENGINE_DIR / choice.STAMP).exists():
+        pytest.skip("the native engine is not built here (./dev test builds it where cargo is)")
+    stamp = (choice.ENGINE_DIR / choice.STAMP).read_text().strip()
+    assert stamp == choice.source_digest(), "the native build is stale: ./dev test rebuilds it"
+    return importlib.import_module(choice.MODULE)

@@ -12,7 +12,6 @@ LOOPFUSE_PURE_ENGINE says, and skip only where it is not built.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from types import ModuleType
@@ -35,7 +34,6 @@ from loopfuse.schemas.events import (
     InputEvent,
     ToolResult,
 )
-from loopfuse.streams.engine import native as choice
 from loopfuse.streams.engine.canonical import pure_canonical_json
 from loopfuse.streams.engine.fingerprint import ERROR_PREFIX, action_of, normalised_result
 from tests.fixtures.hostile_strings import HOSTILE
@@ -44,15 +42,6 @@ from tests.unit.test_decode import _base, _fields
 ROOT = Path(__file__).resolve().parents[2]
 _DECODER = msgspec.json.Decoder(InputEvent)
 _LIMITS = {"max_bytes": DEFAULT_MAX_EVENT_BYTES, "max_depth": 64, "max_identifier_bytes": 512}
-
-
-@pytest.fixture(scope="module")
-def native() -> ModuleType:
-    if not (choice.ENGINE_DIR / choice.STAMP).exists():
-        pytest.skip("the native engine is not built here (./dev test builds it where cargo is)")
-    stamp = (choice.ENGINE_DIR / choice.STAMP).read_text().strip()
-    assert stamp == choice.source_digest(), "the native build is stale: ./dev test rebuilds it"
-    return importlib.import_module(choice.MODULE)
 
 
 def _pure_tokens(event: InputEvent) -> tuple[str | None, str | None, bool]:

@@ -11,7 +11,6 @@ JSON values; they skip, saying why, only where the module is not built.
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import subprocess
@@ -31,15 +30,6 @@ from loopfuse.streams.engine.canonical import pure_canonical_json
 from tests.fixtures.hostile_strings import HOSTILE
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def native() -> ModuleType:
-    if not (choice.ENGINE_DIR / choice.STAMP).exists():
-        pytest.skip("the native engine is not built here (./dev test builds it where cargo is)")
-    stamp = (choice.ENGINE_DIR / choice.STAMP).read_text().strip()
-    assert stamp == choice.source_digest(), "the native build is stale: ./dev test rebuilds it"
-    return importlib.import_module(choice.MODULE)
 
 
 def same_bytes(native: ModuleType, value: Any) -> bool:
