@@ -7,9 +7,12 @@ step (verdicts and loop events as their published JSON, rejections and notices a
 their fields), every session's final state bytes and those bytes decoded and encoded
 again. tests/unit/test_compiled_engine.py runs it under both engines and compares.
 
-The corpus: the examples (each with its config), the test fixtures, and the
+The corpus: the examples (each with its config), the test fixtures, the
 benchmark's workload with deliveries out of order, duplicated and lost, so that
-parking, gaps and redeliveries run too.
+parking, gaps and redeliveries run too, and random sessions with hostile strings
+(tests/support/generated_sessions.py) under seven kinds of config, the opt-in rules
+among them. tests/unit/test_native_identity.py runs it under the native and the pure
+engine.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from loopfuse.streams.engine import (
     state_codec,
 )
 from loopfuse.streams.engine.wire import decode_fingerprinted
+from tests.support.generated_sessions import generated_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +74,49 @@ def corpora() -> list[tuple[str, DetectionConfigFile, list[bytes]]]:
     workload = build_workload(60, 40, 7)
     found.append(("workload", enabled, workload))
     found.append(("workload, disorderly", enabled, _disorderly(workload, 7)))
+    # Random sessions with hostile strings, under each kind of config (seeded: a
+    # difference can be run again)
+    for seed, (name, config) in enumerate(_GENERATED_CONFIGS.items()):
+        found.append((f"generated, {name}", parse_config(config), generated_lines(seed)))
     return found
+
+
+#: The configs the generated sessions run under: detection off (recording and the
+#: guard only), on by default, tight thresholds and a small history and guard window,
+#: explicitly disabled, shadow mode with payloads in loop events, and the opt-in rules.
+_GENERATED_CONFIGS: dict[str, dict[str, Any]] = {
+    "not set": {},
+    "enabled": {"tools": {"loopDetection": {"enabled": True}}},
+    "tight": {"tools": {"loopDetection": {
+        "enabled": True, "historySize": 12, "warningThreshold": 3, "criticalThreshold": 5,
+        "globalCircuitBreakerThreshold": 7, "unknownToolThreshold": 3,
+        "postCompactionGuard": {"windowSize": 2},
+        "detectors": {"pingPong": True, "genericRepeat": True, "knownPollNoProgress": True},
+    }}},
+    "detectors off": {"tools": {"loopDetection": {
+        "enabled": True, "warningThreshold": 2,
+        "detectors": {"pingPong": False, "genericRepeat": False},
+    }}},
+    "disabled": {"tools": {"loopDetection": {"enabled": False}}},
+    "shadow with payloads": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+        "loopfuse": {"enforce": False, "includePayloadsInLoopEvents": True},
+    },
+    "rules": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 4,
+                                    "criticalThreshold": 6}},
+        "loopfuse": {"rules": {
+            "cycle": {"maxPeriod": 4},
+            "repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 4},
+            "argumentChurn": {},
+            "runCaps": {"maxToolCalls": 30, "warnAt": 0.5},
+            "runEnding": {"criticalsPerRun": 2, "blockedStreak": 3},
+            "tools": {"read": {"exempt": True}, "exec": {"warningThreshold": 2}},
+        }},
+        "agents": {"list": [{"id": "run-ender", "tools": {"loopDetection": {
+            "warningThreshold": 2}}}]},
+    },
+}
 
 
 def _line(output: Any) -> bytes:
