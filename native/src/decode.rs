@@ -10,12 +10,17 @@
 //! words it as it always did. So rejections and their reasons stay the Python
 //! decoder's, byte for byte, and the event is msgspec's, as before.
 //!
+//! `read_event` gives the event's fields as a `WireEvent` borrowing the parsed bytes:
+//! what a native step (the next stage of issue 27) reads of an event without any Python
+//! object; `event_fields` shows it to the tests, which compare it with msgspec's event.
+//!
 //! (Building the event's Python objects here as well was tried: msgspec builds them in
 //! less than half the instructions this crate took through PyO3's dict and call API.)
 
 use std::borrow::Cow;
 
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::canonical::write_value;
@@ -33,8 +38,8 @@ const MAX_TOPIC_CHARS: usize = 249;
 /// its first pass cannot tell a usage object's nesting from the event it built).
 const DEPTH_BOUNDS: std::ops::RangeInclusive<usize> = 3..=1024;
 
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Kind {
     ToolCall,
     ToolResult,
     Compaction,
@@ -117,14 +122,70 @@ fn is_topic_name(text: &str) -> bool {
 /// An event's tokens: (args token, result token, whether the result token is known).
 type Tokens = (Option<String>, Option<String>, bool);
 
-/// The event's tokens when the Python decoder would accept it through its msgspec pass
-/// (the types and bounds of schemas/events.py, then `_as_the_models_would`,
-/// `_nested_deeper` and the identifier bounds); None where the Python decoder decides.
-fn check(
-    entries: &[(Cow<'_, str>, Parsed<'_>)],
+/// Usage as the wire gives it (schemas/events.py Usage): counts and a cost.
+#[derive(Clone, Copy, Default, PartialEq, Debug)]
+pub struct Usage {
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub total_tokens: Option<i64>,
+    pub cost: Option<f64>,
+}
+
+/// An input event the Python decoder accepts through its msgspec pass, its fields
+/// borrowed from the parsed bytes: what a native step reads of it (the msgspec event's
+/// fields, with ToolResult.error_text already taken from `error`).
+pub struct WireEvent<'v, 'a> {
+    pub kind: Kind,
+    pub event_id: &'v str,
+    pub session_key: Option<&'v str>,
+    pub run_id: Option<&'v str>,
+    pub agent_id: Option<&'v str>,
+    pub incarnation: Option<&'v str>,
+    pub seq: Option<i64>,
+    pub ts: i64,
+    /// (topic, partition, requester)
+    pub reply_to: Option<(&'v str, i64, &'v str)>,
+    pub call_id: Option<&'v str>,
+    pub tool_name: Option<&'v str>,
+    /// The raw args, when sent (None: not sent; JSON null is `Some(Value::Null)`).
+    pub args: Option<&'v Value<'a>>,
+    pub args_hash: Option<&'v str>,
+    pub args_action: Option<&'v str>,
+    /// The raw result, when sent (JSON null is `Some(Value::Null)`).
+    pub result: Option<&'v Value<'a>>,
+    pub result_hash: Option<&'v str>,
+    pub error_text: Option<&'v str>,
+    pub unknown_tool: Option<&'v str>,
+    pub usage: Option<Usage>,
+    pub reason: Option<&'v str>,
+}
+
+impl WireEvent<'_, '_> {
+    /// The session key: history scope and Kafka message key (InputEvent.key).
+    pub fn key(&self) -> &str {
+        match (self.session_key, self.run_id) {
+            (Some(key), _) if !key.is_empty() => key,
+            (_, Some(run)) => run,
+            _ => "",
+        }
+    }
+}
+
+fn usage_count(value: &Value<'_>) -> Option<Option<i64>> {
+    match value {
+        Value::Null => Some(None),
+        _ => Some(Some(wire_int(value, MAX_WIRE_INT)?)),
+    }
+}
+
+/// The event when the Python decoder would accept it through its msgspec pass (the
+/// types and bounds of schemas/events.py, then `_as_the_models_would`, `_nested_deeper`
+/// and the identifier bounds); None where the Python decoder decides.
+pub fn read_event<'v, 'a>(
+    entries: &'v [(Cow<'a, str>, Parsed<'a>)],
     max_depth: usize,
     max_identifier_bytes: usize,
-) -> Option<Tokens> {
+) -> Option<WireEvent<'v, 'a>> {
     let kind = match entries.iter().find(|(name, _)| name == "type")?.1.value.as_str()? {
         "tool_call" => Kind::ToolCall,
         "tool_result" => Kind::ToolResult,
@@ -132,9 +193,14 @@ fn check(
         "run_ended" => Kind::RunEnded,
         _ => return None,
     };
-    let (mut event_id, mut ts, mut call_id, mut tool_name, mut keyed) = (false, false, false, None, false);
-    let (mut args, mut args_hash, mut args_action) = (None, false, None);
-    let (mut result, mut error, mut outcomes) = (None, None, 0);
+    let mut event = WireEvent {
+        kind, event_id: "", session_key: None, run_id: None, agent_id: None, incarnation: None,
+        seq: None, ts: 0, reply_to: None, call_id: None, tool_name: None, args: None,
+        args_hash: None, args_action: None, result: None, result_hash: None, error_text: None,
+        unknown_tool: None, usage: None, reason: None,
+    };
+    let (mut has_event_id, mut has_ts, mut has_call_id, mut keyed) = (false, false, false, false);
+    let mut outcomes = 0;
     for (name, parsed) in entries {
         let name = name.as_ref();
         if name == "type" {
@@ -152,46 +218,64 @@ fn check(
             match (name, text) {
                 ("event_id" | "incarnation" | "tool_name", Some("")) => return None,
                 ("event_id" | "call_id" | "tool_name", None) => return None,
-                ("event_id", _) => event_id = true,
-                ("call_id", _) => call_id = true,
-                ("tool_name", _) => tool_name = text,
-                ("session_key" | "run_id", Some(text)) if !text.is_empty() => keyed = true,
-                ("args_hash", Some(_)) => args_hash = true,
-                ("args_action", _) => args_action = text,
-                ("result_hash", Some(_)) => outcomes += 1,
+                ("event_id", Some(text)) => {
+                    has_event_id = true;
+                    event.event_id = text;
+                }
+                ("call_id", _) => {
+                    has_call_id = true;
+                    event.call_id = text;
+                }
+                ("tool_name", _) => event.tool_name = text,
+                ("session_key", _) => {
+                    keyed |= text.is_some_and(|text| !text.is_empty());
+                    event.session_key = text;
+                }
+                ("run_id", _) => {
+                    keyed |= text.is_some_and(|text| !text.is_empty());
+                    event.run_id = text;
+                }
+                ("agent_id", _) => event.agent_id = text,
+                ("incarnation", _) => event.incarnation = text,
+                ("args_hash", _) => event.args_hash = text,
+                ("args_action", _) => event.args_action = text,
+                ("result_hash", _) => {
+                    outcomes += usize::from(text.is_some());
+                    event.result_hash = text;
+                }
+                ("unknown_tool", _) => event.unknown_tool = text,
                 _ => {}
             }
             continue;
         }
         match (name, value) {
             ("ts", _) => {
-                wire_int(value, MAX_EVENT_TS)?;
-                ts = true;
+                event.ts = wire_int(value, MAX_EVENT_TS)?;
+                has_ts = true;
             }
             ("seq" | "reply_to" | "error" | "usage" | "reason", Value::Null) => {}
-            ("seq", _) => {
-                wire_int(value, MAX_WIRE_INT)?;
-            }
+            ("seq", _) => event.seq = Some(wire_int(value, MAX_WIRE_INT)?),
             ("reply_to", Value::Object(fields)) => {
                 // ReplyTo forbids unknown fields; none is read twice (see json.rs)
                 if fields.len() != 3 {
                     return None;
                 }
                 let topic = value.get("topic")?.as_str()?;
-                wire_int(value.get("partition")?, MAX_PARTITION)?;
+                let partition = wire_int(value.get("partition")?, MAX_PARTITION)?;
                 let requester = value.get("requester")?.as_str()?;
                 let chars = requester.chars().count();
                 if !is_topic_name(topic) || !(1..=MAX_REQUESTER_CHARS).contains(&chars) {
                     return None;
                 }
+                event.reply_to = Some((topic, partition, requester));
             }
-            ("args", _) => args = Some(value),
+            ("args", _) => event.args = Some(value),
             ("result", _) => {
-                result = Some(value);
+                event.result = Some(value);
                 outcomes += 1;
             }
             ("error", Value::Str(text)) => {
-                error = Some(text.as_ref());
+                event.error_text = Some(text.as_ref());
                 outcomes += 1;
             }
             ("error", Value::Object(fields)) => {
@@ -205,51 +289,64 @@ fn check(
                     Some(name) => optional_str(name)?,
                 };
                 // ToolResult.error_text: the message, else the name, else "".
-                error = Some(if message.is_empty() { detail_name.unwrap_or("") } else { message });
+                event.error_text =
+                    Some(if message.is_empty() { detail_name.unwrap_or("") } else { message });
                 outcomes += 1;
             }
             ("usage", Value::Object(fields)) => {
+                let mut usage = Usage::default();
                 for (field, count) in fields {
                     match (field.as_ref(), count) {
-                        ("input_tokens" | "output_tokens" | "total_tokens" | "cost", Value::Null) => {}
-                        ("input_tokens" | "output_tokens" | "total_tokens", _) => {
-                            wire_int(count, MAX_WIRE_INT)?;
-                        }
+                        ("input_tokens", _) => usage.input_tokens = usage_count(count)?,
+                        ("output_tokens", _) => usage.output_tokens = usage_count(count)?,
+                        ("total_tokens", _) => usage.total_tokens = usage_count(count)?,
+                        ("cost", Value::Null) => {}
                         // msgspec reads an integer into a float field as that float
-                        ("cost", Value::Int(number)) if (0..=MAX_WIRE_INT).contains(number) => {}
-                        ("cost", Value::Float(number)) if *number >= 0.0 => {}
+                        ("cost", Value::Int(number)) if (0..=MAX_WIRE_INT).contains(number) => {
+                            usage.cost = Some(*number as f64);
+                        }
+                        ("cost", Value::Float(number)) if *number >= 0.0 => {
+                            usage.cost = Some(*number);
+                        }
                         _ => return None, // Usage ignores unknown fields: not decided here
                     }
                 }
+                event.usage = Some(usage);
             }
-            ("reason", Value::Str(_)) => {}
+            ("reason", Value::Str(text)) => event.reason = Some(text.as_ref()),
             _ => return None,
         }
     }
-    if !event_id || !ts || !keyed {
+    if !has_event_id || !has_ts || !keyed {
         return None; // required fields, and a session key or run id to scope it
     }
     let carrier = matches!(kind, Kind::ToolCall | Kind::ToolResult);
-    if carrier && (!call_id || tool_name.is_none()) {
+    if carrier && (!has_call_id || event.tool_name.is_none()) {
         return None;
     }
     // The exactly-one-of rules (the Python decoder's `_as_the_models_would`).
+    let args_hash = event.args_hash.is_some();
     match kind {
-        Kind::ToolCall if args.is_some() == args_hash => return None,
-        Kind::ToolResult if outcomes != 1 || (args.is_some() && args_hash) => return None,
+        Kind::ToolCall if event.args.is_some() == args_hash => return None,
+        Kind::ToolResult if outcomes != 1 || (event.args.is_some() && args_hash) => return None,
         _ => {}
     }
-    let args_token = args.and_then(canonical_token);
+    Some(event)
+}
+
+/// The event's args and result tokens, as fingerprint.py computes them from the event.
+fn tokens(event: &WireEvent<'_, '_>) -> Tokens {
+    let args_token = event.args.and_then(canonical_token);
     let (mut result_token, mut result_known) = (None, false);
-    if kind == Kind::ToolResult {
-        if let Some(text) = error {
+    if event.kind == Kind::ToolResult {
+        if let Some(text) = event.error_text {
             result_token = Some(format!("error:{}", hex128(text.as_bytes())));
             result_known = true;
-        } else if let (Some(result), Some(tool)) = (result, tool_name) {
+        } else if let (Some(result), Some(tool)) = (event.result, event.tool_name) {
             // fingerprint.py's action_of: args.action when args is an object, else the hint
-            let action = match args {
+            let action = match event.args {
                 Some(args @ Value::Object(_)) => args.get("action").and_then(Value::as_str),
-                _ => args_action,
+                _ => event.args_action,
             };
             match normalised_result(tool, action, result) {
                 None => result_known = true,
@@ -263,7 +360,7 @@ fn check(
             }
         }
     }
-    Some((args_token, result_token, result_known))
+    (args_token, result_token, result_known)
 }
 
 /// An event's tokens - `(args token or None, result token or None, whether the result
@@ -279,5 +376,70 @@ pub fn event_fingerprints(
     if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
         return None;
     }
-    check(&parse_object(raw, max_depth)?, max_depth, max_identifier_bytes)
+    let entries = parse_object(raw, max_depth)?;
+    Some(tokens(&read_event(&entries, max_depth, max_identifier_bytes)?))
+}
+
+/// The fields a native step reads of an event (`WireEvent`), as a dict, when the
+/// Python decoder would accept its bytes through its msgspec pass; else None. For
+/// tests: they compare it with the msgspec event (tests/unit/test_native_decode.py).
+#[pyfunction]
+pub fn event_fields<'py>(
+    py: Python<'py>,
+    raw: &[u8],
+    max_bytes: usize,
+    max_depth: usize,
+    max_identifier_bytes: usize,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
+        return Ok(None);
+    }
+    let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
+    let Some(event) = read_event(&entries, max_depth, max_identifier_bytes) else {
+        return Ok(None);
+    };
+    let canonical = |value: Option<&Value<'_>>| {
+        value.and_then(|value| {
+            let mut out = Vec::new();
+            write_value(&mut out, value).map(|()| out)
+        })
+    };
+    let fields = PyDict::new(py);
+    let kind = match event.kind {
+        Kind::ToolCall => "tool_call",
+        Kind::ToolResult => "tool_result",
+        Kind::Compaction => "compaction",
+        Kind::RunEnded => "run_ended",
+    };
+    fields.set_item("type", kind)?;
+    fields.set_item("event_id", event.event_id)?;
+    fields.set_item("session_key", event.session_key)?;
+    fields.set_item("run_id", event.run_id)?;
+    fields.set_item("agent_id", event.agent_id)?;
+    fields.set_item("incarnation", event.incarnation)?;
+    fields.set_item("seq", event.seq)?;
+    fields.set_item("ts", event.ts)?;
+    fields.set_item("reply_to", event.reply_to)?;
+    fields.set_item("key", event.key())?;
+    if matches!(event.kind, Kind::ToolCall | Kind::ToolResult) {
+        fields.set_item("call_id", event.call_id)?;
+        fields.set_item("tool_name", event.tool_name)?;
+        fields.set_item("args", canonical(event.args).map(|b| PyBytes::new(py, &b)))?;
+        fields.set_item("args_hash", event.args_hash)?;
+        fields.set_item("args_action", event.args_action)?;
+    }
+    if event.kind == Kind::ToolResult {
+        fields.set_item("result", canonical(event.result).map(|b| PyBytes::new(py, &b)))?;
+        fields.set_item("result_hash", event.result_hash)?;
+        fields.set_item("error_text", event.error_text)?;
+        fields.set_item("unknown_tool", event.unknown_tool)?;
+        fields.set_item(
+            "usage",
+            event.usage.map(|u| (u.input_tokens, u.output_tokens, u.total_tokens, u.cost)),
+        )?;
+    }
+    if event.kind == Kind::Compaction {
+        fields.set_item("reason", event.reason)?;
+    }
+    Ok(Some(fields))
 }

@@ -108,5 +108,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_digest, module)?)?;
     module.add_function(wrap_pyfunction!(digest, module)?)?;
     module.add_function(wrap_pyfunction!(decode::event_fingerprints, module)?)?;
+    module.add_function(wrap_pyfunction!(decode::event_fields, module)?)?;
     Ok(())
 }

@@ -31,12 +31,15 @@ from loopfuse.schemas.events import (
     IDENTIFIER_FIELDS,
     MAX_EVENT_TS,
     MAX_WIRE_INT,
+    Compaction,
     InputEvent,
+    ToolCall,
     ToolResult,
 )
 from loopfuse.streams.engine.canonical import pure_canonical_json
 from loopfuse.streams.engine.fingerprint import ERROR_PREFIX, action_of, normalised_result
 from tests.fixtures.hostile_strings import HOSTILE
+from tests.support.generated_sessions import generated_lines
 from tests.unit.test_decode import _base, _fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +100,59 @@ def decided_natively(native: ModuleType, raw: bytes, **limits: int) -> bool:
     assert want_args is not None or args_token is None
     if known:
         assert want_known and result_token == want_result, raw[:200]
+    fields = native.event_fields(raw, *limits.values())
+    assert fields is not None, raw[:200]  # the same accept rules, the same answer
+    assert fields == _wire_fields(expected), raw[:200]
     return True
+
+
+def _wire_fields(event: InputEvent) -> dict[str, Any]:
+    """What the native reader's ``event_fields`` must give of the event (raw values as
+    their canonical JSON; None where the native writer leaves a value to Python)."""
+    fields: dict[str, Any] = {
+        name: getattr(event, name)
+        for name in ("event_id", "session_key", "run_id", "agent_id", "incarnation", "seq", "ts")
+    }
+    reply = event.reply_to
+    fields["type"] = event.type
+    fields["reply_to"] = None if reply is None else (reply.topic, reply.partition,
+                                                     reply.requester)
+    fields["key"] = event.key
+    if isinstance(event, ToolCall | ToolResult):
+        fields.update(call_id=event.call_id, tool_name=event.tool_name,
+                      args_hash=event.args_hash, args_action=event.args_action,
+                      args=_canonical_or_none(getattr(event, "args", UNSET)))
+    if isinstance(event, ToolResult):
+        usage = event.usage
+        fields.update(
+            result=_canonical_or_none(event.result), result_hash=event.result_hash,
+            error_text=event.error_text, unknown_tool=event.unknown_tool,
+            usage=None if usage is None else (usage.input_tokens, usage.output_tokens,
+                                              usage.total_tokens, usage.cost))
+    if isinstance(event, Compaction):
+        fields["reason"] = event.reason
+    return fields
+
+
+def _canonical_or_none(value: Any) -> bytes | None:
+    if value is UNSET:
+        return None
+    try:
+        text = pure_canonical_json(value)
+    except (TypeError, ValueError):
+        return None
+    # the native writer leaves integers beyond 2**53 - 1 to Python
+    return None if _has_big_int(value) else text
+
+
+def _has_big_int(value: Any) -> bool:
+    if type(value) is int:
+        return abs(value) > MAX_WIRE_INT
+    if isinstance(value, dict):
+        return any(map(_has_big_int, value.values()))
+    if isinstance(value, list):
+        return any(map(_has_big_int, value))
+    return False
 
 
 def test_the_benchmark_workload_is_all_decided_natively(native: ModuleType) -> None:
@@ -108,6 +163,23 @@ def test_the_benchmark_workload_is_all_decided_natively(native: ModuleType) -> N
         args_token, _, known = native.event_fingerprints(raw, *_LIMITS.values())
         assert args_token is not None or b'"args"' not in raw
         assert known or b'"tool_result"' not in raw
+
+
+def test_generated_sessions_with_hostile_strings(native: ModuleType) -> None:
+    """Random sessions (tests/support/generated_sessions.py): what the native reader
+    answers, the Python decoder accepts, with the same event and tokens; and it
+    answers for nearly all of what that decoder accepts (only the lone surrogates and
+    over-long identifiers are the Python decoder's to reject)."""
+    lines = generated_lines(11)
+    answered = sum(decided_natively(native, raw) for raw in lines)
+    accepted = 0
+    for raw in lines:
+        try:
+            decode_event(raw)
+        except EventRejected:
+            continue
+        accepted += 1
+    assert accepted > 4_000 and answered == accepted, (answered, accepted, len(lines))
 
 
 def test_the_examples_and_fixtures(native: ModuleType) -> None:
