@@ -12,6 +12,7 @@ mod canonical;
 mod decode;
 mod json;
 mod outcome;
+mod output;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
@@ -109,5 +110,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(digest, module)?)?;
     module.add_function(wrap_pyfunction!(decode::event_fingerprints, module)?)?;
     module.add_function(wrap_pyfunction!(decode::event_fields, module)?)?;
+    module.add_function(wrap_pyfunction!(output::output_json, module)?)?;
     Ok(())
 }

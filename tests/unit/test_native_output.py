@@ -1,0 +1,101 @@
+"""The native judge's output writer (native/src/output.rs) against ``to_json``: every byte.
+
+The next stage of issue 27 judges in Rust and publishes what it writes, so a verdict or
+a loop event written natively must be the bytes the Python engine publishes (orjson
+over the model's fields). Checked on every verdict and loop event the Python engine
+produces over the engine corpus (examples, fixtures, the benchmark workload in order and
+disordered, generated sessions with hostile strings under seven configs), and on
+hostile strings and every control character in every string field. Skips only where the
+module is not built.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from loopfuse.schemas import LoopEvent, Verdict
+from loopfuse.schemas.decode import EventRejected
+from loopfuse.streams.engine import Engine, SessionState
+from loopfuse.streams.engine.wire import decode_fingerprinted
+from tests.fixtures.hostile_strings import HOSTILE
+from tests.support.engine_corpus import corpora
+
+_STRING_FIELDS = ("session_key", "run_id", "agent_id", "call_id", "incarnation", "tool_name",
+                  "message", "args_hash", "paired_tool_name")
+_TEXTS = [text for name, text in HOSTILE.items() if name != "lone_surrogate"] + [
+    "".join(map(chr, range(0x20))) + '"\\/\x7f\u2028\u00e9\U0001f600',
+    "",
+]
+
+
+def _outputs() -> list[Verdict | LoopEvent]:
+    found: list[Verdict | LoopEvent] = []
+    for _, config, lines in corpora():
+        engine = Engine(config, max_parked=16, gap_timeout_ms=5_000)
+        states: dict[str, SessionState] = {}
+        for raw in lines:
+            try:
+                event, fingerprints = decode_fingerprinted(raw)
+            except EventRejected:
+                continue
+            states[event.key], outputs = engine.step(
+                states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints)
+            found.extend(o for o in outputs if isinstance(o, Verdict | LoopEvent))
+        for state in states.values():
+            found.extend(o for o in engine.release(state, state.touched_ms + 60_000, None)
+                         if isinstance(o, Verdict | LoopEvent))
+    return found
+
+
+@pytest.fixture(scope="module")
+def outputs() -> list[Verdict | LoopEvent]:
+    return _outputs()
+
+
+def _left_to_python(output: Verdict | LoopEvent) -> bool:
+    return isinstance(output, LoopEvent) and (output.args is not None or output.fleet is not None)
+
+
+def test_every_output_of_the_corpus(native: ModuleType, outputs: list[Any]) -> None:
+    verdicts = loop_events = 0
+    for output in outputs:
+        written = native.output_json(output.__dict__)
+        if _left_to_python(output):
+            assert written is None
+            continue
+        assert written == output.to_json()
+        verdicts += isinstance(output, Verdict)
+        loop_events += isinstance(output, LoopEvent)
+    # the corpus has both, with every detector and a config of each kind
+    assert verdicts > 10_000 and loop_events > 1_000, (verdicts, loop_events)
+    detectors = {output.detector for output in outputs}
+    assert {"generic_repeat", "ping_pong", "known_poll_no_progress", "unknown_tool_repeat",
+            "global_circuit_breaker", "compaction_loop_persisted", "sequence_gap", "cycle",
+            "run_call_cap", "tool_loop_run_ended"} <= detectors
+
+
+def test_hostile_strings_in_every_field(native: ModuleType, outputs: list[Any]) -> None:
+    samples = [next(o for o in outputs if isinstance(o, Verdict)),
+               next(o for o in outputs if isinstance(o, LoopEvent) and not _left_to_python(o))]
+    checked = 0
+    for sample in samples:
+        for field in (*_STRING_FIELDS, "warning_key" if isinstance(sample, LoopEvent) else "level"):
+            for text in _TEXTS:
+                changed = sample.model_copy(update={field: text})
+                assert native.output_json(changed.__dict__) == changed.to_json(), (field, text)
+                checked += 1
+    assert checked > 400
+
+
+def test_what_it_leaves_to_python(native: ModuleType, outputs: list[Any]) -> None:
+    """Raw args (payloads in loop events) and the fleet breaker's record are orjson's:
+    the writer says None for them, as it does for a config value of another type."""
+    event = next(o for o in outputs if isinstance(o, LoopEvent) and not _left_to_python(o))
+    for update in ({"args": {"f": 1e-7}}, {"args": [1]},
+                   {"config": {**event.config, "ratio": 0.5}}):
+        assert native.output_json(event.model_copy(update=update).__dict__) is None
+    shadowed = [o for o in outputs if _left_to_python(o)]
+    assert shadowed, "the corpus's payload config puts args in some loop events"
