@@ -10,6 +10,7 @@
 
 mod canonical;
 mod decode;
+mod engine;
 mod json;
 mod outcome;
 
@@ -108,5 +109,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_digest, module)?)?;
     module.add_function(wrap_pyfunction!(digest, module)?)?;
     module.add_function(wrap_pyfunction!(decode::event_fingerprints, module)?)?;
+    engine::py::register(module)?;
     Ok(())
 }
