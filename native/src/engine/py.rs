@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyString, PyTuple};
 
@@ -43,17 +44,19 @@ fn threshold(value: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
 }
 
 fn record(value: &Bound<'_, PyAny>) -> PyResult<Option<Record>> {
-    let field = |name: &str| value.getattr(name);
-    let (Some(tool), Some(unknown)) = (text(&field("tool")?), optional_text(&field("unknown")?))
-    else {
+    let py = value.py();
+    // interned: a name made into a Python str once, not at every record's every field
+    let tool = text(&value.getattr(intern!(py, "tool"))?);
+    let unknown = optional_text(&value.getattr(intern!(py, "unknown"))?);
+    let (Some(tool), Some(unknown)) = (tool, unknown) else {
         return Ok(None);
     };
     let (Ok(sig), Ok(run), Ok(call), Ok(result), Ok(ts)) = (
-        field("sig")?.extract::<u64>(),
-        field("run")?.extract::<u64>(),
-        field("call")?.extract::<u32>(),
-        field("result")?.extract::<u64>(),
-        field("ts")?.extract::<i64>(),
+        value.getattr(intern!(py, "sig"))?.extract::<u64>(),
+        value.getattr(intern!(py, "run"))?.extract::<u64>(),
+        value.getattr(intern!(py, "call"))?.extract::<u32>(),
+        value.getattr(intern!(py, "result"))?.extract::<u64>(),
+        value.getattr(intern!(py, "ts"))?.extract::<i64>(),
     ) else {
         return Ok(None);
     };
@@ -72,22 +75,23 @@ fn records(values: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Record>>> {
 }
 
 /// The fields of a Python ResolvedConfig the core reads (by name, not by position).
-fn config(value: &Bound<'_, PyAny>) -> PyResult<Option<ResolvedConfig>> {
-    let field = |name: &str| value.getattr(name);
-    let enabled = field("enabled")?;
+fn config<'py>(value: &Bound<'py, PyAny>) -> PyResult<Option<ResolvedConfig>> {
+    let py = value.py();
+    let field = |name: &Bound<'py, PyString>| value.getattr(name);
+    let enabled = field(intern!(py, "enabled"))?;
     let enabled = if enabled.is_none() { None } else { Some(enabled.is_truthy()?) };
     let thresholds = [
-        threshold(&field("warning_threshold")?)?,
-        threshold(&field("critical_threshold")?)?,
-        threshold(&field("unknown_tool_threshold")?)?,
-        threshold(&field("global_circuit_breaker_threshold")?)?,
-        threshold(&field("guard_window_size")?)?,
+        threshold(&field(intern!(py, "warning_threshold"))?)?,
+        threshold(&field(intern!(py, "critical_threshold"))?)?,
+        threshold(&field(intern!(py, "unknown_tool_threshold"))?)?,
+        threshold(&field(intern!(py, "global_circuit_breaker_threshold"))?)?,
+        threshold(&field(intern!(py, "guard_window_size"))?)?,
     ];
     let [Some(warning), Some(critical), Some(unknown), Some(breaker), Some(window)] = thresholds
     else {
         return Ok(None);
     };
-    let Ok(history_size) = field("history_size")?.extract::<usize>() else {
+    let Ok(history_size) = field(intern!(py, "history_size"))?.extract::<usize>() else {
         return Ok(None);
     };
     Ok(Some(ResolvedConfig {
@@ -97,9 +101,9 @@ fn config(value: &Bound<'_, PyAny>) -> PyResult<Option<ResolvedConfig>> {
         critical_threshold: critical,
         unknown_tool_threshold: unknown,
         global_circuit_breaker_threshold: breaker,
-        generic_repeat: field("generic_repeat")?.is_truthy()?,
-        known_poll_no_progress: field("known_poll_no_progress")?.is_truthy()?,
-        ping_pong: field("ping_pong")?.is_truthy()?,
+        generic_repeat: field(intern!(py, "generic_repeat"))?.is_truthy()?,
+        known_poll_no_progress: field(intern!(py, "known_poll_no_progress"))?.is_truthy()?,
+        ping_pong: field(intern!(py, "ping_pong"))?.is_truthy()?,
         guard_window_size: window,
     }))
 }
