@@ -10,6 +10,7 @@
 
 mod canonical;
 mod decode;
+mod engine;
 mod json;
 mod outcome;
 mod output;
@@ -111,5 +112,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode::event_fingerprints, module)?)?;
     module.add_function(wrap_pyfunction!(decode::event_fields, module)?)?;
     module.add_function(wrap_pyfunction!(output::output_json, module)?)?;
+    engine::py::register(module)?;
     Ok(())
 }

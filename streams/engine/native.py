@@ -31,7 +31,11 @@ PURE_ENV = "LOOPFUSE_PURE_ENGINE"
 CRATE_FILES = ("Cargo.toml", "Cargo.lock")
 MIRRORED = (
     "streams/engine/canonical.py",
+    "streams/engine/config.py",
+    "streams/engine/detectors.py",
     "streams/engine/fingerprint.py",
+    "streams/engine/history.py",
+    "streams/engine/state.py",
     "schemas/decode.py",
     "schemas/events.py",
 )
