@@ -36,7 +36,7 @@ const MAX_REQUESTER_CHARS: usize = 255;
 const MAX_TOPIC_CHARS: usize = 249;
 /// Deeper bounds than this are left to the Python decoder (a bound of 1 or 2 is where
 /// its first pass cannot tell a usage object's nesting from the event it built).
-const DEPTH_BOUNDS: std::ops::RangeInclusive<usize> = 3..=1024;
+pub const DEPTH_BOUNDS: std::ops::RangeInclusive<usize> = 3..=1024;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub enum Kind {
@@ -120,7 +120,7 @@ fn is_topic_name(text: &str) -> bool {
 }
 
 /// An event's tokens: (args token, result token, whether the result token is known).
-type Tokens = (Option<String>, Option<String>, bool);
+pub type Tokens = (Option<String>, Option<String>, bool);
 
 /// Usage as the wire gives it (schemas/events.py Usage): counts and a cost.
 #[derive(Clone, Copy, Default, PartialEq, Debug)]
@@ -335,7 +335,7 @@ pub fn read_event<'v, 'a>(
 }
 
 /// The event's args and result tokens, as fingerprint.py computes them from the event.
-fn tokens(event: &WireEvent<'_, '_>) -> Tokens {
+pub fn tokens(event: &WireEvent<'_, '_>) -> Tokens {
     let args_token = event.args.and_then(canonical_token);
     let (mut result_token, mut result_known) = (None, false);
     if event.kind == Kind::ToolResult {

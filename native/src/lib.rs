@@ -14,6 +14,8 @@ mod engine;
 mod json;
 mod outcome;
 mod output;
+mod session;
+mod session_py;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
@@ -113,5 +115,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode::event_fields, module)?)?;
     module.add_function(wrap_pyfunction!(output::output_json, module)?)?;
     engine::py::register(module)?;
+    session_py::register(module)?;
     Ok(())
 }

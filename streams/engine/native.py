@@ -36,6 +36,7 @@ MIRRORED = (
     "streams/engine/fingerprint.py",
     "streams/engine/history.py",
     "streams/engine/state.py",
+    "streams/engine/step.py",
     "schemas/decode.py",
     "schemas/events.py",
 )

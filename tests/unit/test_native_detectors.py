@@ -33,6 +33,7 @@ from loopfuse.streams.engine.fingerprint import (
 from loopfuse.streams.engine.history import Record
 from loopfuse.streams.engine.state import SessionState, run_key
 from tests.fixtures.hostile_strings import HOSTILE
+from tests.support import engine_corpus
 from tests.support.engine_corpus import corpora
 from tests.support.engine_corpus import run as run_corpus
 
@@ -201,6 +202,8 @@ def _engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Record], C
         return detect(history, *call)
 
     monkeypatch.setattr(step, "detect", recording)
+    # the Python engine's own calls, not the native fold's (which runs the default path)
+    monkeypatch.setattr(engine_corpus, "native_for", lambda engine: None)
     for _, config, lines in corpora():
         run_corpus(lines, config)
     return seen

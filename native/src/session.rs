@@ -1,0 +1,928 @@
+//! A session's fold in Rust: step.py's `Engine.step` and `Engine.release` over a state
+//! held here, for the default path (issue 27, stage 3).
+//!
+//! The default path is every config without opt-in rules, fleet breaker, provider send
+//! tools or payloads in loop events (`streams/engine/native_step.py` decides, once per
+//! engine): the decision table, the post-compaction guard, ordering by `seq` with
+//! parking, gaps and gateway incarnations, redeliveries, warning buckets. Each branch
+//! below names the Python it mirrors; outputs are their published bytes
+//! (`output.rs`), notices and rejections their fields. What only Python can say the
+//! same way - a string's `repr` in a rejection's reason, the case folding of a
+//! non-ASCII unknown-tool name, the regular expressions that find one in an error text
+//! - is asked of Python through the GIL the step holds, on those rare paths only.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+use crate::decode::{hex128, Kind, Usage};
+use crate::engine::config::ResolvedConfig;
+use crate::engine::detectors::{detect_in_run, guard_message, message_for, Detection, Detector, Level};
+use crate::engine::fingerprint::{hash32, hash64, is_known_poll, result_fingerprint, run_key, signature};
+use crate::engine::history::{History, Record};
+use crate::output::{write_loop_event, write_verdict, Judgement, LoopEventExtras, Setting};
+
+// state.py's bounds
+pub const MAX_WARNING_KEYS: usize = 256;
+pub const MAX_SEEN_EVENT_IDS: usize = 32;
+pub const MAX_DECISIONS: usize = 8;
+pub const MAX_GUARDS: usize = 32;
+pub const MAX_RETIRED_INCARNATIONS: usize = 8;
+// step.py's
+const WARNING_BUCKET_SIZE: i64 = 10;
+const MAX_SKIPPED_RANGES: usize = 64;
+
+/// What a call or a result carries, as the step reads it (and as it rests in the state:
+/// raw args and results replaced by their tokens, as `Engine._at_rest` keeps them).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Body {
+    Call {
+        call_id: String,
+        tool_name: String,
+        /// The args token (the gateway's `args_hash`, or the digest of the raw args).
+        token: String,
+        /// `action_of(args, args_action)`: args.action, or the gateway's hint.
+        action: Option<String>,
+    },
+    Result {
+        call_id: String,
+        tool_name: String,
+        /// The args token, None when the result carries no args.
+        token: Option<String>,
+        /// The outcome token, None when nothing is recorded (`_result_token`).
+        outcome: Option<String>,
+        /// The unknown-tool name (lowercase), from `unknown_tool` or the error text.
+        unknown: Option<String>,
+        usage: Option<Usage>,
+    },
+    Compaction,
+    RunEnded,
+}
+
+/// An input event with its tokens: what a step applies, and what waits in the state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub event_id: String,
+    pub session_key: Option<String>,
+    pub run_id: Option<String>,
+    pub agent_id: Option<String>,
+    pub incarnation: Option<String>,
+    pub seq: Option<i64>,
+    pub ts: i64,
+    pub reply_to: Option<(String, i64, String)>,
+    pub body: Body,
+}
+
+impl Event {
+    /// InputEvent.key: the session key, else the run id.
+    pub fn key(&self) -> &str {
+        match (&self.session_key, &self.run_id) {
+            (Some(key), _) if !key.is_empty() => key,
+            (_, Some(run)) => run,
+            _ => "",
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self.body {
+            Body::Call { .. } => Kind::ToolCall,
+            Body::Result { .. } => Kind::ToolResult,
+            Body::Compaction => Kind::Compaction,
+            Body::RunEnded => Kind::RunEnded,
+        }
+    }
+
+    fn call_id(&self) -> Option<&str> {
+        match &self.body {
+            Body::Call { call_id, .. } | Body::Result { call_id, .. } => Some(call_id),
+            _ => None,
+        }
+    }
+
+    fn tool_name(&self) -> Option<&str> {
+        match &self.body {
+            Body::Call { tool_name, .. } | Body::Result { tool_name, .. } => Some(tool_name),
+            _ => None,
+        }
+    }
+
+    /// state.py's `rest_size`: the identifiers' UTF-8 bytes of the event at rest, and 96.
+    pub fn rest_size(&self) -> usize {
+        let mut size = 96 + self.event_id.len();
+        for text in [&self.session_key, &self.run_id, &self.agent_id, &self.incarnation].into_iter().flatten() {
+            size += text.len();
+        }
+        match &self.body {
+            Body::Call { call_id, tool_name, token, action } => {
+                size += call_id.len() + tool_name.len() + token.len();
+                size += action.as_ref().map_or(0, String::len);
+            }
+            Body::Result { call_id, tool_name, token, outcome, unknown, .. } => {
+                size += call_id.len() + tool_name.len();
+                for text in [token, outcome, unknown].into_iter().flatten() {
+                    size += text.len();
+                }
+            }
+            _ => {}
+        }
+        size
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Guard {
+    pub window: i64,
+    pub remaining: i64,
+    /// (tool, sig, result) of the first result after arming.
+    pub first: Option<(Arc<str>, u64, u64)>,
+    pub broken: bool,
+}
+
+/// The persisted action and detector codes (state_codec.py ACTIONS and DETECTORS).
+pub const ACTIONS: [&str; 4] = ["allow", "warn", "block", "abort"];
+pub const DETECTORS: [Option<&str>; 16] = [
+    None,
+    Some("unknown_tool_repeat"),
+    Some("global_circuit_breaker"),
+    Some("known_poll_no_progress"),
+    Some("ping_pong"),
+    Some("generic_repeat"),
+    Some("compaction_loop_persisted"),
+    Some("sequence_gap"),
+    Some("tool_loop_run_ended"),
+    Some("cycle"),
+    Some("repeated_failure"),
+    Some("argument_churn"),
+    Some("run_call_cap"),
+    Some("token_budget"),
+    Some("cost_budget"),
+    Some("fleet_tool_breaker"),
+];
+
+fn detector_code(name: &str) -> u8 {
+    DETECTORS.iter().position(|d| *d == Some(name)).expect("a known detector") as u8
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub event: u32,
+    /// Index into ACTIONS.
+    pub action: u8,
+    /// Index into DETECTORS.
+    pub detector: u8,
+    pub count: i64,
+    pub detail: Option<String>,
+    pub seq: i64,
+}
+
+/// state.py's SessionState, its serialised fields (insertion orders kept: they are
+/// ages, and the state's bytes).
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    pub history: History,
+    pub guards: Vec<(u64, Guard)>,
+    pub warnings: Vec<(u64, (u64, i64))>,
+    pub next_seq: Option<i64>,
+    pub parked: Vec<(i64, Event)>,
+    pub skipped: Vec<(i64, i64)>,
+    pub seen_ids: Vec<u64>,
+    pub decisions: Vec<Decision>,
+    pub verdict_floor: i64,
+    pub touched_ms: i64,
+    pub last_event_ms: i64,
+    pub incarnation: u64,
+    pub retired: Vec<(u64, i64)>,
+    pub pending: Vec<Event>,
+    /// rule_state's bytes: never written here (no rules on the native path), kept as read.
+    pub rules: Vec<u8>,
+}
+
+impl State {
+    fn parked_index(&self, seq: i64) -> Option<usize> {
+        self.parked.iter().position(|(s, _)| *s == seq)
+    }
+
+    fn park(&mut self, seq: i64, event: Event) {
+        self.parked.push((seq, event));
+    }
+
+    fn unpark(&mut self, seq: i64) -> Event {
+        let index = self.parked_index(seq).expect("a parked seq");
+        self.parked.remove(index).1
+    }
+
+    fn parked_times(&self) -> (i64, i64) {
+        let mut stamps = self.parked.iter().map(|(_, e)| e.ts);
+        let first = stamps.next().expect("some parked event");
+        stamps.fold((first, first), |(lo, hi), ts| (lo.min(ts), hi.max(ts)))
+    }
+
+    fn waiting_bytes(&self) -> usize {
+        self.parked.iter().map(|(_, e)| e.rest_size()).sum::<usize>()
+            + self.pending.iter().map(Event::rest_size).sum::<usize>()
+    }
+}
+
+/// What a step gives out, in order.
+pub enum Output {
+    Verdict(Vec<u8>),
+    LoopEvent(Vec<u8>),
+    Notice { level: &'static str, message: String, session_key: String, run_id: Option<String> },
+    Rejection { code: &'static str, reason: String, event_id: String },
+}
+
+/// An agent's config as loop events show it (ResolvedConfig.as_dict + enforce).
+pub struct Policy {
+    pub config: ResolvedConfig,
+    pub shown: Vec<(&'static str, Setting)>,
+}
+
+impl Policy {
+    pub fn new(config: ResolvedConfig, enforce: bool) -> Self {
+        let c = &config;
+        let shown = vec![
+            ("enabled", c.enabled.map_or(Setting::Null, Setting::Bool)),
+            ("history_size", Setting::Int(c.history_size as i64)),
+            ("warning_threshold", Setting::Int(c.warning_threshold)),
+            ("critical_threshold", Setting::Int(c.critical_threshold)),
+            ("unknown_tool_threshold", Setting::Int(c.unknown_tool_threshold)),
+            ("global_circuit_breaker_threshold", Setting::Int(c.global_circuit_breaker_threshold)),
+            ("generic_repeat", Setting::Bool(c.generic_repeat)),
+            ("known_poll_no_progress", Setting::Bool(c.known_poll_no_progress)),
+            ("ping_pong", Setting::Bool(c.ping_pong)),
+            ("guard_window_size", Setting::Int(c.guard_window_size)),
+            ("enforce", Setting::Bool(enforce)),
+        ];
+        Policy { config, shown }
+    }
+}
+
+/// Where a step gets an agent's policy (the Python resolver, cached by the caller).
+pub trait Policies {
+    fn policy(&mut self, agent_id: Option<&str>) -> PyResult<Arc<Policy>>;
+}
+
+/// The engine's settings (Engine.__init__) and the Python it asks on rare paths.
+pub struct Settings {
+    pub enforce: bool,
+    pub max_parked: usize,
+    pub max_parked_bytes: usize,
+    pub gap_timeout_ms: i64,
+}
+
+/// xxh3-128 hex of some text (fingerprint.py's `digest` of its UTF-8).
+fn digest(text: &str) -> String {
+    hex128(text.as_bytes())
+}
+
+/// step.py's `run_scope`: run ids are compared trimmed; an empty one is no run id.
+fn run_scope(run_id: Option<&str>) -> Option<&str> {
+    let trimmed = run_id?.trim_matches(is_python_space);
+    (!trimmed.is_empty()).then_some(trimmed)
+}
+
+/// The characters `str.strip()` removes (`str.isspace`: all 29 of them, checked over
+/// every code point by tests/unit/test_native_step.py), which `char::is_whitespace`
+/// does not quite match (it leaves out U+001C..U+001F).
+pub fn is_python_space(c: char) -> bool {
+    matches!(
+        c,
+        '\t' | '\n' | '\x0b' | '\x0c' | '\r' | '\x1c'..='\x1f' | ' ' | '\u{85}' | '\u{a0}'
+            | '\u{1680}' | '\u{2000}'..='\u{200a}' | '\u{2028}' | '\u{2029}' | '\u{202f}'
+            | '\u{205f}' | '\u{3000}'
+    )
+}
+
+fn level_of_action(action: &str) -> &'static str {
+    match action {
+        "allow" => "none",
+        "warn" => "warning",
+        _ => "critical",
+    }
+}
+
+pub struct Step<'a, P: Policies> {
+    pub settings: &'a Settings,
+    pub policies: &'a mut P,
+    pub py: Python<'a>,
+    pub out: Vec<Output>,
+}
+
+struct Verdict<'e> {
+    action: &'static str,
+    level: &'static str,
+    detector: Option<&'static str>,
+    count: i64,
+    message: Option<String>,
+    token: Option<&'e str>,
+    paired: Option<String>,
+}
+
+impl<'e> Verdict<'e> {
+    fn allow(token: Option<&'e str>) -> Self {
+        Verdict { action: "allow", level: "none", detector: None, count: 0, message: None, token, paired: None }
+    }
+}
+
+impl<P: Policies> Step<'_, P> {
+    // -- ordering and idempotence (Engine._step) ------------------------------------
+
+    pub fn step(&mut self, state: &mut State, event: Event, now_ms: i64, watermark_ms: Option<i64>) -> PyResult<()> {
+        let Some(seq) = event.seq else {
+            let event_hash = hash64(&event.event_id);
+            if state.seen_ids.contains(&event_hash) {
+                self.redeliver(state, &event, now_ms, true)?;
+                return Ok(());
+            }
+            state.seen_ids.push(event_hash);
+            if state.seen_ids.len() > MAX_SEEN_EVENT_IDS {
+                state.seen_ids.remove(0);
+            }
+            return self.apply(state, &event, now_ms);
+        };
+        let incarnation = incarnation_key(event.incarnation.as_deref());
+        if incarnation != state.incarnation {
+            if state.next_seq.is_none() && state.parked.is_empty() {
+                state.incarnation = incarnation;
+            } else {
+                self.other_seq_space(state, event, incarnation, now_ms, watermark_ms)?;
+                return Ok(());
+            }
+        }
+        let expected = state.next_seq.unwrap_or(0);
+        if seq < expected {
+            if take_skipped(&mut state.skipped, seq) {
+                self.apply(state, &event, now_ms)?;
+            } else {
+                self.redeliver(state, &event, now_ms, true)?;
+            }
+        } else if state.parked_index(seq).is_some() {
+            // the same early event again: already waiting
+        } else if seq > expected {
+            state.next_seq = Some(expected);
+            touch(state, &event, now_ms);
+            state.park(seq, event);
+            self.release_gaps(state, now_ms, watermark_ms)?;
+        } else {
+            self.apply(state, &event, now_ms)?;
+            state.next_seq = Some(seq + 1);
+            if !state.parked.is_empty() {
+                self.drain(state, now_ms)?;
+            }
+        }
+        if !state.pending.is_empty() {
+            self.open_pending(state, now_ms, watermark_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Engine.release: what waits and may go now that the input moved on.
+    pub fn release(&mut self, state: &mut State, now_ms: i64, watermark_ms: Option<i64>) -> PyResult<()> {
+        if !state.pending.is_empty() {
+            self.open_pending(state, now_ms, watermark_ms)?;
+        }
+        if !state.parked.is_empty() {
+            self.release_gaps(state, now_ms, watermark_ms)?;
+        }
+        Ok(())
+    }
+
+    fn other_seq_space(
+        &mut self,
+        state: &mut State,
+        event: Event,
+        incarnation: u64,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<()> {
+        let seq = event.seq.expect("a numbered event");
+        if let Some(index) = state.retired.iter().position(|(closed, _)| *closed == incarnation) {
+            if seq < state.retired[index].1 {
+                self.redeliver(state, &event, now_ms, false)?;
+            } else {
+                state.retired[index].1 = seq + 1;
+                self.apply(state, &event, now_ms)?;
+            }
+            return Ok(());
+        }
+        if state
+            .pending
+            .iter()
+            .any(|w| w.seq == Some(seq) && incarnation_key(w.incarnation.as_deref()) == incarnation)
+        {
+            return Ok(()); // the same early event again
+        }
+        touch(state, &event, now_ms);
+        state.pending.push(event);
+        self.open_pending(state, now_ms, watermark_ms)
+    }
+
+    fn open_pending(&mut self, state: &mut State, now_ms: i64, watermark_ms: Option<i64>) -> PyResult<()> {
+        while !state.pending.is_empty() {
+            let incarnation = incarnation_key(state.pending[0].incarnation.as_deref());
+            let opening: Vec<usize> = (0..state.pending.len())
+                .filter(|&i| incarnation_key(state.pending[i].incarnation.as_deref()) == incarnation)
+                .collect();
+            let started = opening.iter().map(|&i| state.pending[i].ts).min().expect("one").min(now_ms);
+            let crowded = state.parked.len() + state.pending.len() >= self.settings.max_parked
+                || state.waiting_bytes() > self.settings.max_parked_bytes;
+            if let Some(watermark) = watermark_ms {
+                if watermark.min(now_ms) < started && !crowded {
+                    return Ok(());
+                }
+            }
+            while !state.parked.is_empty() {
+                self.give_up_gap(state, now_ms)?;
+            }
+            state.retired.push((state.incarnation, state.next_seq.unwrap_or(0)));
+            if state.retired.len() > MAX_RETIRED_INCARNATIONS {
+                let excess = state.retired.len() - MAX_RETIRED_INCARNATIONS;
+                state.retired.drain(..excess);
+            }
+            for decision in &mut state.decisions {
+                decision.seq = -1; // seqs of a closed space say nothing about the new one
+            }
+            state.incarnation = incarnation;
+            state.next_seq = Some(0);
+            state.skipped.clear();
+            state.verdict_floor = 0;
+            // `e not in opening` compares by value in Python: equal events leave together
+            let pending = std::mem::take(&mut state.pending);
+            let (opened, rest): (Vec<Event>, Vec<Event>) = pending
+                .into_iter()
+                .partition(|e| incarnation_key(e.incarnation.as_deref()) == incarnation);
+            state.pending = rest;
+            for event in opened {
+                if let Some(seq) = event.seq {
+                    // a dict assignment: a seq parked twice keeps its first place
+                    match state.parked_index(seq) {
+                        Some(index) => state.parked[index].1 = event,
+                        None => state.park(seq, event),
+                    }
+                }
+            }
+            self.drain(state, now_ms)?;
+            if !state.parked.is_empty() {
+                self.release_gaps(state, now_ms, watermark_ms)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self, state: &mut State, now_ms: i64) -> PyResult<()> {
+        while let Some(next) = state.next_seq {
+            if state.parked_index(next).is_none() {
+                break;
+            }
+            let event = state.unpark(next);
+            self.apply(state, &event, now_ms)?;
+            state.next_seq = Some(next + 1);
+        }
+        Ok(())
+    }
+
+    fn release_gaps(&mut self, state: &mut State, now_ms: i64, watermark_ms: Option<i64>) -> PyResult<()> {
+        while !state.parked.is_empty()
+            && (state.parked.len() >= self.settings.max_parked
+                || state.waiting_bytes() > self.settings.max_parked_bytes
+                || waited_event_time(state, watermark_ms, now_ms) >= self.settings.gap_timeout_ms)
+        {
+            self.give_up_gap(state, now_ms)?;
+        }
+        Ok(())
+    }
+
+    fn give_up_gap(&mut self, state: &mut State, now_ms: i64) -> PyResult<()> {
+        let first_parked = state.parked.iter().map(|(s, _)| *s).min().expect("parked");
+        let expected = state.next_seq.unwrap_or(0);
+        let missing = first_parked - expected;
+        state.skipped.push((expected, first_parked - 1));
+        if state.skipped.len() > MAX_SKIPPED_RANGES {
+            let excess = state.skipped.len() - MAX_SKIPPED_RANGES;
+            state.skipped.drain(..excess);
+        }
+        let index = state.parked_index(first_parked).expect("parked");
+        let trigger = &state.parked[index].1;
+        let policy = self.policies.policy(trigger.agent_id.as_deref())?;
+        let message = format!(
+            "WARNING: gave up waiting for {missing} missing event(s) of this session (seq \
+             {expected}..{}); continuing without them.",
+            first_parked - 1
+        );
+        let judgement = Verdict {
+            action: "allow",
+            level: "warning",
+            detector: Some("sequence_gap"),
+            count: missing,
+            message: Some(message),
+            token: None,
+            paired: None,
+        };
+        let bytes = self.loop_event(trigger, &policy, &judgement, None, None, None, now_ms, None);
+        self.out.push(Output::LoopEvent(bytes));
+        state.next_seq = Some(first_parked);
+        self.drain(state, now_ms)
+    }
+
+    fn redeliver(&mut self, state: &mut State, event: &Event, now_ms: i64, vouch_allow: bool) -> PyResult<()> {
+        let Body::Call { tool_name, token, .. } = &event.body else { return Ok(()) };
+        let event_hash = hash32(&event.event_id);
+        if let Some(decision) = state.decisions.iter().find(|d| d.event == event_hash) {
+            let action = ACTIONS[usize::from(decision.action)];
+            let detector = DETECTORS[usize::from(decision.detector)];
+            let level = level_of_action(action);
+            let message = match detector {
+                None => None,
+                Some(name) => Some(redelivered_message(name, level, tool_name, decision.count, decision.detail.as_deref())?),
+            };
+            let paired = if detector == Some("ping_pong") { decision.detail.clone() } else { None };
+            let verdict = Verdict {
+                action: static_action(action),
+                level,
+                detector,
+                count: decision.count,
+                message,
+                token: Some(token),
+                paired,
+            };
+            let bytes = self.verdict(event, &verdict, now_ms);
+            self.out.push(Output::Verdict(bytes));
+            return Ok(());
+        }
+        if vouch_allow && event.seq.is_some_and(|seq| seq >= state.verdict_floor) {
+            let bytes = self.verdict(event, &Verdict::allow(Some(token)), now_ms);
+            self.out.push(Output::Verdict(bytes));
+        }
+        Ok(())
+    }
+
+    // -- applying events (Engine._apply) ----------------------------------------------
+
+    fn apply(&mut self, state: &mut State, event: &Event, now_ms: i64) -> PyResult<()> {
+        touch(state, event, now_ms);
+        match &event.body {
+            Body::Call { .. } => self.on_tool_call(state, event, now_ms),
+            Body::Result { .. } => self.on_tool_result(state, event, now_ms),
+            Body::Compaction => self.on_compaction(state, event),
+            Body::RunEnded => {
+                let run = run_key(run_scope(event.run_id.as_deref()));
+                state.guards.retain(|(key, _)| *key != run);
+                state.warnings.retain(|(_, (owner, _))| *owner != run);
+                Ok(())
+            }
+        }
+    }
+
+    fn on_tool_call(&mut self, state: &mut State, event: &Event, now_ms: i64) -> PyResult<()> {
+        let Body::Call { call_id, tool_name: tool, token, action } = &event.body else { unreachable!() };
+        let policy = self.policies.policy(event.agent_id.as_deref())?;
+        let config = &policy.config;
+        let run = run_scope(event.run_id.as_deref());
+        let run_hash = run_key(run);
+        let sig = signature(tool, token);
+        let mut detection: Option<Detection> = None;
+        if config.detection_on() {
+            let view = state.history.run_history(run_hash);
+            let recent = state.history.recent_count(sig, &view);
+            let known_poll = recent > 0 && is_known_poll(tool, action.as_deref());
+            detection = detect_in_run(&view, tool, sig, token, known_poll, config, run, recent);
+        }
+        let enforce = self.settings.enforce;
+        let critical = detection.as_ref().is_some_and(|d| d.level == Level::Critical);
+        if config.recording_on() && !(critical && enforce) {
+            let call_hash = if call_id.is_empty() { 0 } else { hash32(call_id) };
+            let record = Record { tool: Arc::from(tool.as_str()), sig, run: run_hash, call: call_hash, result: 0, unknown: None, ts: event.ts };
+            state.history.append(record, config.history_size);
+        }
+        let verdict = match (&detection, enforce) {
+            (Some(found), true) => Verdict {
+                action: if critical { "block" } else { "warn" },
+                level: found.level.as_str(),
+                detector: Some(found.detector.as_str()),
+                count: found.count as i64,
+                message: Some(found.message.clone()),
+                token: Some(token),
+                paired: found.paired_tool_name.as_deref().map(str::to_owned),
+            },
+            _ => Verdict::allow(Some(token)),
+        };
+        let bytes = self.verdict(event, &verdict, now_ms);
+        self.out.push(Output::Verdict(bytes));
+        if verdict.action != "allow" {
+            let found = detection.as_ref().expect("a detection");
+            state.decisions.push(Decision {
+                event: hash32(&event.event_id),
+                action: ACTIONS.iter().position(|a| *a == verdict.action).expect("an action") as u8,
+                detector: detector_code(found.detector.as_str()),
+                count: found.count as i64,
+                detail: found.detail.as_deref().map(str::to_owned),
+                seq: event.seq.unwrap_or(-1),
+            });
+            if state.decisions.len() > MAX_DECISIONS {
+                let forgotten = state.decisions.remove(0);
+                if forgotten.seq >= 0 {
+                    state.verdict_floor = state.verdict_floor.max(forgotten.seq + 1);
+                }
+            }
+        }
+        if let Some(found) = &detection {
+            if critical || warning_rises(state, found, run) {
+                let judgement = Verdict {
+                    action: if critical { "block" } else { "warn" },
+                    level: found.level.as_str(),
+                    detector: Some(found.detector.as_str()),
+                    count: found.count as i64,
+                    message: Some(found.message.clone()),
+                    token: Some(token),
+                    paired: found.paired_tool_name.as_deref().map(str::to_owned),
+                };
+                let bytes = self.loop_event(
+                    event, &policy, &judgement, Some(found.warning_key.as_str()), Some(call_id), Some(tool), now_ms, Some(enforce),
+                );
+                self.out.push(Output::LoopEvent(bytes));
+            }
+        }
+        Ok(())
+    }
+
+    fn on_tool_result(&mut self, state: &mut State, event: &Event, now_ms: i64) -> PyResult<()> {
+        let Body::Result { call_id, tool_name: tool, token, outcome, unknown, .. } = &event.body else { unreachable!() };
+        let policy = self.policies.policy(event.agent_id.as_deref())?;
+        if !policy.config.recording_on() {
+            return Ok(());
+        }
+        let Some(outcome) = outcome else { return Ok(()) };
+        let run = run_scope(event.run_id.as_deref());
+        let run_hash = run_key(run);
+        let result = result_fingerprint(outcome);
+        let call_hash = if call_id.is_empty() { 0 } else { hash32(call_id) };
+        let mut sig = token.as_deref().map_or(0, |token| signature(tool, token));
+        let unknown: Option<Arc<str>> = unknown.as_deref().map(Arc::from);
+        let records = state.history.records();
+        let found = records.iter().enumerate().rev().find(|(_, rec)| {
+            rec.run == run_hash
+                && rec.result == 0
+                && &*rec.tool == tool.as_str()
+                && (call_hash == 0 || rec.call == call_hash)
+                && (sig == 0 || rec.sig == sig)
+        });
+        match found {
+            Some((index, rec)) => {
+                let record = Record { tool: rec.tool.clone(), sig: rec.sig, run: run_hash, call: 0, result, unknown, ts: rec.ts };
+                sig = rec.sig;
+                state.history.replace(index, record);
+            }
+            None => {
+                if sig == 0 {
+                    let shown = PyString::new(self.py, call_id).repr()?.to_str()?.to_owned();
+                    self.out.push(Output::Rejection {
+                        code: "orphan_result",
+                        reason: format!(
+                            "tool_result for call {shown} carries no args and no pending call with that id is in the session history"
+                        ),
+                        event_id: event.event_id.clone(),
+                    });
+                    return Ok(());
+                }
+                let record = Record { tool: Arc::from(tool.as_str()), sig, run: run_hash, call: 0, result, unknown, ts: event.ts };
+                state.history.append(record, policy.config.history_size);
+            }
+        }
+        let Some(index) = state.guards.iter().position(|(key, _)| *key == run_hash) else { return Ok(()) };
+        let guard = &mut state.guards[index].1;
+        guard.remaining -= 1;
+        match &guard.first {
+            None => guard.first = Some((Arc::from(tool.as_str()), sig, result)),
+            Some((first_tool, first_sig, first_result)) => {
+                if !(&**first_tool == tool.as_str() && *first_sig == sig && *first_result == result) {
+                    guard.broken = true;
+                }
+            }
+        }
+        let repeats = guard.window - guard.remaining;
+        if !guard.broken && repeats >= guard.window {
+            let window = guard.window;
+            state.guards.remove(index);
+            let message = guard_message(tool, repeats, window);
+            let judgement = Verdict {
+                action: "abort",
+                level: "critical",
+                detector: Some("compaction_loop_persisted"),
+                count: repeats,
+                message: Some(message),
+                token: token.as_deref(),
+                paired: None,
+            };
+            if self.settings.enforce {
+                let bytes = self.verdict(event, &judgement, now_ms);
+                self.out.push(Output::Verdict(bytes));
+            }
+            let bytes = self.loop_event(event, &policy, &judgement, None, Some(call_id), Some(tool), now_ms, None);
+            self.out.push(Output::LoopEvent(bytes));
+        } else if guard.remaining <= 0 {
+            state.guards.remove(index);
+        }
+        Ok(())
+    }
+
+    fn on_compaction(&mut self, state: &mut State, event: &Event) -> PyResult<()> {
+        let policy = self.policies.policy(event.agent_id.as_deref())?;
+        if !policy.config.recording_on() {
+            return Ok(());
+        }
+        let run = run_scope(event.run_id.as_deref());
+        let guard_key = run_key(run);
+        let window = policy.config.guard_window_size;
+        state.guards.retain(|(key, _)| *key != guard_key);
+        state.guards.push((guard_key, Guard { window, remaining: window, first: None, broken: false }));
+        if state.guards.len() > MAX_GUARDS {
+            state.guards.remove(0);
+        }
+        self.out.push(Output::Notice {
+            level: "info",
+            message: format!("post-compaction guard armed for {window} attempts"),
+            session_key: event.key().to_owned(),
+            run_id: run.map(str::to_owned),
+        });
+        Ok(())
+    }
+
+    // -- outputs -----------------------------------------------------------------------
+
+    fn verdict(&self, event: &Event, verdict: &Verdict<'_>, now_ms: i64) -> Vec<u8> {
+        let mut id_text = format!(
+            "{}\x1f{}\x1f{}\x1f{}",
+            event.key(),
+            event.run_id.as_deref().unwrap_or(""),
+            event.call_id().unwrap_or(""),
+            verdict.action
+        );
+        if let Some(incarnation) = &event.incarnation {
+            id_text.push('\x1f');
+            id_text.push_str(incarnation);
+        }
+        let id = digest(&id_text);
+        let judgement = Judgement {
+            id: &id,
+            session_key: event.key(),
+            run_id: event.run_id.as_deref(),
+            agent_id: event.agent_id.as_deref(),
+            call_id: event.call_id(),
+            seq: event.seq,
+            incarnation: event.incarnation.as_deref(),
+            tool_name: event.tool_name(),
+            action: verdict.action,
+            level: verdict.level,
+            detector: verdict.detector,
+            count: verdict.count,
+            message: verdict.message.as_deref(),
+            args_hash: verdict.token,
+            paired_tool_name: verdict.paired.as_deref(),
+            event_ts: event.ts,
+            decided_ts: now_ms,
+        };
+        let mut out = Vec::with_capacity(512);
+        write_verdict(&mut out, &judgement);
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn loop_event(
+        &self,
+        event: &Event,
+        policy: &Policy,
+        verdict: &Verdict<'_>,
+        warning_key: Option<&str>,
+        call_id: Option<&str>,
+        tool_name: Option<&str>,
+        now_ms: i64,
+        enforced: Option<bool>,
+    ) -> Vec<u8> {
+        let detector = verdict.detector.expect("a loop event's detector");
+        let id = digest(&format!("{}\x1f{}\x1f{}\x1f{}", event.key(), event.event_id, detector, verdict.count));
+        let judgement = Judgement {
+            id: &id,
+            session_key: event.key(),
+            run_id: event.run_id.as_deref(),
+            agent_id: event.agent_id.as_deref(),
+            call_id,
+            seq: event.seq,
+            incarnation: event.incarnation.as_deref(),
+            tool_name,
+            action: verdict.action,
+            level: verdict.level,
+            detector: Some(detector),
+            count: verdict.count,
+            message: verdict.message.as_deref(),
+            args_hash: verdict.token,
+            paired_tool_name: verdict.paired.as_deref(),
+            event_ts: event.ts,
+            decided_ts: now_ms,
+        };
+        let extras = LoopEventExtras {
+            warning_key,
+            config: &policy.shown,
+            enforced: enforced.unwrap_or(self.settings.enforce),
+        };
+        let mut out = Vec::with_capacity(768);
+        write_loop_event(&mut out, &judgement, &extras);
+        out
+    }
+}
+
+fn static_action(action: &str) -> &'static str {
+    ACTIONS.iter().find(|a| **a == action).copied().expect("an action")
+}
+
+/// detectors.py's `message_for` for a remembered decision (a redelivered call).
+fn redelivered_message(detector: &str, level: &str, tool: &str, count: i64, detail: Option<&str>) -> PyResult<String> {
+    let table = match detector {
+        "unknown_tool_repeat" => Some(Detector::UnknownToolRepeat),
+        "global_circuit_breaker" => Some(Detector::GlobalCircuitBreaker),
+        "known_poll_no_progress" => Some(Detector::KnownPollNoProgress),
+        "ping_pong" => Some(Detector::PingPong),
+        "generic_repeat" => Some(Detector::GenericRepeat),
+        _ => None,
+    };
+    match table {
+        Some(detector) => {
+            let level = if level == "critical" { Level::Critical } else { Level::Warning };
+            Ok(message_for(detector, level, tool, count.max(0) as usize, detail))
+        }
+        // a rule's decision keeps its whole message as the detail
+        None => match detail {
+            Some(detail) => Ok(detail.to_owned()),
+            None => Err(pyo3::exceptions::PyValueError::new_err(format!("no message for detector '{detector}'"))),
+        },
+    }
+}
+
+/// state.py's `incarnation_key`.
+pub fn incarnation_key(incarnation: Option<&str>) -> u64 {
+    incarnation.map_or(0, |text| hash64(text) | 1)
+}
+
+/// step.py's `_touch`.
+fn touch(state: &mut State, event: &Event, now_ms: i64) {
+    state.touched_ms = now_ms;
+    let event_ms = event.ts.min(now_ms);
+    if event_ms > state.last_event_ms {
+        state.last_event_ms = event_ms;
+    }
+}
+
+/// step.py's `_waited_event_time`.
+fn waited_event_time(state: &State, watermark_ms: Option<i64>, now_ms: i64) -> i64 {
+    let (first, last) = state.parked_times();
+    let mut reached = last.min(now_ms);
+    if let Some(watermark) = watermark_ms {
+        if watermark < reached {
+            reached = watermark;
+        }
+    }
+    reached - first.min(now_ms)
+}
+
+/// step.py's `_take_skipped`.
+fn take_skipped(skipped: &mut Vec<(i64, i64)>, seq: i64) -> bool {
+    let Some(index) = skipped.iter().position(|(first, last)| *first <= seq && seq <= *last) else {
+        return false;
+    };
+    let (first, last) = skipped[index];
+    let mut pieces = Vec::with_capacity(2);
+    if seq > first {
+        pieces.push((first, seq - 1));
+    }
+    if seq < last {
+        pieces.push((seq + 1, last));
+    }
+    skipped.splice(index..=index, pieces);
+    if skipped.len() > MAX_SKIPPED_RANGES {
+        let excess = skipped.len() - MAX_SKIPPED_RANGES;
+        skipped.drain(..excess);
+    }
+    true
+}
+
+/// step.py's `_warning_rises`: a warning once per bucket of 10 per warning key.
+fn warning_rises(state: &mut State, detection: &Detection, run: Option<&str>) -> bool {
+    let key = hash64(&detection.warning_key);
+    let bucket = detection.count as i64 / WARNING_BUCKET_SIZE;
+    let index = state.warnings.iter().position(|(k, _)| *k == key);
+    let last = index.map_or(0, |i| state.warnings[i].1 .1);
+    if bucket <= last {
+        return false;
+    }
+    let value = (run_key(run), bucket);
+    match index {
+        Some(i) => state.warnings[i].1 = value, // an existing key keeps its age (JS Map)
+        None => {
+            state.warnings.push((key, value));
+            if state.warnings.len() > MAX_WARNING_KEYS {
+                state.warnings.remove(0);
+            }
+        }
+    }
+    true
+}

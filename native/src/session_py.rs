@@ -1,0 +1,523 @@
+//! The native fold's Python face: `Judge` (an engine's settings and its policies) and
+//! `NativeState` (a session's state, held in Rust). `streams/engine/native_step.py`
+//! wraps them behind the Python engine's API.
+//!
+//! An event reaches a step from its wire bytes (`Judge.step_raw`: the decoder's accept
+//! pass, tokens and all, without a Python object), or, where that pass leaves the event
+//! to the Python decoder, as the fields and tokens Python computed (`Judge.step_event`).
+//! `step_raw` says None, before touching the state, for every event it leaves to
+//! Python: then the caller decodes it and takes the other door.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+use crate::decode::{read_event, tokens, Kind, Usage, WireEvent, DEPTH_BOUNDS};
+use crate::engine::config::ResolvedConfig;
+use crate::engine::history::{History, Record};
+use crate::json::parse_object;
+use crate::session::{Body, Decision, Event, Guard, Output, Policies, Policy, Settings, State, Step};
+
+/// Agent id -> policy, from the Python resolver; cleared when full (ids come from the
+/// wire), as the Python engine's cache is.
+struct PolicyCache {
+    resolve: Py<PyAny>,
+    enforce: bool,
+    cache: HashMap<Option<String>, Arc<Policy>>,
+}
+
+const CACHE_BOUND: usize = 10_000;
+
+/// The cache while a step runs (it holds the GIL the resolver needs).
+struct Resolver<'a, 'py> {
+    resolve: &'a Py<PyAny>,
+    enforce: bool,
+    cache: &'a mut HashMap<Option<String>, Arc<Policy>>,
+    py: Python<'py>,
+}
+
+impl Policies for Resolver<'_, '_> {
+    fn policy(&mut self, agent_id: Option<&str>) -> PyResult<Arc<Policy>> {
+        let key = agent_id.map(str::to_owned);
+        if let Some(policy) = self.cache.get(&key) {
+            return Ok(policy.clone());
+        }
+        // config.py's ResolvedConfig fields, in order (native_step.py's _config_values)
+        let fields: (Option<bool>, usize, i64, i64, i64, i64, bool, bool, bool, i64) =
+            self.resolve.call1(self.py, (agent_id,))?.extract(self.py)?;
+        let config = ResolvedConfig {
+            enabled: fields.0,
+            history_size: fields.1,
+            warning_threshold: fields.2,
+            critical_threshold: fields.3,
+            unknown_tool_threshold: fields.4,
+            global_circuit_breaker_threshold: fields.5,
+            generic_repeat: fields.6,
+            known_poll_no_progress: fields.7,
+            ping_pong: fields.8,
+            guard_window_size: fields.9,
+        };
+        let policy = Arc::new(Policy::new(config, self.enforce));
+        if self.cache.len() >= CACHE_BOUND {
+            self.cache.clear();
+        }
+        self.cache.insert(key, policy.clone());
+        Ok(policy)
+    }
+}
+
+#[pyclass(module = "loopfuse.streams.engine._native")]
+pub struct Judge {
+    settings: Settings,
+    policies: PolicyCache,
+    /// fingerprint.py's `unknown_tool_name` (its regular expressions are Python's).
+    unknown_tool_name: Py<PyAny>,
+}
+
+#[pyclass(module = "loopfuse.streams.engine._native")]
+#[derive(Default)]
+pub struct NativeState {
+    pub state: State,
+}
+
+fn outputs_to_python<'py>(py: Python<'py>, outputs: Vec<Output>) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for output in outputs {
+        let item = match output {
+            Output::Verdict(bytes) => ("verdict", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
+            Output::LoopEvent(bytes) => ("loop_event", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
+            Output::Notice { level, message, session_key, run_id } => {
+                ("notice", level, message, session_key, run_id).into_pyobject(py)?.into_any()
+            }
+            Output::Rejection { code, reason, event_id } => {
+                ("rejection", code, reason, event_id).into_pyobject(py)?.into_any()
+            }
+        };
+        list.append(item)?;
+    }
+    Ok(list)
+}
+
+/// `str.lower` of a name: ASCII here, anything else as Python lowers it.
+fn lower(py: Python<'_>, text: &str) -> PyResult<String> {
+    if text.is_ascii() {
+        return Ok(text.to_ascii_lowercase());
+    }
+    PyString::new(py, text).call_method0("lower")?.extract()
+}
+
+impl Judge {
+    /// The event a step applies, from what the decoder's pass read of it.
+    fn event_of(&self, py: Python<'_>, wire: &WireEvent<'_, '_>) -> PyResult<Option<Event>> {
+        let (args_token, result_token, result_known) = tokens(wire);
+        let owned = |text: Option<&str>| text.map(str::to_owned);
+        let body = match wire.kind {
+            Kind::ToolCall => {
+                let token = match (wire.args_hash, args_token) {
+                    (Some(hash), _) => hash.to_owned(),
+                    (None, Some(token)) => token,
+                    (None, None) => return Ok(None), // args only Python writes canonically
+                };
+                Body::Call {
+                    call_id: wire.call_id.unwrap_or("").to_owned(),
+                    tool_name: wire.tool_name.unwrap_or("").to_owned(),
+                    token,
+                    action: action_of(wire),
+                }
+            }
+            Kind::ToolResult => {
+                let token = match (wire.args_hash, wire.args, args_token) {
+                    (Some(hash), _, _) => Some(hash.to_owned()),
+                    (None, Some(_), Some(token)) => Some(token),
+                    (None, Some(_), None) => return Ok(None),
+                    (None, None, _) => None,
+                };
+                let outcome = match wire.result_hash {
+                    Some(hash) => Some(hash.to_owned()),
+                    None if result_known => result_token,
+                    None => return Ok(None), // an outcome only Python normalises
+                };
+                let mut unknown = match wire.unknown_tool {
+                    Some(name) if !name.is_empty() => Some(lower(py, name)?),
+                    _ => None,
+                };
+                if let (None, Some(error)) = (&unknown, wire.error_text) {
+                    unknown = self.unknown_tool_name.call1(py, (error,))?.extract(py)?;
+                }
+                Body::Result {
+                    call_id: wire.call_id.unwrap_or("").to_owned(),
+                    tool_name: wire.tool_name.unwrap_or("").to_owned(),
+                    token,
+                    outcome,
+                    unknown,
+                    usage: wire.usage,
+                }
+            }
+            Kind::Compaction => Body::Compaction,
+            Kind::RunEnded => Body::RunEnded,
+        };
+        Ok(Some(Event {
+            event_id: wire.event_id.to_owned(),
+            session_key: owned(wire.session_key),
+            run_id: owned(wire.run_id),
+            agent_id: owned(wire.agent_id),
+            incarnation: owned(wire.incarnation),
+            seq: wire.seq,
+            ts: wire.ts,
+            reply_to: wire.reply_to.map(|(t, p, r)| (t.to_owned(), p, r.to_owned())),
+            body,
+        }))
+    }
+
+    fn run(
+        &mut self,
+        py: Python<'_>,
+        state: &mut State,
+        event: Option<Event>,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<Vec<Output>> {
+        let Judge { settings, policies, .. } = self;
+        let mut resolver =
+            Resolver { resolve: &policies.resolve, enforce: policies.enforce, cache: &mut policies.cache, py };
+        let mut step = Step { settings, policies: &mut resolver, py, out: Vec::new() };
+        match event {
+            Some(event) => step.step(state, event, now_ms, watermark_ms)?,
+            None => step.release(state, now_ms, watermark_ms)?,
+        }
+        Ok(step.out)
+    }
+}
+
+/// fingerprint.py's `action_of(args, args_action)`: args.action when args is an
+/// object (a string, else None), the gateway's hint when args is not an object.
+fn action_of(wire: &WireEvent<'_, '_>) -> Option<String> {
+    match wire.args {
+        Some(args @ crate::json::Value::Object(_)) => args.get("action").and_then(|a| a.as_str()).map(str::to_owned),
+        _ => wire.args_action.map(str::to_owned),
+    }
+}
+
+type StepResult<'py> = Option<(Py<NativeState>, Bound<'py, PyList>)>;
+
+#[pymethods]
+impl Judge {
+    /// `resolve(agent_id)` gives config.py's ResolvedConfig fields as a tuple.
+    #[new]
+    fn new(
+        resolve: Py<PyAny>,
+        unknown_tool_name: Py<PyAny>,
+        enforce: bool,
+        max_parked: usize,
+        max_parked_bytes: usize,
+        gap_timeout_ms: i64,
+    ) -> Self {
+        Judge {
+            settings: Settings { enforce, max_parked, max_parked_bytes, gap_timeout_ms },
+            policies: PolicyCache { resolve, enforce, cache: HashMap::new() },
+            unknown_tool_name,
+        }
+    }
+
+    /// One event from its wire bytes: (state, outputs), the state changed in place (a
+    /// new one for None); None, the state untouched, for an event left to Python.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (state, raw, now_ms, watermark_ms, max_bytes, max_depth, max_identifier_bytes))]
+    fn step_raw<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: Option<Py<NativeState>>,
+        raw: &[u8],
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+        max_bytes: usize,
+        max_depth: usize,
+        max_identifier_bytes: usize,
+    ) -> PyResult<StepResult<'py>> {
+        if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
+            return Ok(None);
+        }
+        let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
+        let Some(wire) = read_event(&entries, max_depth, max_identifier_bytes) else { return Ok(None) };
+        let Some(event) = self.event_of(py, &wire)? else { return Ok(None) };
+        let state = match state {
+            Some(state) => state,
+            None => Py::new(py, NativeState::default())?,
+        };
+        let outputs = {
+            let mut held = state.borrow_mut(py);
+            self.run(py, &mut held.state, Some(event), now_ms, watermark_ms)?
+        };
+        Ok(Some((state, outputs_to_python(py, outputs)?)))
+    }
+
+    /// One event Python decoded (`step_raw` left it to Python), as native_step.py's
+    /// `_event_values` gives it with its tokens.
+    #[pyo3(signature = (state, event, now_ms, watermark_ms))]
+    fn step_event<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: Option<Py<NativeState>>,
+        event: &Bound<'py, PyTuple>,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<(Py<NativeState>, Bound<'py, PyList>)> {
+        let event = event_from_tuple(event)?;
+        let state = match state {
+            Some(state) => state,
+            None => Py::new(py, NativeState::default())?,
+        };
+        let outputs = {
+            let mut held = state.borrow_mut(py);
+            self.run(py, &mut held.state, Some(event), now_ms, watermark_ms)?
+        };
+        Ok((state, outputs_to_python(py, outputs)?))
+    }
+
+    /// Engine.release: what waits in the state and may go now.
+    #[pyo3(signature = (state, now_ms, watermark_ms))]
+    fn release<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: Py<NativeState>,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let outputs = {
+            let mut held = state.borrow_mut(py);
+            self.run(py, &mut held.state, None, now_ms, watermark_ms)?
+        };
+        outputs_to_python(py, outputs)
+    }
+}
+
+// -- a state's and an event's plain values, both ways (native_step.py builds and reads
+//    the Python SessionState from them) --------------------------------------------------
+
+/// (kind, event_id, session_key, run_id, agent_id, incarnation, seq, ts, reply_to)
+type EventHead = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    i64,
+    Option<(String, i64, String)>,
+);
+/// (call_id, tool_name, args token, action (a call) or outcome (a result), unknown, usage)
+type EventBody = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<(Option<i64>, Option<i64>, Option<i64>, Option<f64>)>,
+);
+type EventTuple = (EventHead, EventBody);
+
+fn event_to_tuple(event: &Event) -> EventTuple {
+    let (kind, body): (&str, EventBody) = match &event.body {
+        Body::Call { call_id, tool_name, token, action } => {
+            ("tool_call", (Some(call_id.clone()), Some(tool_name.clone()), Some(token.clone()), action.clone(), None, None))
+        }
+        Body::Result { call_id, tool_name, token, outcome, unknown, usage } => (
+            "tool_result",
+            (
+                Some(call_id.clone()),
+                Some(tool_name.clone()),
+                token.clone(),
+                outcome.clone(),
+                unknown.clone(),
+                usage.map(|u| (u.input_tokens, u.output_tokens, u.total_tokens, u.cost)),
+            ),
+        ),
+        Body::Compaction => ("compaction", (None, None, None, None, None, None)),
+        Body::RunEnded => ("run_ended", (None, None, None, None, None, None)),
+    };
+    let head = (
+        kind.to_owned(),
+        event.event_id.clone(),
+        event.session_key.clone(),
+        event.run_id.clone(),
+        event.agent_id.clone(),
+        event.incarnation.clone(),
+        event.seq,
+        event.ts,
+        event.reply_to.clone(),
+    );
+    (head, body)
+}
+
+fn event_from_tuple(tuple: &Bound<'_, PyAny>) -> PyResult<Event> {
+    let (head, b): EventTuple = tuple.extract()?;
+    let body = match head.0.as_str() {
+        "tool_call" => Body::Call {
+            call_id: b.0.unwrap_or_default(),
+            tool_name: b.1.unwrap_or_default(),
+            token: b.2.unwrap_or_default(),
+            action: b.3,
+        },
+        "tool_result" => Body::Result {
+            call_id: b.0.unwrap_or_default(),
+            tool_name: b.1.unwrap_or_default(),
+            token: b.2,
+            outcome: b.3,
+            unknown: b.4,
+            usage: b.5.map(|(input_tokens, output_tokens, total_tokens, cost)| Usage {
+                input_tokens,
+                output_tokens,
+                total_tokens,
+                cost,
+            }),
+        },
+        "compaction" => Body::Compaction,
+        "run_ended" => Body::RunEnded,
+        other => return Err(pyo3::exceptions::PyValueError::new_err(format!("no event type {other:?}"))),
+    };
+    Ok(Event {
+        event_id: head.1,
+        session_key: head.2,
+        run_id: head.3,
+        agent_id: head.4,
+        incarnation: head.5,
+        seq: head.6,
+        ts: head.7,
+        reply_to: head.8,
+        body,
+    })
+}
+
+type RecordTuple = (String, u64, u64, u32, u64, Option<String>, i64);
+type GuardTuple = (u64, i64, i64, Option<(String, u64, u64)>, bool);
+type DecisionTuple = (u32, u8, u8, i64, Option<String>, i64);
+
+#[pymethods]
+impl NativeState {
+    #[new]
+    fn new() -> Self {
+        NativeState::default()
+    }
+
+    #[getter]
+    fn touched_ms(&self) -> i64 {
+        self.state.touched_ms
+    }
+
+    #[getter]
+    fn last_event_ms(&self) -> i64 {
+        self.state.last_event_ms
+    }
+
+    /// Whether events wait (on a gap, or for a restarted gateway's seq space).
+    #[getter]
+    fn waiting(&self) -> bool {
+        !self.state.parked.is_empty() || !self.state.pending.is_empty()
+    }
+
+    #[getter]
+    fn has_pending(&self) -> bool {
+        !self.state.pending.is_empty()
+    }
+
+    /// The state's plain values, in SessionState's field order (native_step.py).
+    fn export<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let s = &self.state;
+        let history: Vec<RecordTuple> = s
+            .history
+            .records()
+            .iter()
+            .map(|r| (r.tool.to_string(), r.sig, r.run, r.call, r.result, r.unknown.as_deref().map(str::to_owned), r.ts))
+            .collect();
+        let guards: Vec<GuardTuple> = s
+            .guards
+            .iter()
+            .map(|(run, g)| (*run, g.window, g.remaining, g.first.as_ref().map(|(t, a, b)| (t.to_string(), *a, *b)), g.broken))
+            .collect();
+        let warnings: Vec<(u64, u64, i64)> = s.warnings.iter().map(|(k, (r, b))| (*k, *r, *b)).collect();
+        let parked: Vec<(i64, EventTuple)> = s.parked.iter().map(|(seq, e)| (*seq, event_to_tuple(e))).collect();
+        let decisions: Vec<DecisionTuple> =
+            s.decisions.iter().map(|d| (d.event, d.action, d.detector, d.count, d.detail.clone(), d.seq)).collect();
+        let pending: Vec<EventTuple> = s.pending.iter().map(event_to_tuple).collect();
+        // two tuples: PyO3 converts tuples of up to 12
+        let order = (history, guards, warnings, s.next_seq, parked, s.skipped.clone(), s.seen_ids.clone(), decisions);
+        let rest = (
+            s.verdict_floor,
+            s.touched_ms,
+            s.last_event_ms,
+            s.incarnation,
+            s.retired.clone(),
+            pending,
+            PyBytes::new(py, &s.rules),
+        );
+        (order, rest).into_pyobject(py)
+    }
+
+    /// A state from the plain values `export` gives (read back from the state's bytes).
+    #[staticmethod]
+    fn import_values(values: &Bound<'_, PyTuple>) -> PyResult<NativeState> {
+        let (order, rest) = (values.get_item(0)?, values.get_item(1)?);
+        let get = |index: usize| if index < 8 { order.get_item(index) } else { rest.get_item(index - 8) };
+        let history: Vec<RecordTuple> = get(0)?.extract()?;
+        let records = history
+            .into_iter()
+            .map(|(tool, sig, run, call, result, unknown, ts)| Record {
+                tool: Arc::from(tool.as_str()),
+                sig,
+                run,
+                call,
+                result,
+                unknown: unknown.as_deref().map(Arc::from),
+                ts,
+            })
+            .collect();
+        let guards: Vec<GuardTuple> = get(1)?.extract()?;
+        let warnings: Vec<(u64, u64, i64)> = get(2)?.extract()?;
+        let mut parked = Vec::new();
+        for item in get(4)?.try_iter()? {
+            let item = item?;
+            let seq: i64 = item.get_item(0)?.extract()?;
+            parked.push((seq, event_from_tuple(&item.get_item(1)?)?));
+        }
+        let decisions: Vec<DecisionTuple> = get(7)?.extract()?;
+        let mut pending = Vec::new();
+        for item in get(13)?.try_iter()? {
+            pending.push(event_from_tuple(&item?)?);
+        }
+        let state = State {
+            history: History::from_records(records),
+            guards: guards
+                .into_iter()
+                .map(|(run, window, remaining, first, broken)| {
+                    (run, Guard { window, remaining, first: first.map(|(t, a, b)| (Arc::from(t.as_str()), a, b)), broken })
+                })
+                .collect(),
+            warnings: warnings.into_iter().map(|(k, r, b)| (k, (r, b))).collect(),
+            next_seq: get(3)?.extract()?,
+            parked,
+            skipped: get(5)?.extract()?,
+            seen_ids: get(6)?.extract()?,
+            decisions: decisions
+                .into_iter()
+                .map(|(event, action, detector, count, detail, seq)| Decision { event, action, detector, count, detail, seq })
+                .collect(),
+            verdict_floor: get(8)?.extract()?,
+            touched_ms: get(9)?.extract()?,
+            last_event_ms: get(10)?.extract()?,
+            incarnation: get(11)?.extract()?,
+            retired: get(12)?.extract()?,
+            pending,
+            rules: get(14)?.extract()?,
+        };
+        Ok(NativeState { state })
+    }
+}
+
+pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<Judge>()?;
+    module.add_class::<NativeState>()?;
+    Ok(())
+}

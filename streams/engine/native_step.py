@@ -1,0 +1,242 @@
+"""The native fold (native/src/session.rs) behind the Python engine's API.
+
+Issue 27, stage 3: a session's events folded in Rust, over a state held in Rust
+(``NativeState``), for the default path: any config without opt-in rules, provider send
+tools or payloads in loop events (:func:`native_for` decides, once per engine; the
+fleet breaker is one of the rules). Its outputs are the Python engine's, byte for byte:
+verdicts and loop events as their published JSON, notices and rejections as their
+fields (tests/unit/test_native_identity.py runs the engine corpus through both).
+
+An event goes in as its wire bytes; where the native decoder leaves an event to the
+Python decoder (an RFC 3339 ``ts``, a big integer, a lone surrogate, every rejection),
+Python decodes it and computes its tokens, and the fold takes those. A state converts
+to the Python engine's ``SessionState`` and back (:meth:`NativeEngine.to_python`,
+:meth:`NativeEngine.from_python`), through which it is written and read as bytes until
+the state codec is native too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET
+
+from loopfuse.schemas.decode import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_EVENT_BYTES,
+    decode_event,
+)
+from loopfuse.schemas.events import (
+    DEFAULT_MAX_IDENTIFIER_BYTES,
+    Compaction,
+    InputEvent,
+    ReplyTo,
+    RunEnded,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+from loopfuse.streams.engine.fingerprint import action_of, unknown_tool_name
+from loopfuse.streams.engine.history import Record
+from loopfuse.streams.engine.native import NATIVE
+from loopfuse.streams.engine.state import Decision, Guard, SessionState
+from loopfuse.streams.engine.state_codec import ACTIONS, DETECTORS
+from loopfuse.streams.engine.step import Engine
+
+#: One output of a native step: ("verdict" | "loop_event", its JSON) or
+#: ("notice", level, message, session key, run id) or ("rejection", code, reason,
+#: event id).
+NativeOutput = tuple[Any, ...]
+
+
+def native_for(engine: Engine) -> NativeEngine | None:
+    """The native fold for this engine's config, or None where the Python engine must
+    judge (no native build, or opt-in rules, send tools or payloads configured)."""
+    if NATIVE is None or not hasattr(NATIVE, "Judge"):
+        return None
+    if engine.rules.resolver.configured or engine.resolver.send_tools or engine.include_payloads:
+        return None
+    return NativeEngine(engine)
+
+
+class NativeEngine:
+    """The native fold with the settings and config of a Python ``Engine``."""
+
+    def __init__(self, engine: Engine) -> None:
+        assert NATIVE is not None
+        self.engine = engine
+        self.judge = NATIVE.Judge(
+            self._config_values,
+            unknown_tool_name,
+            engine.resolver.enforce,
+            engine.max_parked,
+            engine.max_parked_bytes,
+            engine.gap_timeout_ms,
+        )
+
+    def _config_values(self, agent_id: str | None) -> tuple[Any, ...]:
+        config = self.engine.resolve(agent_id)
+        return (
+            config.enabled, config.history_size, config.warning_threshold,
+            config.critical_threshold, config.unknown_tool_threshold,
+            config.global_circuit_breaker_threshold, config.generic_repeat,
+            config.known_poll_no_progress, config.ping_pong, config.guard_window_size,
+        )
+
+    def step(
+        self,
+        state: Any,
+        raw: bytes,
+        now_ms: int,
+        watermark_ms: int | None,
+        *,
+        max_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_identifier_bytes: int = DEFAULT_MAX_IDENTIFIER_BYTES,
+    ) -> tuple[Any, list[NativeOutput]]:
+        """One event from its wire bytes: (the state, changed in place or new, and the
+        outputs). Raises EventRejected, as ``decode_event`` does, for bytes it rejects
+        (the state then unchanged)."""
+        got = self.judge.step_raw(
+            state, raw, now_ms, watermark_ms, max_bytes, max_depth, max_identifier_bytes
+        )
+        if got is not None:
+            return got  # type: ignore[no-any-return]
+        event = decode_event(
+            raw, max_bytes=max_bytes, max_depth=max_depth,
+            max_identifier_bytes=max_identifier_bytes,
+        )
+        return self.judge.step_event(  # type: ignore[no-any-return]
+            state, self._event_values(event), now_ms, watermark_ms
+        )
+
+    def release(self, state: Any, now_ms: int, watermark_ms: int | None) -> list[NativeOutput]:
+        """Engine.release: what waits in ``state`` and may go now."""
+        return self.judge.release(state, now_ms, watermark_ms)  # type: ignore[no-any-return]
+
+    def _event_values(self, event: InputEvent) -> tuple[Any, ...]:
+        """An event Python decoded, with the tokens the Python engine computes for it."""
+        reply = event.reply_to
+        head = (
+            event.type, event.event_id, event.session_key, event.run_id, event.agent_id,
+            event.incarnation, event.seq, event.ts,
+            None if reply is None else (reply.topic, reply.partition, reply.requester),
+        )
+        engine = self.engine
+        if isinstance(event, ToolCall):
+            body: tuple[Any, ...] = (
+                event.call_id, event.tool_name, engine._args_token(event),
+                action_of(event.args, event.args_action), None, None,
+            )
+        elif isinstance(event, ToolResult):
+            outcome, unknown = engine._result_token(event)
+            usage = event.usage
+            body = (
+                event.call_id, event.tool_name,
+                engine._args_token(event) if event.has_args else None, outcome, unknown,
+                None if usage is None else (usage.input_tokens, usage.output_tokens,
+                                            usage.total_tokens, usage.cost),
+            )
+        else:
+            body = (None,) * 6
+        return head, body
+
+    # -- the state as the Python engine's ------------------------------------------------
+
+    @staticmethod
+    def to_python(native: Any) -> SessionState:
+        """The Python engine's SessionState equal to a native one (its events at rest as
+        ``Engine._at_rest`` keeps them)."""
+        (history, guards, warnings, next_seq, parked, skipped, seen_ids, decisions), rest = (
+            native.export())
+        verdict_floor, touched_ms, last_event_ms, incarnation, retired, pending, rules = rest
+        if rules:
+            raise ValueError("a native state never holds rule state")
+        state = SessionState(
+            history=[Record(*values) for values in history],
+            warnings={key: (run, bucket) for key, run, bucket in warnings},
+            next_seq=next_seq,
+            skipped=list(skipped),
+            seen_ids=list(seen_ids),
+            decisions=[Decision(event, ACTIONS[action], DETECTORS[detector], count, detail, seq)
+                       for event, action, detector, count, detail, seq in decisions],
+            verdict_floor=verdict_floor,
+            touched_ms=touched_ms,
+            last_event_ms=last_event_ms,
+            incarnation=incarnation,
+            retired=list(retired),
+            pending=[_at_rest(values) for values in pending],
+        )
+        for run, window, remaining, first, broken in guards:
+            state.guards[run] = Guard(window, remaining, first, broken)
+        for seq, values in parked:
+            state.park(seq, _at_rest(values))
+        return state
+
+    @staticmethod
+    def from_python(state: SessionState) -> Any:
+        """A native state equal to a Python one (read back from a state's bytes)."""
+        assert NATIVE is not None
+        if state.rules is not None and not state.rules.empty():
+            raise ValueError("the native fold keeps no rule state")
+        order = (
+            [(r.tool, r.sig, r.run, r.call, r.result, r.unknown, r.ts) for r in state.history],
+            [(run, g.window, g.remaining, g.first, g.broken) for run, g in state.guards.items()],
+            [(key, run, bucket) for key, (run, bucket) in state.warnings.items()],
+            state.next_seq,
+            [(seq, _values_at_rest(event)) for seq, event in state.parked.items()],
+            state.skipped,
+            state.seen_ids,
+            [(d.event, ACTIONS.index(d.action), DETECTORS.index(d.detector), d.count, d.detail,
+              d.seq) for d in state.decisions],
+        )
+        rest = (
+            state.verdict_floor, state.touched_ms, state.last_event_ms, state.incarnation,
+            state.retired, [_values_at_rest(event) for event in state.pending], b"",
+        )
+        return NATIVE.NativeState.import_values((order, rest))
+
+
+def _at_rest(values: tuple[Any, ...]) -> InputEvent:
+    """A native event at rest as the Python engine keeps it (``Engine._at_rest``)."""
+    (kind, event_id, session_key, run_id, agent_id, incarnation, seq, ts, reply), body = values
+    common: dict[str, Any] = {
+        "event_id": event_id, "session_key": session_key, "run_id": run_id,
+        "agent_id": agent_id, "incarnation": incarnation, "seq": seq, "ts": ts,
+        "reply_to": None if reply is None else ReplyTo(*reply),
+    }
+    call_id, tool_name, token, fourth, unknown, usage = body
+    if kind == "tool_call":
+        return ToolCall(**common, call_id=call_id, tool_name=tool_name, args_hash=token,
+                        args_action=fourth)
+    if kind == "tool_result":
+        return ToolResult(
+            **common, call_id=call_id, tool_name=tool_name, args_hash=token,
+            result=None if fourth is None else UNSET, result_hash=fourth, unknown_tool=unknown,
+            usage=None if usage is None else Usage(*usage),
+        )
+    if kind == "compaction":
+        return Compaction(**common)
+    return RunEnded(**common)
+
+
+def _values_at_rest(event: InputEvent) -> tuple[Any, ...]:
+    """A Python event at rest (as the Python engine parks it) as the native fold's."""
+    reply = event.reply_to
+    head = (
+        event.type, event.event_id, event.session_key, event.run_id, event.agent_id,
+        event.incarnation, event.seq, event.ts,
+        None if reply is None else (reply.topic, reply.partition, reply.requester),
+    )
+    if isinstance(event, ToolCall):
+        return head, (event.call_id, event.tool_name, event.args_hash, event.args_action,
+                      None, None)
+    if isinstance(event, ToolResult):
+        usage = event.usage
+        return head, (
+            event.call_id, event.tool_name, event.args_hash, event.result_hash,
+            event.unknown_tool,
+            None if usage is None else (usage.input_tokens, usage.output_tokens,
+                                        usage.total_tokens, usage.cost),
+        )
+    return head, (None,) * 6
