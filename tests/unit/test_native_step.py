@@ -1,0 +1,162 @@
+"""The native fold (native/src/session.rs) against the Python engine, in one process.
+
+tests/unit/test_native_identity.py runs the engine corpus through the native and the
+pure engine in two processes; these go further, each comparing every output line and
+every final state's bytes of the native fold with the Python fold's (the ``Engine``
+with the native decoder's tokens, which that test holds to the pure engine):
+
+* more random sessions (tests/support/generated_sessions.py), seeds not in the corpus,
+  under the default-path configs, with a restart of the state - native state to the
+  Python engine's bytes and back - after every few events, as a worker's recovery would;
+* the fixtures with RFC 3339 timestamps, which the native decoder leaves to Python
+  (the fold then takes the event as Python decoded it);
+* run ids padded with each of the characters Python's ``str.strip`` removes;
+* a call whose redelivery must give the verdict it had.
+
+Skips only where the module is not built.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import orjson
+import pytest
+
+from loopfuse.schemas import parse_config
+from loopfuse.schemas.config import DetectionConfigFile
+from loopfuse.schemas.decode import EventRejected, decode_event
+from loopfuse.streams.engine import Engine, SessionState, state_codec
+from loopfuse.streams.engine.native_step import NativeEngine, native_for
+from loopfuse.streams.engine.wire import decode_fingerprinted
+from tests.support.engine_corpus import _line, _native_line
+from tests.support.generated_sessions import generated_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "not set": {},
+    "enabled": {"tools": {"loopDetection": {"enabled": True}}},
+    "tight": {"tools": {"loopDetection": {
+        "enabled": True, "historySize": 8, "warningThreshold": 2, "criticalThreshold": 4,
+        "globalCircuitBreakerThreshold": 5, "unknownToolThreshold": 2,
+        "postCompactionGuard": {"windowSize": 2}}}},
+    "shadow": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+               "loopfuse": {"enforce": False}},
+}
+
+
+def _python(config: DetectionConfigFile, lines: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    engine = Engine(config, max_parked=16, gap_timeout_ms=5_000)
+    states: dict[str, SessionState] = {}
+    out: list[bytes] = []
+    for raw in lines:
+        try:
+            event, fingerprints = decode_fingerprinted(raw)
+        except EventRejected as exc:
+            out.append(orjson.dumps(["dead_letter", exc.code, exc.reason]))
+            continue
+        states[event.key], outputs = engine.step(
+            states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints)
+        out.extend(map(_line, outputs))
+    finals = []
+    for key, state in sorted(states.items()):
+        out.extend(map(_line, engine.release(state, state.touched_ms + 60_000, None)))
+        finals.append(state_codec.encode(state))
+    return out, finals
+
+
+def _native(config: DetectionConfigFile, lines: list[bytes],
+            restart_every: int = 0) -> tuple[list[bytes], list[bytes]]:
+    engine = Engine(config, max_parked=16, gap_timeout_ms=5_000)
+    native = native_for(engine)
+    assert native is not None, "a default-path config"
+    states: dict[str, Any] = {}
+    out: list[bytes] = []
+    for index, raw in enumerate(lines):
+        try:
+            decoded = decode_event(raw)
+            key = decoded.key
+            states[key], outputs = native.step(states.get(key), raw, decoded.ts, decoded.ts - 1_000)
+        except EventRejected as exc:
+            out.append(orjson.dumps(["dead_letter", exc.code, exc.reason]))
+            continue
+        out.extend(map(_native_line, outputs))
+        if restart_every and index % restart_every == 0:
+            # to the state's bytes (as the Python engine writes them) and back
+            data = state_codec.encode(NativeEngine.to_python(states[key]))
+            states[key] = NativeEngine.from_python(state_codec.decode(data))
+    finals = []
+    for _key, state in sorted(states.items()):
+        out.extend(map(_native_line, native.release(state, state.touched_ms + 60_000, None)))
+        finals.append(state_codec.encode(NativeEngine.to_python(state)))
+    return out, finals
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("seed", [101, 202])
+def test_generated_sessions(native: ModuleType, name: str, seed: int) -> None:
+    config = parse_config(CONFIGS[name])
+    lines = generated_lines(seed, sessions=80, events=60)
+    python = _python(config, lines)
+    assert len(python[0]) > 2_000
+    assert _native(config, lines) == python
+    assert _native(config, lines, restart_every=7) == python
+
+
+def test_decisions_happen_in_the_generated_sessions(native: ModuleType) -> None:
+    """The comparisons above are not of allows only."""
+    out, _ = _python(parse_config(CONFIGS["tight"]), generated_lines(101, 80, 60))
+    found = {(v["action"], v["detector"]) for v in map(orjson.loads, out)
+             if isinstance(v, dict)}
+    assert {("warn", "generic_repeat"), ("block", "generic_repeat"), ("warn", "ping_pong"),
+            ("abort", "compaction_loop_persisted"), ("allow", "sequence_gap")} <= found
+
+
+def test_events_left_to_the_python_decoder(native: ModuleType) -> None:
+    """RFC 3339 timestamps: the native decoder leaves these events to Python, whose
+    event and tokens the fold then takes."""
+    lines = [line for name in ("polling_loop", "compaction_loop")
+             for line in (ROOT / "tests" / "fixtures" / f"{name}.jsonl").read_bytes().splitlines()]
+    assert all(native.event_fingerprints(raw, 1 << 20, 64, 512) is None for raw in lines)
+    config = parse_config({"tools": {"loopDetection": {
+        "enabled": True, "warningThreshold": 3, "criticalThreshold": 5}}})
+    python = _python(config, lines)
+    assert any(b'"action":"block"' in line or b'"action":"abort"' in line for line in python[0])
+    assert _native(config, lines) == python
+
+
+def test_run_ids_padded_with_what_str_strip_removes(native: ModuleType) -> None:
+    spaces = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+    assert len(spaces) == 29
+    rng = random.Random(5)
+    lines = []
+    for index, space in enumerate([*spaces, "\u200b", "x"]):  # U+200B is no space to Python
+        for step in range(12):
+            run = (space * rng.randint(0, 2)) + "run" + (space * rng.randint(1, 2))
+            body = {"type": "tool_call", "session_key": f"s{index}", "run_id": run,
+                    "event_id": f"e{index}-{step}", "call_id": f"c{step}", "tool_name": "exec",
+                    "args": {"command": "make"}, "ts": 1_790_000_000_000 + step}
+            lines.append(orjson.dumps(body))
+            if step % 4 == 3:
+                ended = {"type": "run_ended", "session_key": f"s{index}", "run_id": run,
+                         "event_id": f"end{index}-{step}", "ts": 1_790_000_000_000 + step}
+                lines.append(orjson.dumps(ended))
+    config = parse_config({"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}}})
+    python = _python(config, lines)
+    assert sum(b'"warn"' in line for line in python[0]) > 20
+    assert _native(config, lines) == python
+
+
+def test_native_for_leaves_rules_send_tools_and_payloads_to_python(native: ModuleType) -> None:
+    engine = Engine(parse_config({"tools": {"loopDetection": {"enabled": True}}}))
+    assert native_for(engine) is not None
+    for config in ({"loopfuse": {"rules": {"cycle": {}}}},
+                   {"loopfuse": {"providerSendTools": ["notify"]}},
+                   {"loopfuse": {"includePayloadsInLoopEvents": True}},
+                   {"agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {}}}}]}}):
+        assert native_for(Engine(parse_config(config))) is None, config
