@@ -10,11 +10,12 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 from loopfuse.schemas.config import DetectionConfigFile
-from loopfuse.schemas.decode import DEFAULT_MAX_EVENT_BYTES, EventRejected
+from loopfuse.schemas.decode import DEFAULT_MAX_DEPTH, DEFAULT_MAX_EVENT_BYTES, EventRejected
 from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.native_step import NativeEngine, native_for
 from loopfuse.streams.engine.wire import decode_fingerprinted
 from loopfuse.streams.worker.processor import Limits, SessionFold, Source, dead_letter
 
@@ -42,6 +43,10 @@ def replay_lines(
     """
     limits = limits or Limits(dead_letter_original_bytes=ORIGINAL_LIMIT)
     max_identifier_bytes = limits.max_identifier_bytes
+    native = native_for(engine)
+    if native is not None and _bounded(limits):
+        yield from _replay_native(lines, native, max_event_bytes, limits)
+        return
     folds: dict[str, SessionFold] = {}
     for line_no, line in enumerate(lines, start=1):
         raw = line.rstrip(b"\r\n")
@@ -77,6 +82,64 @@ def replay_lines(
             fold.checkpoint()  # its messages were written as each event was judged
             for letter in fold.isolated:  # an event that broke the state: said late
                 yield letter.value
+
+
+#: What a native verdict or loop event can weigh at most besides its identifiers (each at
+#: most ``max_identifier_bytes``, escaped at most 6x; a message names two tool names).
+_OUTPUT_FIXED_BYTES = 4_096
+_IDENTIFIERS_PER_OUTPUT = 16
+
+
+def _bounded(limits: Limits) -> bool:
+    """Whether no native output can be over the producer's size, nor a state past
+    shedding, with these limits (so that what the Python fold would dead-letter for
+    it never arises and the native fold needs no undo; the defaults are far inside)."""
+    largest = _OUTPUT_FIXED_BYTES + 6 * _IDENTIFIERS_PER_OUTPUT * limits.max_identifier_bytes
+    return largest < limits.output_budget and limits.max_state_bytes >= 65_536
+
+
+def _replay_native(
+    lines: Iterator[bytes], native: NativeEngine, max_event_bytes: int, limits: Limits
+) -> Iterator[bytes]:
+    """``replay_lines`` through the native fold (the default path): the same lines out.
+
+    Checkpoints every CHECKPOINT_EVERY steps too (``state_codec.fit``'s bytes, shedding
+    the oldest evidence over the cap). It has no undo: a native step fails only if
+    the Python it asks on rare paths does, and then its session starts afresh.
+    """
+    states: dict[str, Any] = {}
+    steps: dict[str, int] = {}
+    max_identifier_bytes = limits.max_identifier_bytes
+    for line_no, line in enumerate(lines, start=1):
+        raw = line.rstrip(b"\r\n")
+        try:
+            key, outputs = native.replay_step(
+                states, raw, max_bytes=max_event_bytes, max_depth=DEFAULT_MAX_DEPTH,
+                max_identifier_bytes=max_identifier_bytes,
+            )
+        except EventRejected as exc:
+            if not raw.strip():
+                continue
+            yield dead_letter(Source(line=line_no, value=raw), exc.code, exc.reason, limits).value
+            continue
+        except Exception as exc:  # a native step failed: said, and nothing else stops
+            log.exception("judging line %d failed", line_no)
+            source = Source(line=line_no, value=raw)
+            yield dead_letter(source, "engine_error", f"engine error: {exc!r}", limits).value
+            continue
+        for output in outputs:
+            kind = output[0]
+            if kind == "verdict" or kind == "loop_event":
+                yield output[1]
+            elif kind == "rejection":
+                yield dead_letter(Source(line=line_no, value=raw), output[1], output[2], limits).value
+            else:
+                log.info("%s (session %s, run %s)", output[2], output[3], output[4])
+        done = steps.get(key, 0) + 1
+        if done >= CHECKPOINT_EVERY:
+            done = 0
+            _, states[key] = native.checkpoint(states[key], limits.max_state_bytes)
+        steps[key] = done
 
 
 def _progress_lines(stream: IO[bytes], total: int | None) -> Iterator[bytes]:

@@ -16,6 +16,7 @@ mod outcome;
 mod output;
 mod session;
 mod session_py;
+mod state_bytes;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};

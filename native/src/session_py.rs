@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::decode::{read_event, tokens, Kind, Usage, WireEvent, DEPTH_BOUNDS};
 use crate::engine::config::ResolvedConfig;
@@ -253,6 +253,43 @@ impl Judge {
         Ok(Some((state, outputs_to_python(py, outputs)?)))
     }
 
+    /// Replay's step (streams/replay.py): one event from its wire bytes, its time as the
+    /// clock and no watermark, its session's state looked up in and kept in `states`
+    /// (session key -> NativeState). (session key, outputs), or None for an event left
+    /// to Python (`states` untouched).
+    #[pyo3(signature = (states, raw, max_bytes, max_depth, max_identifier_bytes))]
+    fn replay_step<'py>(
+        &mut self,
+        py: Python<'py>,
+        states: &Bound<'py, PyDict>,
+        raw: &[u8],
+        max_bytes: usize,
+        max_depth: usize,
+        max_identifier_bytes: usize,
+    ) -> PyResult<Option<(Bound<'py, PyString>, Bound<'py, PyList>)>> {
+        if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
+            return Ok(None);
+        }
+        let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
+        let Some(wire) = read_event(&entries, max_depth, max_identifier_bytes) else { return Ok(None) };
+        let Some(event) = self.event_of(py, &wire)? else { return Ok(None) };
+        let key = PyString::new(py, event.key());
+        let state: Bound<'py, NativeState> = match states.get_item(&key)? {
+            Some(state) => state.downcast_into::<NativeState>()?,
+            None => {
+                let state = Bound::new(py, NativeState::default())?;
+                states.set_item(&key, &state)?;
+                state
+            }
+        };
+        let ts = event.ts;
+        let outputs = {
+            let mut held = state.borrow_mut();
+            self.run(py, &mut held.state, Some(event), ts, None)?
+        };
+        Ok(Some((key, outputs_to_python(py, outputs)?)))
+    }
+
     /// One event Python decoded (`step_raw` left it to Python), as native_step.py's
     /// `_event_values` gives it with its tokens.
     #[pyo3(signature = (state, event, now_ms, watermark_ms))]
@@ -421,6 +458,12 @@ impl NativeState {
     #[getter]
     fn has_pending(&self) -> bool {
         !self.state.pending.is_empty()
+    }
+
+    /// The state's format-4 body as the Python engine writes it (state_bytes.rs), or
+    /// None while events wait in it.
+    fn v4_body<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        crate::state_bytes::v4_body(&self.state).map(|body| PyBytes::new(py, &body))
     }
 
     /// The state's plain values, in SessionState's field order (native_step.py).

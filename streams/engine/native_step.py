@@ -36,6 +36,7 @@ from loopfuse.schemas.events import (
     ToolResult,
     Usage,
 )
+from loopfuse.streams.engine import state_codec
 from loopfuse.streams.engine.fingerprint import action_of, unknown_tool_name
 from loopfuse.streams.engine.history import Record
 from loopfuse.streams.engine.native import NATIVE
@@ -109,6 +110,40 @@ class NativeEngine:
         return self.judge.step_event(  # type: ignore[no-any-return]
             state, self._event_values(event), now_ms, watermark_ms
         )
+
+    def replay_step(
+        self, states: dict[str, Any], raw: bytes, *, max_bytes: int, max_depth: int,
+        max_identifier_bytes: int,
+    ) -> tuple[str, list[NativeOutput]]:
+        """Replay's step: one event, its own time as the clock, no watermark, its
+        session's state in ``states``. (session key, outputs); raises EventRejected as
+        ``decode_event`` does."""
+        got = self.judge.replay_step(states, raw, max_bytes, max_depth, max_identifier_bytes)
+        if got is not None:
+            return got  # type: ignore[no-any-return]
+        event = decode_event(
+            raw, max_bytes=max_bytes, max_depth=max_depth,
+            max_identifier_bytes=max_identifier_bytes,
+        )
+        key = event.key
+        states[key], outputs = self.judge.step_event(
+            states.get(key), self._event_values(event), event.ts, None)
+        return key, outputs
+
+    def checkpoint(self, state: Any, cap: int) -> tuple[bytes, Any]:
+        """The state's bytes as the Python engine writes them (``state_codec.fit``), and
+        the state to go on with: the same one, or, when it had to shed evidence to fit
+        ``cap``, what is left of it. Raises StateTooLarge as ``fit`` does."""
+        body = state.v4_body()
+        if body is not None:
+            data = state_codec.encode_body(state.touched_ms, state.last_event_ms, body)
+            if len(data) <= cap:
+                return data, state
+        # events wait in it, or it is over its cap (rare): as the Python engine's, which
+        # fit may shed from, and back (the round trip is exact: tests/unit/test_native_step.py)
+        python = self.to_python(state)
+        data = state_codec.fit(python, cap)
+        return data, self.from_python(python)
 
     def release(self, state: Any, now_ms: int, watermark_ms: int | None) -> list[NativeOutput]:
         """Engine.release: what waits in ``state`` and may go now."""

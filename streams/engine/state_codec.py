@@ -156,6 +156,12 @@ def encode(state: SessionState) -> bytes:
     )
 
 
+def encode_body(touched_ms: int, last_event_ms: int, body: bytes) -> bytes:
+    """A state's bytes from its version-4 body as the native fold writes it
+    (native/src/state_bytes.rs): what :func:`encode` writes for the same state."""
+    return _HEAD.pack(FORMAT_VERSION, touched_ms, last_event_ms) + body
+
+
 def _uvarint(out: bytearray, value: int) -> None:
     if value < 0x80:  # most counts and small numbers: one byte
         out.append(value)

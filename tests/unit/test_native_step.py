@@ -160,3 +160,22 @@ def test_native_for_leaves_rules_send_tools_and_payloads_to_python(native: Modul
                    {"loopfuse": {"includePayloadsInLoopEvents": True}},
                    {"agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {}}}}]}}):
         assert native_for(Engine(parse_config(config))) is None, config
+
+
+def test_replay_gives_the_python_folds_lines(native: ModuleType,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``loopfuse replay`` (streams/replay.py) takes the native fold on the default path:
+    every line it writes is the Python fold's, dead letters and checkpoints included."""
+    from loopfuse.streams import replay
+    from bench.engine import build_workload
+
+    lines = generated_lines(303, sessions=60, events=50) + build_workload(60, 30, 9)
+    for name in ("enabled", "tight", "not set"):
+        config = parse_config(CONFIGS[name])
+        native_lines = list(replay.replay_lines(iter(lines), Engine(config)))
+        with monkeypatch.context() as patched:
+            patched.setattr(replay, "native_for", lambda engine: None)
+            python_lines = list(replay.replay_lines(iter(lines), Engine(config)))
+        assert len(python_lines) > 2_500
+        assert any(b'"dead_letter"' in line or b"invalid_event" in line for line in python_lines)
+        assert native_lines == python_lines, name
