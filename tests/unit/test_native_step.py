@@ -64,7 +64,7 @@ def _python(config: DetectionConfigFile, lines: list[bytes]) -> tuple[list[bytes
             states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints)
         out.extend(map(_line, outputs))
     finals = []
-    for key, state in sorted(states.items()):
+    for _key, state in sorted(states.items()):
         out.extend(map(_line, engine.release(state, state.touched_ms + 60_000, None)))
         finals.append(state_codec.encode(state))
     return out, finals
@@ -166,8 +166,8 @@ def test_replay_gives_the_python_folds_lines(native: ModuleType,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """``loopfuse replay`` (streams/replay.py) takes the native fold on the default path:
     every line it writes is the Python fold's, dead letters and checkpoints included."""
-    from loopfuse.streams import replay
     from bench.engine import build_workload
+    from loopfuse.streams import replay
 
     lines = generated_lines(303, sessions=60, events=50) + build_workload(60, 30, 9)
     for name in ("enabled", "tight", "not set"):
