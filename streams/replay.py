@@ -108,14 +108,15 @@ def _replay_native(
     the Python it asks on rare paths does, and then its session starts afresh.
     """
     states: dict[str, Any] = {}
-    steps: dict[str, int] = {}
-    max_identifier_bytes = limits.max_identifier_bytes
+    max_identifier_bytes, max_state_bytes = limits.max_identifier_bytes, limits.max_state_bytes
+    step = native.replay_step
     for line_no, line in enumerate(lines, start=1):
         raw = line.rstrip(b"\r\n")
         try:
-            key, outputs = native.replay_step(
+            key, outputs, due = step(
                 states, raw, max_bytes=max_event_bytes, max_depth=DEFAULT_MAX_DEPTH,
-                max_identifier_bytes=max_identifier_bytes,
+                max_identifier_bytes=max_identifier_bytes, checkpoint_every=CHECKPOINT_EVERY,
+                max_state_bytes=max_state_bytes,
             )
         except EventRejected as exc:
             if not raw.strip():
@@ -128,18 +129,14 @@ def _replay_native(
             yield dead_letter(source, "engine_error", f"engine error: {exc!r}", limits).value
             continue
         for output in outputs:
-            kind = output[0]
-            if kind == "verdict" or kind == "loop_event":
-                yield output[1]
-            elif kind == "rejection":
+            if type(output) is bytes:  # a verdict or a loop event, as published
+                yield output
+            elif output[0] == "rejection":
                 yield dead_letter(Source(line=line_no, value=raw), output[1], output[2], limits).value
             else:
                 log.info("%s (session %s, run %s)", output[2], output[3], output[4])
-        done = steps.get(key, 0) + 1
-        if done >= CHECKPOINT_EVERY:
-            done = 0
-            _, states[key] = native.checkpoint(states[key], limits.max_state_bytes)
-        steps[key] = done
+        if due:
+            _, states[key] = native.checkpoint(states[key], max_state_bytes)
 
 
 def _progress_lines(stream: IO[bytes], total: int | None) -> Iterator[bytes]:

@@ -80,12 +80,21 @@ pub struct Judge {
 #[derive(Default)]
 pub struct NativeState {
     pub state: State,
+    /// Steps since replay last checkpointed it (not the state's: replay's bookkeeping).
+    since_checkpoint: usize,
 }
 
 fn outputs_to_python<'py>(py: Python<'py>, outputs: Vec<Output>) -> PyResult<Bound<'py, PyList>> {
+    outputs_as(py, outputs, false)
+}
+
+/// `bare`: verdicts and loop events as their bytes alone (replay writes them as they
+/// are), else tagged like the other outputs.
+fn outputs_as<'py>(py: Python<'py>, outputs: Vec<Output>, bare: bool) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for output in outputs {
         let item = match output {
+            Output::Verdict(bytes) | Output::LoopEvent(bytes) if bare => PyBytes::new(py, &bytes).into_any(),
             Output::Verdict(bytes) => ("verdict", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
             Output::LoopEvent(bytes) => ("loop_event", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
             Output::Notice { level, message, session_key, run_id } => {
@@ -255,9 +264,13 @@ impl Judge {
 
     /// Replay's step (streams/replay.py): one event from its wire bytes, its time as the
     /// clock and no watermark, its session's state looked up in and kept in `states`
-    /// (session key -> NativeState). (session key, outputs), or None for an event left
-    /// to Python (`states` untouched).
-    #[pyo3(signature = (states, raw, max_bytes, max_depth, max_identifier_bytes))]
+    /// (session key -> NativeState). (session key, outputs - verdicts and loop events
+    /// as their bytes, the others tagged -, whether the state needs Python's
+    /// checkpoint), or None for an event left to Python (`states` untouched). Every
+    /// `checkpoint_every` steps of a session its bytes are written here; only a state
+    /// that does not fit `max_state_bytes`, or has events waiting, needs Python's.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (states, raw, max_bytes, max_depth, max_identifier_bytes, checkpoint_every, max_state_bytes))]
     fn replay_step<'py>(
         &mut self,
         py: Python<'py>,
@@ -266,7 +279,9 @@ impl Judge {
         max_bytes: usize,
         max_depth: usize,
         max_identifier_bytes: usize,
-    ) -> PyResult<Option<(Bound<'py, PyString>, Bound<'py, PyList>)>> {
+        checkpoint_every: usize,
+        max_state_bytes: usize,
+    ) -> PyResult<Option<(Bound<'py, PyString>, Bound<'py, PyList>, bool)>> {
         if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
             return Ok(None);
         }
@@ -283,11 +298,10 @@ impl Judge {
             }
         };
         let ts = event.ts;
-        let outputs = {
-            let mut held = state.borrow_mut();
-            self.run(py, &mut held.state, Some(event), ts, None)?
-        };
-        Ok(Some((key, outputs_to_python(py, outputs)?)))
+        let mut held = state.borrow_mut();
+        let outputs = self.run(py, &mut held.state, Some(event), ts, None)?;
+        let due = held.counted(checkpoint_every, max_state_bytes);
+        Ok(Some((key, outputs_as(py, outputs, true)?, due)))
     }
 
     /// One event Python decoded (`step_raw` left it to Python), as native_step.py's
@@ -439,6 +453,20 @@ impl NativeState {
         NativeState::default()
     }
 
+    /// Replay counts a step of this session: whether Python's checkpoint is due now
+    /// (every `checkpoint_every` steps, the state written natively, and only one over
+    /// `max_state_bytes` or with events waiting left to `state_codec.fit`).
+    fn counted(&mut self, checkpoint_every: usize, max_state_bytes: usize) -> bool {
+        self.since_checkpoint += 1;
+        if self.since_checkpoint < checkpoint_every {
+            return false;
+        }
+        self.since_checkpoint = 0;
+        // the head (17 bytes) and the body, as state_codec writes them
+        let fits = crate::state_bytes::v4_body(&self.state).is_some_and(|body| 17 + body.len() <= max_state_bytes);
+        !fits
+    }
+
     #[getter]
     fn touched_ms(&self) -> i64 {
         self.state.touched_ms
@@ -555,7 +583,7 @@ impl NativeState {
             pending,
             rules: get(14)?.extract()?,
         };
-        Ok(NativeState { state })
+        Ok(NativeState { state, since_checkpoint: 0 })
     }
 }
 

@@ -113,12 +113,16 @@ class NativeEngine:
 
     def replay_step(
         self, states: dict[str, Any], raw: bytes, *, max_bytes: int, max_depth: int,
-        max_identifier_bytes: int,
-    ) -> tuple[str, list[NativeOutput]]:
+        max_identifier_bytes: int, checkpoint_every: int, max_state_bytes: int,
+    ) -> tuple[str, list[Any], bool]:
         """Replay's step: one event, its own time as the clock, no watermark, its
-        session's state in ``states``. (session key, outputs); raises EventRejected as
-        ``decode_event`` does."""
-        got = self.judge.replay_step(states, raw, max_bytes, max_depth, max_identifier_bytes)
+        session's state in ``states``. (session key, outputs, whether its state needs
+        :meth:`checkpoint` now), verdicts and loop events among the outputs as their
+        bytes alone; raises EventRejected as ``decode_event`` does. Every
+        ``checkpoint_every`` steps of a session its state's bytes are written natively,
+        and only one over ``max_state_bytes`` or with events waiting needs Python's."""
+        got = self.judge.replay_step(states, raw, max_bytes, max_depth, max_identifier_bytes,
+                                     checkpoint_every, max_state_bytes)
         if got is not None:
             return got  # type: ignore[no-any-return]
         event = decode_event(
@@ -128,7 +132,8 @@ class NativeEngine:
         key = event.key
         states[key], outputs = self.judge.step_event(
             states.get(key), self._event_values(event), event.ts, None)
-        return key, outputs
+        bare = [o[1] if o[0] in ("verdict", "loop_event") else o for o in outputs]
+        return key, bare, states[key].counted(checkpoint_every, max_state_bytes)
 
     def checkpoint(self, state: Any, cap: int) -> tuple[bytes, Any]:
         """The state's bytes as the Python engine writes them (``state_codec.fit``), and

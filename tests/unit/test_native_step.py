@@ -179,3 +179,34 @@ def test_replay_gives_the_python_folds_lines(native: ModuleType,
         assert len(python_lines) > 2_500
         assert any(b'"dead_letter"' in line or b"invalid_event" in line for line in python_lines)
         assert native_lines == python_lines, name
+
+
+def test_replay_sheds_a_state_over_its_cap_as_the_python_fold_does(
+        native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A history of 2,000 records does not fit the state's 64 KiB: at its checkpoints the
+    state sheds its oldest records (state_codec.fit), which changes what is detected
+    later; the native replay does it at the same steps, to the same lines."""
+    from bench.engine import build_workload
+    from loopfuse.streams import replay
+
+    config = parse_config({"tools": {"loopDetection": {
+        "enabled": True, "historySize": 3000, "warningThreshold": 300,
+        "criticalThreshold": 5000, "globalCircuitBreakerThreshold": 6000}}})
+    lines = build_workload(17, 2_000, 4)  # the 17th session loops (a generic repeat)
+    native_lines = list(replay.replay_lines(iter(lines), Engine(config)))
+    with monkeypatch.context() as patched:
+        patched.setattr(replay, "native_for", lambda engine: None)
+        shed: list[int] = []
+        fit = state_codec.fit
+
+        def counting(state: SessionState, cap: int) -> bytes:
+            before = len(state.history)
+            data = fit(state, cap)
+            shed.append(before - len(state.history))
+            return data
+
+        patched.setattr(state_codec, "fit", counting)
+        python_lines = list(replay.replay_lines(iter(lines), Engine(config)))
+    assert sum(shed) > 500, "the Python fold shed records"
+    assert any(b'"generic_repeat"' in line for line in python_lines)
+    assert native_lines == python_lines
