@@ -52,6 +52,7 @@ from loopfuse.streams.engine import COMPILED, Engine, SessionState, state_codec
 from loopfuse.streams.engine.compiled import PURE_ENV
 from loopfuse.streams.engine.fingerprint import args_hash, result_token
 from loopfuse.streams.engine.native import NATIVE
+from loopfuse.streams.engine.native_step import native_for
 from loopfuse.streams.engine.wire import decode_fingerprinted
 from loopfuse.streams.replay import replay_lines
 
@@ -398,6 +399,19 @@ def main() -> None:
     )
     rate = statistics.median(rates)
     print(f"engine step: median {rate:,.0f} events/s; per event p50 {p50:.1f} us, p99 {p99:.1f} us")
+    native = native_for(Engine(config))
+    if native is not None:  # the native fold (issue 27, stage 3): from each event's bytes
+        keys = [decode_event(line).key for line in raw]
+        timestamps = [decode_event(line).ts for line in raw]
+
+        def fold_natively() -> None:
+            held: dict[str, Any] = {}
+            for line, key, ts in zip(raw, keys, timestamps, strict=True):
+                held[key], _ = native.step(held.get(key), line, ts, None)
+
+        fold_rate = _median_rate(len(raw), opts.rounds, fold_natively)
+        print(f"native fold (decode, fingerprints, step, outputs as bytes): median "
+              f"{fold_rate:,.0f} events/s")
     history_size = engine.resolve(None).history_size
     print(
         f"state bytes per session (history {history_size}): median {median_size}, "
