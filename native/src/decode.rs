@@ -86,10 +86,18 @@ fn is_identifier(name: &str) -> bool {
 /// xxh3-128 as 32 lowercase hex digits (what xxhash.xxh3_128_hexdigest returns), written
 /// by hand: `format!` took twenty times the instructions of the hash of a short text.
 pub fn hex128(data: &[u8]) -> String {
+    String::from_utf8(hex128_digits(data).to_vec()).expect("hex digits are ASCII")
+}
+
+/// `hex128` on the stack (a verdict's id is written, never kept).
+pub fn hex128_digits(data: &[u8]) -> [u8; 32] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let hash = xxh3_128(data);
-    let digits: Vec<u8> = (0..32).rev().map(|nibble| HEX[((hash >> (nibble * 4)) & 0xf) as usize]).collect();
-    String::from_utf8(digits).expect("hex digits are ASCII")
+    let mut digits = [0u8; 32];
+    for (index, digit) in digits.iter_mut().enumerate() {
+        *digit = HEX[((hash >> ((31 - index) * 4)) & 0xf) as usize];
+    }
+    digits
 }
 
 fn canonical_token(value: &Value<'_>) -> Option<String> {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-use crate::decode::{hex128, Kind, Usage};
+use crate::decode::{hex128_digits, Kind, Usage};
 use crate::engine::config::ResolvedConfig;
 use crate::engine::detectors::{detect_in_run, guard_message, message_for, Detection, Detector, Level};
 use crate::engine::fingerprint::{hash32, hash64, is_known_poll, result_fingerprint, run_key, signature};
@@ -271,9 +271,9 @@ pub struct Settings {
     pub gap_timeout_ms: i64,
 }
 
-/// xxh3-128 hex of some text (fingerprint.py's `digest` of its UTF-8).
-fn digest(text: &str) -> String {
-    hex128(text.as_bytes())
+/// xxh3-128 hex of some bytes (fingerprint.py's `digest`), on the stack.
+fn digest(data: &[u8]) -> [u8; 32] {
+    hex128_digits(data)
 }
 
 /// step.py's `run_scope`: run ids are compared trimmed; an empty one is no run id.
@@ -751,20 +751,23 @@ impl<P: Policies> Step<'_, P> {
     // -- outputs -----------------------------------------------------------------------
 
     fn verdict(&self, event: &Event, verdict: &Verdict<'_>, now_ms: i64) -> Vec<u8> {
-        let mut id_text = format!(
-            "{}\x1f{}\x1f{}\x1f{}",
-            event.key(),
-            event.run_id.as_deref().unwrap_or(""),
-            event.call_id().unwrap_or(""),
-            verdict.action
-        );
+        // verdict_id: f"{session}\x1f{run or ''}\x1f{call_id or ''}\x1f{action}[\x1f{incarnation}]"
+        let mut text = Vec::with_capacity(160);
+        text.extend_from_slice(event.key().as_bytes());
+        text.push(0x1f);
+        text.extend_from_slice(event.run_id.as_deref().unwrap_or("").as_bytes());
+        text.push(0x1f);
+        text.extend_from_slice(event.call_id().unwrap_or("").as_bytes());
+        text.push(0x1f);
+        text.extend_from_slice(verdict.action.as_bytes());
         if let Some(incarnation) = &event.incarnation {
-            id_text.push('\x1f');
-            id_text.push_str(incarnation);
+            text.push(0x1f);
+            text.extend_from_slice(incarnation.as_bytes());
         }
-        let id = digest(&id_text);
+        let digits = digest(&text);
+        let id = std::str::from_utf8(&digits).expect("hex digits");
         let judgement = Judgement {
-            id: &id,
+            id,
             session_key: event.key(),
             run_id: event.run_id.as_deref(),
             agent_id: event.agent_id.as_deref(),
@@ -800,9 +803,11 @@ impl<P: Policies> Step<'_, P> {
         enforced: Option<bool>,
     ) -> Vec<u8> {
         let detector = verdict.detector.expect("a loop event's detector");
-        let id = digest(&format!("{}\x1f{}\x1f{}\x1f{}", event.key(), event.event_id, detector, verdict.count));
+        let text = format!("{}\x1f{}\x1f{}\x1f{}", event.key(), event.event_id, detector, verdict.count);
+        let digits = digest(text.as_bytes());
+        let id = std::str::from_utf8(&digits).expect("hex digits");
         let judgement = Judgement {
-            id: &id,
+            id,
             session_key: event.key(),
             run_id: event.run_id.as_deref(),
             agent_id: event.agent_id.as_deref(),

@@ -26,6 +26,8 @@ struct PolicyCache {
     resolve: Py<PyAny>,
     enforce: bool,
     cache: HashMap<Option<String>, Arc<Policy>>,
+    /// The agent of the last lookup and its policy.
+    last: Option<(Option<String>, Arc<Policy>)>,
 }
 
 const CACHE_BOUND: usize = 10_000;
@@ -35,13 +37,20 @@ struct Resolver<'a, 'py> {
     resolve: &'a Py<PyAny>,
     enforce: bool,
     cache: &'a mut HashMap<Option<String>, Arc<Policy>>,
+    last: &'a mut Option<(Option<String>, Arc<Policy>)>,
     py: Python<'py>,
 }
 
 impl Policies for Resolver<'_, '_> {
     fn policy(&mut self, agent_id: Option<&str>) -> PyResult<Arc<Policy>> {
+        if let Some((last, policy)) = self.last.as_ref() {
+            if last.as_deref() == agent_id {
+                return Ok(policy.clone()); // a session's events are one agent's: no lookup
+            }
+        }
         let key = agent_id.map(str::to_owned);
         if let Some(policy) = self.cache.get(&key) {
+            *self.last = Some((key, policy.clone()));
             return Ok(policy.clone());
         }
         // config.py's ResolvedConfig fields, in order (native_step.py's _config_values)
@@ -63,7 +72,8 @@ impl Policies for Resolver<'_, '_> {
         if self.cache.len() >= CACHE_BOUND {
             self.cache.clear();
         }
-        self.cache.insert(key, policy.clone());
+        self.cache.insert(key.clone(), policy.clone());
+        *self.last = Some((key, policy.clone()));
         Ok(policy)
     }
 }
@@ -190,7 +200,7 @@ impl Judge {
     ) -> PyResult<Vec<Output>> {
         let Judge { settings, policies, .. } = self;
         let mut resolver =
-            Resolver { resolve: &policies.resolve, enforce: policies.enforce, cache: &mut policies.cache, py };
+            Resolver { resolve: &policies.resolve, enforce: policies.enforce, cache: &mut policies.cache, last: &mut policies.last, py };
         let mut step = Step { settings, policies: &mut resolver, py, out: Vec::new() };
         match event {
             Some(event) => step.step(state, event, now_ms, watermark_ms)?,
@@ -210,6 +220,8 @@ fn action_of(wire: &WireEvent<'_, '_>) -> Option<String> {
 }
 
 type StepResult<'py> = Option<(Py<NativeState>, Bound<'py, PyList>)>;
+/// (session key, outputs, whether Python's checkpoint is due)
+type ReplayStep<'py> = (Bound<'py, PyString>, Bound<'py, PyList>, bool);
 
 #[pymethods]
 impl Judge {
@@ -225,7 +237,7 @@ impl Judge {
     ) -> Self {
         Judge {
             settings: Settings { enforce, max_parked, max_parked_bytes, gap_timeout_ms },
-            policies: PolicyCache { resolve, enforce, cache: HashMap::new() },
+            policies: PolicyCache { resolve, enforce, cache: HashMap::new(), last: None },
             unknown_tool_name,
         }
     }
@@ -281,7 +293,7 @@ impl Judge {
         max_identifier_bytes: usize,
         checkpoint_every: usize,
         max_state_bytes: usize,
-    ) -> PyResult<Option<(Bound<'py, PyString>, Bound<'py, PyList>, bool)>> {
+    ) -> PyResult<Option<ReplayStep<'py>>> {
         if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
             return Ok(None);
         }
