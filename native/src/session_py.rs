@@ -242,6 +242,20 @@ impl Judge {
         }
     }
 
+    /// The Python it holds, for the garbage collector: the resolver is usually a bound
+    /// method of the object holding this Judge (native_step.NativeEngine), a cycle.
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.policies.resolve)?;
+        visit.call(&self.unknown_tool_name)
+    }
+
+    fn __clear__(&mut self) {
+        // the callables cannot be dropped (not Options): the policies go, which is what
+        // holds the engine's configs; the collector breaks the cycle at the other end
+        self.policies.cache.clear();
+        self.policies.last = None;
+    }
+
     /// One event from its wire bytes: (state, outputs), the state changed in place (a
     /// new one for None); None, the state untouched, for an event left to Python.
     #[allow(clippy::too_many_arguments)]

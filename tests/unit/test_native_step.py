@@ -210,3 +210,17 @@ def test_replay_sheds_a_state_over_its_cap_as_the_python_fold_does(
     assert sum(shed) > 500, "the Python fold shed records"
     assert any(b'"generic_repeat"' in line for line in python_lines)
     assert native_lines == python_lines
+
+
+def test_a_native_engine_is_collected(native: ModuleType) -> None:
+    """The Judge holds the engine's resolver (a bound method: a cycle through Rust),
+    so it must show the collector what it holds, or every replay would leak its engine."""
+    import gc
+    import weakref
+
+    held = native_for(Engine(parse_config(CONFIGS["enabled"])))
+    assert held is not None
+    ref = weakref.ref(held)
+    del held
+    gc.collect()
+    assert ref() is None
