@@ -12,6 +12,7 @@ mod canonical;
 mod decode;
 mod json;
 mod outcome;
+mod state_codec;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
@@ -108,5 +109,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(canonical_digest, module)?)?;
     module.add_function(wrap_pyfunction!(digest, module)?)?;
     module.add_function(wrap_pyfunction!(decode::event_fingerprints, module)?)?;
+    module.add_function(wrap_pyfunction!(state_codec::compact_state, module)?)?;
+    module.add_function(wrap_pyfunction!(state_codec::expand_state, module)?)?;
     Ok(())
 }

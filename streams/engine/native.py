@@ -34,6 +34,7 @@ MIRRORED = (
     "streams/engine/fingerprint.py",
     "schemas/decode.py",
     "schemas/events.py",
+    "streams/engine/state_codec.py",
 )
 
 
