@@ -68,42 +68,60 @@ impl<'a> Pack<'a> {
         Some(bytes)
     }
 
-    fn be(&mut self, width: usize) -> Option<u64> {
-        Some(self.take(width)?.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+    fn be<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
     }
 
-    /// Any integer, as an i128 (MessagePack's ints span i64 and u64).
-    fn int(&mut self) -> Option<i128> {
-        let tag = self.byte()?;
-        Some(match tag {
-            0x00..=0x7f => i128::from(tag),
-            0xe0..=0xff => i128::from(tag as i8),
-            0xcc => i128::from(self.be(1)?),
-            0xcd => i128::from(self.be(2)?),
-            0xce => i128::from(self.be(4)?),
-            0xcf => i128::from(self.be(8)?),
-            0xd0 => i128::from(self.be(1)? as u8 as i8),
-            0xd1 => i128::from(self.be(2)? as u16 as i16),
-            0xd2 => i128::from(self.be(4)? as u32 as i32),
-            0xd3 => i128::from(self.be(8)? as i64),
-            _ => return None,
-        })
+    fn be16(&mut self) -> Option<usize> {
+        Some(usize::from(u16::from_be_bytes(self.be()?)))
     }
 
+    fn be32(&mut self) -> Option<usize> {
+        usize::try_from(u32::from_be_bytes(self.be()?)).ok()
+    }
+
+    /// An unsigned integer of 64 bits or fewer (a negative one is not).
     fn uint(&mut self) -> Option<u64> {
-        u64::try_from(self.int()?).ok()
+        let tag = self.byte()?;
+        match tag {
+            0x00..=0x7f => Some(u64::from(tag)),
+            0xcc => Some(u64::from(self.byte()?)),
+            0xcd => Some(u64::from(u16::from_be_bytes(self.be()?))),
+            0xce => Some(u64::from(u32::from_be_bytes(self.be()?))),
+            0xcf => Some(u64::from_be_bytes(self.be()?)),
+            // msgspec writes non-negative ints unsigned; a signed form may hold one too
+            0xd0..=0xd3 | 0xe0..=0xff => {
+                self.pos -= 1;
+                u64::try_from(self.sint()?).ok()
+            }
+            _ => None,
+        }
     }
 
+    /// A signed integer of 64 bits.
     fn sint(&mut self) -> Option<i64> {
-        i64::try_from(self.int()?).ok()
+        let tag = self.byte()?;
+        match tag {
+            0x00..=0x7f => Some(i64::from(tag)),
+            0xe0..=0xff => Some(i64::from(tag as i8)),
+            0xcc => Some(i64::from(self.byte()?)),
+            0xcd => Some(i64::from(u16::from_be_bytes(self.be()?))),
+            0xce => Some(i64::from(u32::from_be_bytes(self.be()?))),
+            0xcf => i64::try_from(u64::from_be_bytes(self.be()?)).ok(),
+            0xd0 => Some(i64::from(i8::from_be_bytes(self.be()?))),
+            0xd1 => Some(i64::from(i16::from_be_bytes(self.be()?))),
+            0xd2 => Some(i64::from(i32::from_be_bytes(self.be()?))),
+            0xd3 => Some(i64::from_be_bytes(self.be()?)),
+            _ => None,
+        }
     }
 
     fn array(&mut self) -> Option<usize> {
         let tag = self.byte()?;
         Some(match tag {
             0x90..=0x9f => usize::from(tag & 0x0f),
-            0xdc => self.be(2)? as usize,
-            0xdd => self.be(4)? as usize,
+            0xdc => self.be16()?,
+            0xdd => self.be32()?,
             _ => return None,
         })
     }
@@ -112,8 +130,8 @@ impl<'a> Pack<'a> {
         let tag = self.byte()?;
         Some(match tag {
             0x80..=0x8f => usize::from(tag & 0x0f),
-            0xde => self.be(2)? as usize,
-            0xdf => self.be(4)? as usize,
+            0xde => self.be16()?,
+            0xdf => self.be32()?,
             _ => return None,
         })
     }
@@ -138,9 +156,9 @@ impl<'a> Pack<'a> {
         let tag = self.byte()?;
         let length = match tag {
             0xa0..=0xbf => usize::from(tag & 0x1f),
-            0xd9 => self.be(1)? as usize,
-            0xda => self.be(2)? as usize,
-            0xdb => self.be(4)? as usize,
+            0xd9 => usize::from(self.byte()?),
+            0xda => self.be16()?,
+            0xdb => self.be32()?,
             _ => return None,
         };
         // UTF-8 already: msgspec wrote it from Python strs (and format 5's reader checks)
@@ -149,9 +167,9 @@ impl<'a> Pack<'a> {
 
     fn bin(&mut self) -> Option<&'a [u8]> {
         let length = match self.byte()? {
-            0xc4 => self.be(1)? as usize,
-            0xc5 => self.be(2)? as usize,
-            0xc6 => self.be(4)? as usize,
+            0xc4 => usize::from(self.byte()?),
+            0xc5 => self.be16()?,
+            0xc6 => self.be32()?,
             _ => return None,
         };
         self.take(length)
