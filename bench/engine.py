@@ -13,7 +13,8 @@ ping-pong, unknown tool, loop after compaction); args of realistic sizes and som
   would otherwise keep in-process;
 * ``Engine.step`` alone on events decoded up front;
 * the state codec (encode + decode per session; encode as a live session writes
-  again, its unchanged records' bytes kept, and the first encode after a decode).
+  again, its unchanged records' bytes kept, and the first encode after a decode), in
+  the format written, then by format: version 4, format 5 in Python, format 5 native.
 
     python bench/engine.py [--sessions 2000] [--calls 60] [--seed 1] [--rounds 3]
 
@@ -306,6 +307,39 @@ def openclaw_on_v8(raw: list[bytes], rounds: int) -> float | None:
     return statistics.median(rates)
 
 
+def codec_by_format(states: list[SessionState], rounds: int) -> str:
+    """Median bytes, encode + decode µs per state (and the first encode after a decode)
+    for each format and codec this process has: format 4 (msgspec), format 5 in Python,
+    format 5 native (Rust transcoding msgspec's format-4 body)."""
+    kept = state_codec._NATIVE_CODEC
+    kinds: list[tuple[str, int, Any]] = [("format 4", 4, kept), ("format 5 pure", 5, None)]
+    if kept is not None:
+        kinds.append(("format 5 native", 5, kept))
+    parts = []
+    try:
+        for name, version, native in kinds:
+            state_codec._NATIVE_CODEC = native
+            blobs = [state_codec.encode(state, version) for state in states]
+            size = sorted(map(len, blobs))[len(blobs) // 2]
+            encode_us = 1e6 / _median_rate(
+                len(states), rounds,
+                lambda v=version: [state_codec.encode(state, v) for state in states],
+            )
+            decode_us = 1e6 / _median_rate(
+                len(blobs), rounds, lambda b=blobs: [state_codec.decode(blob) for blob in b]
+            )
+            fresh = [[state_codec.decode(blob) for blob in blobs] for _ in range(rounds)]
+            first_us = 1e6 / _median_rate(
+                len(blobs), rounds,
+                lambda v=version, f=fresh: [state_codec.encode(state, v) for state in f.pop()],
+            )
+            parts.append(f"{name} {size} B, {encode_us:.1f} + {decode_us:.1f} us "
+                         f"(first {first_us:.1f})")
+    finally:
+        state_codec._NATIVE_CODEC = kept
+    return "; ".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=2000)
@@ -397,6 +431,7 @@ def main() -> None:
     first_us = 1e6 / _median_rate(
         len(blobs), opts.rounds, lambda: [state_codec.encode(state) for state in fresh.pop()]
     )
+    by_format = codec_by_format(list(states.values()), opts.rounds)
     rate = statistics.median(rates)
     print(f"engine step: median {rate:,.0f} events/s; per event p50 {p50:.1f} us, p99 {p99:.1f} us")
     native = native_for(Engine(config))
@@ -418,13 +453,14 @@ def main() -> None:
         f"max {sizes[-1]}; encode {encode_us:.1f} us + decode {decode_us:.1f} us "
         f"(the first encode after a decode {first_us:.1f} us)"
     )
+    print(f"state codec by format (median bytes, encode + decode per state): {by_format}")
     if COMPILED or NATIVE is not None:  # the pure engine on the same workload, for comparison
         pure = subprocess.run(
             [sys.executable, *sys.argv], env={**os.environ, PURE_ENV: "1"},
             capture_output=True, text=True, check=True,
         ).stdout.splitlines()
         summaries = ("offline path", "OpenClaw's", "decode+validate", "args fingerprint",
-                     "engine step", "state bytes", "engine_")
+                     "engine step", "state bytes", "state codec", "engine_")
         for line in pure:
             if line.startswith(summaries):
                 print(f"pure engine: {line}")

@@ -17,6 +17,7 @@ mod output;
 mod session;
 mod session_py;
 mod state_bytes;
+mod state_codec;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
@@ -115,6 +116,8 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode::event_fingerprints, module)?)?;
     module.add_function(wrap_pyfunction!(decode::event_fields, module)?)?;
     module.add_function(wrap_pyfunction!(output::output_json, module)?)?;
+    module.add_function(wrap_pyfunction!(state_codec::compact_state, module)?)?;
+    module.add_function(wrap_pyfunction!(state_codec::expand_state, module)?)?;
     engine::py::register(module)?;
     session_py::register(module)?;
     Ok(())

@@ -39,6 +39,7 @@ MIRRORED = (
     "streams/engine/step.py",
     "schemas/decode.py",
     "schemas/events.py",
+    "streams/engine/state_codec.py",
 )
 
 

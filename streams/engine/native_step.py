@@ -140,10 +140,8 @@ class NativeEngine:
         the state to go on with: the same one, or, when it had to shed evidence to fit
         ``cap``, what is left of it. Raises StateTooLarge as ``fit`` does."""
         body = state.v4_body()
-        if body is not None:
-            data = state_codec.encode_body(state.touched_ms, state.last_event_ms, body)
-            if len(data) <= cap:
-                return data, state
+        if body is not None and 17 + len(body) <= cap:  # the cap holds version 4's bytes (fit)
+            return state_codec.encode_body(state.touched_ms, state.last_event_ms, body), state
         # events wait in it, or it is over its cap (rare): as the Python engine's, which
         # fit may shed from, and back (the round trip is exact: tests/unit/test_native_step.py)
         python = self.to_python(state)

@@ -1,10 +1,50 @@
 """Session state as bytes: the value of the session table and its changelog.
 
 The format is versioned by its first byte. Every version ever written stays readable
-(a changelog outlives the code that wrote it): one reader per version below, and the
-writer writes the newest. Fingerprints are 64-bit ints. The worker encodes every
-touched session once per batch (and decodes one it has not cached), so the newest
-format is the one cheapest to write and read.
+(a changelog outlives the code that wrote it): one reader per version below. Format 5
+is written where the native codec is (loopfuse.streams.engine.native), else version 4
+(:data:`WRITTEN_VERSION`); both engines read and write both. Fingerprints are 64-bit
+ints. The worker encodes every touched session once per batch (and decodes one it has
+not cached), so the written format is the one cheapest to write and read at its size.
+
+Layout of version 5: version 4's head, then every part of the state in version 4's
+order, compact (issue 27: the changelog, RocksDB and recovery pay for each byte).
+Unsigned varints (LEB128, at most 64 bits) unless a width is given; ``s`` is a zigzag
+varint; a *word* (a 64-bit value) is ``0`` for zero, ``1`` and its 8 bytes where first
+met, ``n`` the (n-2)th word met before; a *text* is ``0`` for None, ``1``, its length
+and UTF-8 where first met, ``n`` the (n-2)th text met before; counts come first::
+
+    version:u8  touched_ms:i64  last_event_ms:i64  next_seq+1  verdict_floor
+    incarnation:word
+    history: count, per record: flags:u8 tool:text [sig] [run:word] [result] [call]
+             [unknown:text] ts:s (from the previous record's, the first from last_event_ms)
+    guards: count, per guard: run:word window remaining flags:u8 (1 first, 2 broken)
+            [first: tool:text sig:word result:word]
+    warnings: count, per key: key:u64 owner:word bucket
+    seen_ids: count, u64 each
+    decisions: count, per decision: event action detector count detail:text seq:s
+    parked: count, per event: seq, length, its JSON
+    skipped: count, (first, last) each
+    retired: count, (incarnation:u64, next_seq) each
+    pending: count, per event: length, its JSON
+    rules: length, loopfuse.streams.engine.rule_state's bytes
+
+A record's flags: bits 0-1 its sig and bits 2-3 its result (0 zero, 1 its 8 bytes
+follow, 2 a word ref follows: n, the nth word met), 0x10 its run differs from the
+previous record's (the first's previous is 0: so a history of one run writes its key
+once), 0x20 a call hash follows (else 0), 0x40 an unknown-tool name follows (else
+None); 0x80 is never set. The words and texts are met in this order, so equal states give equal bytes,
+whichever codec writes them. Any value wider than its field (none the engine makes)
+is written in version 4 instead. The native codec transcodes: msgspec writes version
+4's body in C, Rust makes it format 5; Rust makes format 5 version 4's body, msgspec
+reads it in C (building Python objects through PyO3 costs more than msgspec does).
+
+On ``bench/engine.py --sessions 500 --calls 50`` (history 30; docs/benchmarks.md has
+the runs) a median state is 692 B in format 5, 1,461 B in version 4 (699 B in version
+3). Encode + decode per state: version 4 about 2 + 8 µs, format 5 native 4 + 9 µs,
+format 5 in Python 40 + 41 µs. So where the native codec is, format 5 is written (half
+the bytes for about 2 µs more each way); without it, version 4 (format 5's writer in
+Python costs some 20 times msgspec's; ``encode(state, 5)`` still writes it).
 
 Layout of version 4: a fixed head, then one MessagePack array written and read by
 msgspec in C (its fields: ``_Body`` below)::
@@ -18,7 +58,7 @@ order, the run as its 64-bit key); a decision's action and detector are indexes
 into ACTIONS and DETECTORS; parked and pending events are their JSON; ``rules`` is
 loopfuse.streams.engine.rule_state's bytes. A state is one msgspec call each way. Version 3
 wrote the history column by column with a string table and varints: about half the
-bytes, but about a hundred calls each way, which cost three times as much.
+bytes, but about a hundred calls each way in Python, which cost three times as much.
 
 Layout of version 3 (uvarints unless a width is given)::
 
@@ -38,10 +78,16 @@ import msgspec
 
 from loopfuse.schemas.events import Action, Detector, InputEvent
 from loopfuse.streams.engine.history import Record
+from loopfuse.streams.engine.native import NATIVE
 from loopfuse.streams.engine.rule_state import decode_rule_state, encode_rule_state
 from loopfuse.streams.engine.state import Decision, Guard, SessionState, encode_event, run_key
 
-FORMAT_VERSION: Final = 4
+FORMAT_VERSION: Final = 5  # the newest format, read and written by both codecs
+#: The native codec, or None (the pure one): read at each call, so a test can take it away.
+_NATIVE_CODEC = NATIVE
+#: What :func:`encode` writes by default: format 5 where the native codec is, else 4
+#: (the pure writer of format 5 costs far more than msgspec's of format 4; see above).
+WRITTEN_VERSION: Final = 4 if NATIVE is None else 5
 
 # Persisted enums: a decision is stored as indexes into these tuples. Append only -
 # never reorder or remove an entry, or states already written would read back as
@@ -74,6 +120,12 @@ _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _TWO_U64 = struct.Struct("<QQ")
 _HEAD = struct.Struct("<Bqq")  # version, touched_ms, last_event_ms
+_I64_MIN: Final = -(1 << 63)
+_I64_MAX: Final = (1 << 63) - 1
+# A format-5 history record's flags (bits 0-1 and 2-3: how its sig and result are written)
+_RUN_CHANGES = 0x10
+_HAS_CALL = 0x20
+_HAS_UNKNOWN = 0x40
 
 # History column layout flags (version 3).
 _WIDE_REFS = 1  # string refs are 2 bytes (more than 255 strings)
@@ -121,16 +173,34 @@ class StateTooLarge(ValueError):
 # -- writing -------------------------------------------------------------------------
 
 
-def encode(state: SessionState) -> bytes:
-    """The state's bytes in the newest format."""
-    rules = b""
-    if state.rules is not None and not state.rules.empty():
-        out = bytearray()
-        encode_rule_state(out, state.rules, _uvarint)
-        rules = bytes(out)
-    head = _HEAD.pack(FORMAT_VERSION, state.touched_ms, state.last_event_ms)
+def encode(state: SessionState, version: int = WRITTEN_VERSION) -> bytes:
+    """The state's bytes in format ``version`` (4 or 5; by default the one this process
+    writes, see WRITTEN_VERSION)."""
+    if version == 5 and _NATIVE_CODEC is None:
+        return _write_v5(state)
+    # msgspec writes version 4's body in C (the records' bytes kept, see
+    # SessionState.history_bytes), the native codec makes it format 5
+    return encode_body(state.touched_ms, state.last_event_ms, _v4_body(state), version)
+
+
+def encode_body(
+    touched_ms: int, last_event_ms: int, body: bytes, version: int = WRITTEN_VERSION
+) -> bytes:
+    """A state's bytes from its version-4 body (msgspec's, or the native fold's:
+    native/src/state_bytes.rs), in format ``version`` (5 only where the native codec is)."""
+    native = _NATIVE_CODEC
+    if version == 5 and native is not None:
+        compact: bytes | None = native.compact_state(touched_ms, last_event_ms, body)
+        if compact is not None:  # None: a value format 5 has no room for (none the engine makes)
+            return compact
+    return _HEAD.pack(4, touched_ms, last_event_ms) + body
+
+
+def _v4_body(state: SessionState) -> bytes:
+    """Version 4's body: the state but its head, in one msgspec call."""
+    rules = _rules_bytes(state)
     # _Body's fields, as a tuple (written alike): the history as its records' bytes
-    return head + _BODY_ENCODER.encode(
+    return _BODY_ENCODER.encode(
         (
             0 if state.next_seq is None else state.next_seq + 1,
             state.verdict_floor,
@@ -156,10 +226,167 @@ def encode(state: SessionState) -> bytes:
     )
 
 
-def encode_body(touched_ms: int, last_event_ms: int, body: bytes) -> bytes:
-    """A state's bytes from its version-4 body as the native fold writes it
-    (native/src/state_bytes.rs): what :func:`encode` writes for the same state."""
-    return _HEAD.pack(FORMAT_VERSION, touched_ms, last_event_ms) + body
+def _rules_bytes(state: SessionState) -> bytes:
+    if state.rules is None or state.rules.empty():
+        return b""
+    out = bytearray()
+    encode_rule_state(out, state.rules, _uvarint)
+    return bytes(out)
+
+
+def _write_v5(state: SessionState) -> bytes:
+    """Format 5 in Python: the bytes the native codec writes for the same state. A value
+    format 5 has no room for (beyond 64 bits; none the engine makes) gives format 4."""
+    try:
+        return _compact(state)
+    except (OverflowError, ValueError, struct.error):
+        return encode(state, 4)
+
+
+def _compact(state: SessionState) -> bytes:
+    # Words (64-bit values) and texts are written in full where first met and as refs
+    # after, in the order the layout meets them, so equal states give equal bytes (the
+    # native writer, reading version 4's body in that same order, writes the same).
+    strings: dict[str, int] = {}
+    words: dict[int, int] = {}
+    put, signed = _uvarint64, _svarint64
+
+    def text(out: bytearray, value: str | None) -> None:
+        if value is None:
+            out.append(0)
+            return
+        ref = strings.get(value)
+        if ref is not None:
+            put(out, ref + 2)
+            return
+        strings[value] = len(strings)
+        utf8 = value.encode()
+        out.append(1)
+        put(out, len(utf8))
+        out += utf8
+
+    def word(out: bytearray, value: int) -> None:
+        if not value:
+            out.append(0)
+            return
+        ref = words.get(value)
+        if ref is not None:
+            put(out, ref + 2)
+            return
+        packed = _U64.pack(value)  # refuses what 64 bits cannot hold, as the native writer does
+        words[value] = len(words)
+        out.append(1)
+        out += packed
+
+    def mode(out: bytearray, value: int) -> int:
+        """A record's sig or result: 0 zero, 1 new (8 bytes), 2 a ref."""
+        if not value:
+            return 0
+        ref = words.get(value)
+        if ref is not None:
+            put(out, ref)
+            return 2
+        packed = _U64.pack(value)
+        words[value] = len(words)
+        out += packed
+        return 1
+
+    out = bytearray(_HEAD.pack(5, state.touched_ms, state.last_event_ms))
+    put(out, 0 if state.next_seq is None else state.next_seq + 1)
+    put(out, state.verdict_floor)
+    word(out, state.incarnation)
+    put(out, len(state.history))
+    previous_ts, previous_run = state.last_event_ms, 0
+    for rec in state.history:
+        at = len(out)
+        out.append(0)  # the record's flags, known once its fields are written
+        text(out, rec.tool)
+        flags = mode(out, rec.sig)
+        if rec.run != previous_run:
+            flags |= _RUN_CHANGES
+            word(out, rec.run)
+            previous_run = rec.run
+        flags |= mode(out, rec.result) << 2
+        if rec.call:
+            flags |= _HAS_CALL
+            put(out, rec.call)
+        if rec.unknown is not None:
+            flags |= _HAS_UNKNOWN
+            text(out, rec.unknown)
+        ts = rec.ts
+        if not _I64_MIN <= ts <= _I64_MAX:
+            raise OverflowError("a record's ts beyond 64 bits")
+        signed(out, ts - previous_ts)
+        previous_ts = ts
+        out[at] = flags
+    put(out, len(state.guards))
+    for run, guard in state.guards.items():
+        word(out, run)
+        put(out, guard.window)
+        put(out, max(guard.remaining, 0))
+        first = guard.first
+        out.append((first is not None) | (guard.broken << 1))
+        if first is not None:
+            text(out, first[0])
+            word(out, first[1])
+            word(out, first[2])
+    put(out, len(state.warnings))
+    for key, (owner, bucket) in state.warnings.items():
+        out += _U64.pack(key)
+        word(out, owner)
+        put(out, bucket)
+    put(out, len(state.seen_ids))
+    out += struct.pack(f"<{len(state.seen_ids)}Q", *state.seen_ids)
+    put(out, len(state.decisions))
+    for d in state.decisions:
+        put(out, d.event)
+        put(out, _ACTION_CODE[d.action])
+        put(out, _DETECTOR_CODE[d.detector])
+        put(out, d.count)
+        text(out, d.detail)
+        signed(out, d.seq)
+    parked = state.parked_json() if state.parked else {}
+    put(out, len(parked))
+    for seq, json in parked.items():
+        put(out, seq)
+        put(out, len(json))
+        out += json
+    put(out, len(state.skipped))
+    for first_seq, last_seq in state.skipped:
+        put(out, first_seq)
+        put(out, last_seq)
+    put(out, len(state.retired))
+    for incarnation, next_seq in state.retired:
+        out += _U64.pack(incarnation)
+        put(out, next_seq)
+    put(out, len(state.pending))
+    for json in map(encode_event, state.pending):
+        put(out, len(json))
+        out += json
+    rules = _rules_bytes(state)
+    put(out, len(rules))
+    out += rules
+    return bytes(out)
+
+
+def _uvarint64(out: bytearray, value: int) -> None:
+    """A uvarint of format 5: at most 64 bits, as the native codec reads them."""
+    if 0 <= value < 0x80:
+        out.append(value)
+        return
+    if value >> 64 or value < 0:
+        raise OverflowError(f"{value} is not a 64-bit unsigned int")
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _svarint64(out: bytearray, value: int) -> None:
+    """A zigzag varint of a 64-bit signed int (small either side of 0: one byte)."""
+    if not _I64_MIN <= value <= _I64_MAX:
+        raise OverflowError(f"{value} is not a 64-bit signed int")
+    _uvarint64(out, (value << 1) if value >= 0 else ((-value) << 1) - 1)
 
 
 def _uvarint(out: bytearray, value: int) -> None:
@@ -210,6 +437,26 @@ def _read_v4(data: bytes) -> tuple[SessionState, int]:
     """The head, then the body in one msgspec call."""
     _, touched_ms, last_event_ms = _HEAD.unpack_from(data, 0)
     body = _BODY_DECODER.decode(memoryview(data)[_HEAD.size :])
+    return _state_of_body(body, touched_ms, last_event_ms), len(data)
+
+
+def _read_v5(data: bytes) -> tuple[SessionState, int]:
+    """The native codec writes the body as version 4's for msgspec to read in C; the
+    pure reader reads it into the same fields. Either way the state is built and
+    checked by :func:`_state_of_body`, as version 4's is."""
+    _, touched_ms, last_event_ms = _HEAD.unpack_from(data, 0)
+    native = _NATIVE_CODEC
+    if native is None:
+        body = _body_of_v5(data, last_event_ms)
+    else:
+        expanded: bytes | None = native.expand_state(data)
+        if expanded is None:
+            raise ValueError("corrupt session state (format 5)")
+        body = _BODY_DECODER.decode(expanded)
+    return _state_of_body(body, touched_ms, last_event_ms), len(data)
+
+
+def _state_of_body(body: _Body, touched_ms: int, last_event_ms: int) -> SessionState:
     state = SessionState(
         history=body.history,
         warnings=body.warnings,
@@ -240,7 +487,149 @@ def _read_v4(data: bytes) -> tuple[SessionState, int]:
         state.rules, pos = decode_rule_state(body.rules, 0, _read_uvarint)
         if pos != len(body.rules):
             raise ValueError(f"session state has {len(body.rules) - pos} trailing bytes")
-    return state, len(data)
+    return state
+
+
+def _body_of_v5(data: bytes, last_event_ms: int) -> _Body:
+    """Format 5's body as version 4's fields (the pure reader; see the layout above).
+    Whatever it accepts the native codec accepts, and gives the same fields."""
+    read, signed, _count = _read_uvarint64, _read_svarint64, _read_count64
+    strings: list[str] = []
+    words: list[int] = []
+
+    def text(pos: int) -> tuple[str | None, int]:
+        tag, pos = read(data, pos)
+        if tag > 1:
+            return strings[tag - 2], pos
+        if not tag:
+            return None, pos
+        length, pos = _count(data, pos)
+        strings.append(data[pos : pos + length].decode())  # strict UTF-8, as Rust's str
+        return strings[-1], pos + length
+
+    def word(pos: int) -> tuple[int, int]:
+        tag, pos = read(data, pos)
+        if tag > 1:
+            return words[tag - 2], pos
+        if not tag:
+            return 0, pos
+        words.append(_U64.unpack_from(data, pos)[0])
+        return words[-1], pos + 8
+
+    def field(mode: int, pos: int) -> tuple[int, int]:
+        if mode == 1:
+            words.append(_U64.unpack_from(data, pos)[0])
+            return words[-1], pos + 8
+        if mode == 2:
+            ref, pos = read(data, pos)
+            return words[ref], pos
+        if mode:
+            raise ValueError("corrupt session state: a record's flags")
+        return 0, pos
+
+    next_seq, pos = read(data, _HEAD.size)
+    verdict_floor, pos = read(data, pos)
+    incarnation, pos = word(pos)
+
+    count, pos = _count(data, pos)
+    history: list[Record] = []
+    ts, run = last_event_ms, 0
+    for _ in range(count):
+        flags = data[pos]
+        tool, pos = text(pos + 1)
+        sig, pos = field(flags & 3, pos)
+        if flags & _RUN_CHANGES:
+            run, pos = word(pos)
+        result, pos = field((flags >> 2) & 3, pos)
+        call_hash = unknown = None
+        if flags & _HAS_CALL:
+            call_hash, pos = read(data, pos)
+        if flags & _HAS_UNKNOWN:
+            unknown, pos = text(pos)
+        delta, pos = signed(data, pos)
+        ts += delta
+        if tool is None or flags > 0x7F or not _I64_MIN <= ts <= _I64_MAX:
+            raise ValueError("corrupt session state: a history record")
+        history.append(Record(tool, sig, run, call_hash or 0, result, unknown, ts))
+
+    count, pos = _count(data, pos)
+    guards: dict[int, tuple[int, int, tuple[str, int, int] | None, bool]] = {}
+    for _ in range(count):
+        key, pos = word(pos)
+        window, pos = read(data, pos)
+        remaining, pos = read(data, pos)
+        flags = data[pos]
+        pos += 1
+        first: tuple[str, int, int] | None = None
+        if flags & 1:
+            tool, pos = text(pos)
+            sig, pos = word(pos)
+            result, pos = word(pos)
+            if tool is None:
+                raise ValueError("corrupt session state: a guard's first result")
+            first = (tool, sig, result)
+        if flags > 3:
+            raise ValueError("corrupt session state: a guard's flags")
+        guards[key] = (window, remaining, first, flags > 1)
+
+    count, pos = _count(data, pos)
+    warnings: dict[int, tuple[int, int]] = {}
+    for _ in range(count):
+        key = _U64.unpack_from(data, pos)[0]
+        owner, pos = word(pos + 8)
+        bucket, pos = read(data, pos)
+        warnings[key] = (owner, bucket)
+
+    count, pos = _count(data, pos)
+    seen_ids = list(struct.unpack_from(f"<{count}Q", data, pos))
+    pos += 8 * count
+
+    count, pos = _count(data, pos)
+    decisions: list[tuple[int, int, int, int, str | None, int]] = []
+    for _ in range(count):
+        event, pos = read(data, pos)
+        action, pos = read(data, pos)
+        detector, pos = read(data, pos)
+        times, pos = read(data, pos)
+        detail, pos = text(pos)
+        seq, pos = signed(data, pos)
+        decisions.append((event, action, detector, times, detail, seq))
+
+    count, pos = _count(data, pos)
+    parked: dict[int, bytes] = {}
+    for _ in range(count):
+        seq, pos = read(data, pos)
+        length, pos = _count(data, pos)
+        parked[seq] = data[pos : pos + length]
+        pos += length
+
+    skipped: list[tuple[int, int]] = []
+    count, pos = _count(data, pos)
+    for _ in range(count):
+        first_seq, pos = read(data, pos)
+        last_seq, pos = read(data, pos)
+        skipped.append((first_seq, last_seq))
+
+    retired: list[tuple[int, int]] = []
+    count, pos = _count(data, pos)
+    for _ in range(count):
+        key = _U64.unpack_from(data, pos)[0]
+        seq, pos = read(data, pos + 8)
+        retired.append((key, seq))
+
+    pending: list[bytes] = []
+    count, pos = _count(data, pos)
+    for _ in range(count):
+        length, pos = _count(data, pos)
+        pending.append(data[pos : pos + length])
+        pos += length
+
+    length, pos = _count(data, pos)
+    rules = data[pos : pos + length]
+    if pos + length != len(data):
+        raise ValueError(f"session state has {len(data) - pos - length} trailing bytes")
+    return _Body(next_seq, verdict_floor, incarnation, history, guards, warnings, seen_ids,
+                 decisions, parked, skipped, retired, pending, rules)
 
 
 def _read_guards(data: bytes, pos: int, strings: list[str | None], state: SessionState) -> int:
@@ -373,6 +762,7 @@ _READERS: Final[dict[int, Callable[[bytes], tuple[SessionState, int]]]] = {
     2: _read_v2,
     3: _read_v3,
     4: _read_v4,
+    5: _read_v5,
 }
 
 
@@ -531,6 +921,30 @@ def _read_count(data: bytes, pos: int) -> tuple[int, int]:
     return count, pos
 
 
+def _read_uvarint64(data: bytes, pos: int) -> tuple[int, int]:
+    """A uvarint of format 5: more than 64 bits is corrupt (the native codec's limit)."""
+    byte = data[pos]
+    if byte < 0x80:  # most refs and counts
+        return byte, pos + 1
+    value, end = _read_uvarint(data, pos)
+    if value >> 64 or end - pos > 10:
+        raise ValueError(f"corrupt session state: a varint of more than 64 bits at byte {pos}")
+    return value, end
+
+
+def _read_count64(data: bytes, pos: int) -> tuple[int, int]:
+    """A count of format 5 (:func:`_read_count` of a 64-bit varint)."""
+    count, pos = _read_uvarint64(data, pos)
+    if count > len(data) - pos:
+        raise ValueError(f"corrupt session state: a count of {count} at byte {pos}")
+    return count, pos
+
+
+def _read_svarint64(data: bytes, pos: int) -> tuple[int, int]:
+    raw, pos = _read_uvarint64(data, pos)
+    return (raw >> 1) if not raw & 1 else -((raw + 1) >> 1), pos
+
+
 def _read_svarint(data: bytes, pos: int) -> tuple[int, int]:
     raw, pos = _read_uvarint(data, pos)
     return (raw >> 1) if not raw & 1 else -((raw + 1) >> 1), pos
@@ -539,8 +953,9 @@ def _read_svarint(data: bytes, pos: int) -> tuple[int, int]:
 # -- fitting a cap -------------------------------------------------------------------
 
 
-def fit(state: SessionState, cap: int) -> bytes:
-    """The state's bytes, shedding the oldest evidence until they fit in ``cap``.
+def fit(state: SessionState, cap: int, version: int = WRITTEN_VERSION) -> bytes:
+    """The state's bytes (format ``version``), shedding the oldest evidence until they
+    fit in ``cap``.
 
     Identifiers are bounded at decode and every collection is capped, so with the
     default config a state fits in the default cap whatever the input; a large
@@ -549,9 +964,13 @@ def fit(state: SessionState, cap: int) -> bytes:
     guards, remembered verdicts and incarnations. Events waiting on a gap are never
     shed (they are input not yet applied): their bytes are capped by the engine.
     Raises StateTooLarge when nothing is left to shed.
+
+    The cap is held to version 4's bytes, whichever format is written (format 5's are
+    fewer): so a pure engine (writing 4) and a native one (writing 5) shed at the same
+    events, and their verdicts stay the same however large a history is configured.
     """
-    data = encode(state)
-    while len(data) > cap:
+    body = _v4_body(state)
+    while _HEAD.size + len(body) > cap:
         if len(state.history) > 1:
             del state.history[: max(1, len(state.history) // 4)]
             state.forget_derived()
@@ -574,7 +993,10 @@ def fit(state: SessionState, cap: int) -> bytes:
             state.forget_derived()
         else:
             raise StateTooLarge(
-                f"session state is {len(data)} bytes with nothing left to shed (the cap is {cap})"
+                f"session state is {_HEAD.size + len(body)} bytes with nothing left to shed "
+                f"(the cap is {cap})"
             )
-        data = encode(state)
-    return data
+        body = _v4_body(state)
+    if version == 5 and _NATIVE_CODEC is None:
+        return _write_v5(state)
+    return encode_body(state.touched_ms, state.last_event_ms, body, version)

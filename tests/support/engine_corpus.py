@@ -5,7 +5,9 @@
 Writes to OUT, one line each: which engine ran, then per corpus every output of every
 step (verdicts and loop events as their published JSON, rejections and notices as
 their fields), every session's final state bytes and those bytes decoded and encoded
-again. tests/unit/test_compiled_engine.py runs it under both engines and compares.
+again, in both formats (5 is the native codec's where it is built, the pure one's
+where not: the same bytes). tests/unit/test_compiled_engine.py and
+test_native_identity.py run it under two engines and compare.
 
 The corpus: the examples (each with its config), the test fixtures, the
 benchmark's workload with deliveries out of order, duplicated and lost, so that
@@ -152,9 +154,11 @@ def run(lines: list[bytes], config: DetectionConfigFile) -> list[bytes]:
     for key, state in sorted(states.items()):
         for output in engine.release(state, state.touched_ms + 60_000, None):
             out.append(_line(output))
-        data = state_codec.encode(state)
-        out.append(orjson.dumps(["state", key, data.hex()]))
-        out.append(orjson.dumps(["again", key, state_codec.encode(state_codec.decode(data)).hex()]))
+        for version in (4, 5):
+            data = state_codec.encode(state, version)
+            again = state_codec.encode(state_codec.decode(data), version)
+            out.append(orjson.dumps(["state", key, data.hex()]))
+            out.append(orjson.dumps(["again", key, again.hex()]))
     return out
 
 
@@ -184,10 +188,11 @@ def _run_native(native: NativeEngine, lines: list[bytes]) -> list[bytes]:
         for output in native.release(state, state.touched_ms + 60_000, None):
             out.append(_native_line(output))
         python = NativeEngine.to_python(state)
-        data = state_codec.encode(python)
-        out.append(orjson.dumps(["state", key, data.hex()]))
-        back = NativeEngine.to_python(NativeEngine.from_python(state_codec.decode(data)))
-        out.append(orjson.dumps(["again", key, state_codec.encode(back).hex()]))
+        for version in (4, 5):
+            data = state_codec.encode(python, version)
+            back = NativeEngine.to_python(NativeEngine.from_python(state_codec.decode(data)))
+            out.append(orjson.dumps(["state", key, data.hex()]))
+            out.append(orjson.dumps(["again", key, state_codec.encode(back, version).hex()]))
     return out
 
 
