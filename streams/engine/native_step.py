@@ -9,10 +9,16 @@ fields (tests/unit/test_native_identity.py runs the engine corpus through both).
 
 An event goes in as its wire bytes; where the native decoder leaves an event to the
 Python decoder (an RFC 3339 ``ts``, a big integer, a lone surrogate, every rejection),
-Python decodes it and computes its tokens, and the fold takes those. A state converts
-to the Python engine's ``SessionState`` and back (:meth:`NativeEngine.to_python`,
-:meth:`NativeEngine.from_python`), through which it is written and read as bytes until
-the state codec is native too.
+Python decodes it and computes its tokens, and the fold takes those. A state writes
+its bytes natively while no event waits in it (:meth:`NativeEngine.checkpoint`: version
+4's body from Rust, format 5 from that), and converts to the Python engine's
+``SessionState`` and back (:meth:`NativeEngine.to_python`,
+:meth:`NativeEngine.from_python`) for the rest: waiting events, shedding over the cap,
+and reading a state's bytes.
+
+Where it runs: ``loopfuse replay`` (streams/replay.py). The worker's session fold still
+runs the Python engine (with the native decoder's tokens): its undo, reply routing and
+fleet overlay are the next stage's.
 """
 
 from __future__ import annotations
