@@ -107,7 +107,15 @@ async def test_topics_are_replicated_and_producers_wait_for_the_in_sync_replicas
     await admin.start()
     try:
         names = [*settings.input_topics, changelog_topic(settings), settings.topic_verdicts]
-        described = await admin.describe_topics(names)
+        # A new topic reaches each broker's metadata a moment after its creation: the
+        # broker asked may not know it yet (no partitions, unknown topic), so ask again.
+        deadline = time.monotonic() + 30
+        while True:
+            described = await admin.describe_topics(names)
+            known = all(d["error_code"] == 0 and d["partitions"] for d in described)
+            if known or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.25)
         configs = await admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
         )
