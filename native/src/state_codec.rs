@@ -176,7 +176,7 @@ impl<'a> Pack<'a> {
     }
 }
 
-fn pack_uint(out: &mut Vec<u8>, value: u64) {
+pub(crate) fn pack_uint(out: &mut Vec<u8>, value: u64) {
     if value < 0x80 {
         out.push(value as u8);
     } else if value <= 0xff {
@@ -193,7 +193,7 @@ fn pack_uint(out: &mut Vec<u8>, value: u64) {
     }
 }
 
-fn pack_sint(out: &mut Vec<u8>, value: i64) {
+pub(crate) fn pack_sint(out: &mut Vec<u8>, value: i64) {
     if value >= 0 {
         pack_uint(out, value as u64);
     } else if value >= -32 {
@@ -224,15 +224,15 @@ fn pack_header(out: &mut Vec<u8>, length: usize, fix: u8, wide: u8) {
     }
 }
 
-fn pack_array(out: &mut Vec<u8>, length: usize) {
+pub(crate) fn pack_array(out: &mut Vec<u8>, length: usize) {
     pack_header(out, length, 0x90, 0xdc);
 }
 
-fn pack_map(out: &mut Vec<u8>, length: usize) {
+pub(crate) fn pack_map(out: &mut Vec<u8>, length: usize) {
     pack_header(out, length, 0x80, 0xde);
 }
 
-fn pack_str(out: &mut Vec<u8>, text: &[u8]) {
+pub(crate) fn pack_str(out: &mut Vec<u8>, text: &[u8]) {
     let length = text.len();
     if length < 32 {
         out.push(0xa0 | length as u8);
@@ -248,7 +248,7 @@ fn pack_str(out: &mut Vec<u8>, text: &[u8]) {
     out.extend_from_slice(text);
 }
 
-fn pack_bin(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(crate) fn pack_bin(out: &mut Vec<u8>, bytes: &[u8]) {
     let length = bytes.len();
     if length <= 0xff {
         out.extend_from_slice(&[0xc4, length as u8]);
@@ -606,7 +606,7 @@ impl<'a> Expand<'a> {
     }
 }
 
-fn pack_text(out: &mut Vec<u8>, text: Option<&[u8]>) {
+pub(crate) fn pack_text(out: &mut Vec<u8>, text: Option<&[u8]>) {
     match text {
         Some(text) => pack_str(out, text),
         None => out.push(0xc0),

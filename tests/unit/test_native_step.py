@@ -224,3 +224,32 @@ def test_a_native_engine_is_collected(native: ModuleType) -> None:
     del held
     gc.collect()
     assert ref() is None
+
+
+def test_a_native_state_writes_the_python_engines_bytes(native: ModuleType) -> None:
+    """A native checkpoint (native/src/state_bytes.rs: version 4's body, then format 5 from
+    it) is the bytes the Python engine writes for the same state, after every event."""
+    from bench.engine import build_workload
+
+    compared = 0
+    for name in ("not set", "tight"):
+        fold = native_for(Engine(parse_config(CONFIGS[name])))
+        assert fold is not None
+        states: dict[str, Any] = {}
+        for raw in generated_lines(404, sessions=40, events=40) + build_workload(30, 20, 2):
+            try:
+                event = decode_event(raw)
+            except EventRejected:
+                continue
+            states[event.key], _ = fold.step(states.get(event.key), raw, event.ts, None)
+            state = states[event.key]
+            body = state.v4_body()
+            if body is None:
+                continue  # events wait in it: the Python engine writes it
+            python = NativeEngine.to_python(state)
+            for version in (4, 5):
+                written = state_codec.encode_body(state.touched_ms, state.last_event_ms, body,
+                                                  version)
+                assert written == state_codec.encode(python, version)
+            compared += 1
+    assert compared > 3_000
