@@ -309,6 +309,7 @@ pub struct Step<'a, P: Policies> {
     pub out: Vec<Output>,
 }
 
+#[derive(Clone)]
 struct Verdict<'e> {
     action: &'static str,
     level: &'static str,
@@ -322,6 +323,20 @@ struct Verdict<'e> {
 impl<'e> Verdict<'e> {
     fn allow(token: Option<&'e str>) -> Self {
         Verdict { action: "allow", level: "none", detector: None, count: 0, message: None, token, paired: None }
+    }
+
+    /// A call's detection as a verdict: block for a critical, else warn.
+    fn of(found: &Detection, token: &'e str) -> Self {
+        let critical = found.level == Level::Critical;
+        Verdict {
+            action: if critical { "block" } else { "warn" },
+            level: found.level.as_str(),
+            detector: Some(found.detector.as_str()),
+            count: found.count as i64,
+            message: Some(found.message.clone()),
+            token: Some(token),
+            paired: found.paired_tool_name.as_deref().map(str::to_owned),
+        }
     }
 }
 
@@ -595,16 +610,10 @@ impl<P: Policies> Step<'_, P> {
             let record = Record { tool: Arc::from(tool.as_str()), sig, run: run_hash, call: call_hash, result: 0, unknown: None, ts: event.ts };
             state.history.append(record, config.history_size);
         }
-        let verdict = match (&detection, enforce) {
-            (Some(found), true) => Verdict {
-                action: if critical { "block" } else { "warn" },
-                level: found.level.as_str(),
-                detector: Some(found.detector.as_str()),
-                count: found.count as i64,
-                message: Some(found.message.clone()),
-                token: Some(token),
-                paired: found.paired_tool_name.as_deref().map(str::to_owned),
-            },
+        // what the detection says (the loop event's), and the verdict: it, when enforced
+        let judged = detection.as_ref().map(|found| Verdict::of(found, token));
+        let verdict = match (&judged, enforce) {
+            (Some(judged), true) => judged.clone(),
             _ => Verdict::allow(Some(token)),
         };
         let bytes = self.verdict(event, &verdict, now_ms);
@@ -628,17 +637,9 @@ impl<P: Policies> Step<'_, P> {
         }
         if let Some(found) = &detection {
             if critical || warning_rises(state, found, run) {
-                let judgement = Verdict {
-                    action: if critical { "block" } else { "warn" },
-                    level: found.level.as_str(),
-                    detector: Some(found.detector.as_str()),
-                    count: found.count as i64,
-                    message: Some(found.message.clone()),
-                    token: Some(token),
-                    paired: found.paired_tool_name.as_deref().map(str::to_owned),
-                };
+                let judgement = judged.as_ref().expect("the detection's");
                 let bytes = self.loop_event(
-                    event, &policy, &judgement, Some(found.warning_key.as_str()), Some(call_id), Some(tool), now_ms, Some(enforce),
+                    event, &policy, judgement, Some(found.warning_key.as_str()), Some(call_id), Some(tool), now_ms, Some(enforce),
                 );
                 self.out.push(Output::LoopEvent(bytes));
             }
