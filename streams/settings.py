@@ -132,6 +132,12 @@ class Settings(BaseSettings):
     broker_session_timeout: float = Field(default=30.0, gt=0)
     broker_heartbeat_interval: float = Field(default=3.0, gt=0)
     commit_interval: float = Field(default=1.0, gt=0)
+    checkpoint_interval: float = Field(
+        default=0.5,
+        ge=0,
+        description="at most this long (s) between writes of a session's state while "
+        "input keeps coming; 0: after every batch",
+    )
     batch_max: int = Field(
         default=1_000, ge=1, description="events per batch (a batch is what fetches brought)"
     )

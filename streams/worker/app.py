@@ -109,18 +109,24 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     if keys:  # the id only: the secret is never logged
         log.info("verdicts are signed with key %r (%d key(s) configured)", keys[0].key_id,
                  len(keys))
-    publish = Publisher(app, table, store, signing)  # right after each processor call
 
     def owned() -> list[tuple[str, int]]:
         return owned_inputs(app, settings.input_topics)
 
     fetches = FetchBatches(app, frozenset(settings.input_topics), settings.batch_max,
                            restore=ChangelogRestore(app, table, processor.on_changelog))
+    # right after each processor call; checkpoints the table writes, then acks
+    publish = Publisher(app, table, store, fetches.ack, signing,
+                        interval=settings.checkpoint_interval)
 
     @app.agent(inputs, name="judge")
     async def judge_events(stream: StreamT[Any]) -> None:
         # Whole fetches, not the stream's events one by one (faust_compat.delivery).
         while True:
+            if publish.due or not fetches.buffered:
+                # Nothing more to judge now (or judged for long enough): a revocation
+                # and a stop wait for every batch taken to be acknowledged.
+                await publish.checkpoint()
             batch = await fetches.take()  # aiokafka ConsumerRecords
             try:
                 messages = processor.process(batch)
@@ -130,9 +136,10 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
                 # is committed and a restarted worker judges it again.
                 log.critical("a batch failed outside event isolation: exit 70", exc_info=True)
                 os._exit(70)
-            await publish(messages)
-            # At-least-once: Faust commits acked offsets only after producer.flush().
-            fetches.ack(batch)
+            # At-least-once: acked at a checkpoint, after the batch's outputs are on
+            # the broker and its writes with the producer; Faust commits acked offsets
+            # only after producer.flush().
+            await publish.send(messages, batch)
 
     @every(app, 0.25, name="release_waiting_sessions")
     async def release_waiting_sessions() -> None:

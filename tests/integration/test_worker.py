@@ -7,6 +7,7 @@ the worker must publish exactly what the engine decides, crash or no crash.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import urllib.error
 import urllib.request
@@ -309,6 +310,58 @@ async def test_a_rocksdb_worker_keeps_the_offset_of_each_partition_s_last_change
         if offset is not None:
             kept[int(path.name.removesuffix(".db").rsplit("-", 1)[1])] = int(offset)
     assert kept == written
+
+
+async def test_a_backlog_writes_each_session_s_state_per_checkpoint_and_a_restart_goes_on(
+    worker_factory: Any, kafka_bootstrap: str
+) -> None:
+    """With input waiting, a session's state is written at a checkpoint
+    (LOOPFUSE_CHECKPOINT_INTERVAL), not after each batch it appears in: 100
+    sessions' interleaved backlog, judged ten events a batch, writes a record or two
+    per session where a write per batch would be one per event. The last record of
+    each session is the state an uninterrupted run reaches: a worker restarted on
+    the changelog judges each session's next call as that run does."""
+    worker = worker_factory(batch_max=10, checkpoint_interval=60)
+    t = worker.topics
+    history: dict[str, list[dict[str, Any]]] = {}
+    probes: list[dict[str, Any]] = []
+    for n in range(100):
+        key = f"backlog-{n}"
+        events = [e | {"session_key": key, "event_id": f"{n}-{e['event_id']}"}
+                  for e in lines("polling_loop.jsonl")]
+        calls = [i for i, e in enumerate(events) if e["type"] == "tool_call"]
+        cut = calls[3 + n % (len(calls) - 3)]  # 3 or more calls of history
+        history[key], probes = events[:cut], [*probes, events[cut]]
+    backlog = [e for group in itertools.zip_longest(*history.values()) for e in group if e]
+    calls = sum(1 for e in backlog if e["type"] == "tool_call")
+    worker.start()
+    worker.wait_ready()  # creates the topics
+    assert worker.send(signal.SIGTERM) == 0
+    await produce(kafka_bootstrap, encode(t, backlog))  # while no worker runs: a backlog
+
+    worker.start()
+    worker.wait_ready()
+    async with Collector(kafka_bootstrap, [t["verdicts"]]) as out:
+        await out.wait_for("every verdict", lambda: len(out.of(t["verdicts"])) >= calls)
+    assert worker.send(signal.SIGTERM) == 0
+    changelog = f"{worker.env['LOOPFUSE_APP_ID']}-sessions-changelog"
+    records = await read_all(kafka_bootstrap, changelog, 4)
+    assert {key for _, _, key, _ in records} == {key.encode() for key in history}
+    assert len(records) <= 2 * len(history) < len(backlog) // 3, (len(records), len(backlog))
+
+    worker.start()
+    worker.wait_ready()  # recovered from those records
+    async with Collector(kafka_bootstrap, [t["verdicts"]]) as out:
+        await produce(kafka_bootstrap, encode(t, probes))
+        await out.wait_for("a verdict per probe", lambda: len(out.of(t["verdicts"])) >= 100)
+        await settle(out, kafka_bootstrap, worker.settings)  # anything extra (a wrong verdict)
+    expected = {
+        key: expected_verdicts([*events, probe])[-1]
+        for (key, events), probe in zip(history.items(), probes, strict=True)
+    }
+    got = {v["session_key"]: without_clock(v) for v in out.of(t["verdicts"])}
+    assert got == expected
+    assert {v["action"] for v in got.values()} == {"warn", "block"}  # from their history
 
 
 def order(verdict: dict[str, Any]) -> tuple[str, int]:

@@ -239,6 +239,11 @@ class FetchBatches:
             self._room.clear()
             await self._room.wait()  # back-pressure on the fetch loop
 
+    @property
+    def buffered(self) -> bool:
+        """Whether records wait to be taken."""
+        return bool(self._buffer)
+
     async def take(self) -> list[Any]:
         """The next batch: every record buffered (at most ``max_batch``); waits for one.
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 import faust
@@ -24,6 +25,8 @@ from loopfuse.schemas.verdict_signature import VerdictSigner
 log = logging.getLogger("loopfuse.worker")
 
 Headers = list[tuple[str, bytes]]
+#: (topic, key, value, partition) of a record to produce; partition None: by key.
+Message = tuple[str, bytes | None, bytes, int | None]
 
 
 class VerdictSigning:
@@ -48,7 +51,7 @@ class VerdictSigning:
 
 async def send_retrying(
     app: faust.App,
-    messages: list[tuple[str, bytes | None, bytes, int | None]],
+    messages: list[Message],
     signing: VerdictSigning | None = None,
 ) -> None:
     """Hand messages to the producer; a broker problem is retried, never skipped.
@@ -106,59 +109,115 @@ async def _hand_over(
 
 
 class Publisher:
-    """Hands a processor call's messages, and the table writes it made, to the producer.
+    """Hands the processor's messages to the producer, and checkpoints: the table
+    writes they made, then the batches' acknowledgements.
 
-    Await it right after the processor call, with no await between: the writes it
-    takes from the store are exactly that call's, so a batch is acknowledged only
-    once its own writes are with the producer (a timer's call takes its own).
+    ``send`` hands a batch's messages over and keeps the batch; ``checkpoint``
+    waits until the broker has every message sent so far, hands over the writes
+    the store holds (the newest state of each session changed since the last
+    checkpoint), then acknowledges the batches sent so far, whose offsets Faust
+    commits after flushing the producer. Await ``send`` right after the processor
+    call and the checkpoint's snapshot is consistent: the writes it takes are
+    exactly those of the batches it acknowledges (and of the timers' calls).
+
+    A checkpoint per batch, with its round trip to the broker, made a thousand
+    sessions cost a changelog record per event; one per ``interval`` costs a record
+    per session per interval. A crash loses only unacknowledged batches, which are
+    judged again from the last state written, with the same verdicts.
     """
 
     def __init__(
         self,
         app: faust.App,
         table: faust.Table[bytes, bytes],
-        store: Any,
+        store: Any,  # tables.FaustSessionStore
+        ack: Callable[[list[Any]], None],
         signing: VerdictSigning | None = None,
+        interval: float = 0.5,
     ) -> None:
-        self.app, self.table, self.store = app, table, store  # store: FaustSessionStore
+        self.app, self.table, self.store, self.ack = app, table, store, ack
         self.signing = signing
+        self.interval = interval
+        self._sent: list[tuple[Message, asyncio.Future[Any]]] = []
+        self._batches: list[list[Any]] = []
+        self._since = time.monotonic()
+        self._lock = asyncio.Lock()
 
-    async def __call__(self, messages: list[tuple[str, bytes | None, bytes, int | None]]) -> None:
-        writes = self.store.take_writes()
-        # The outputs are on the broker before the state that caused them is written.
-        # A redelivered event whose state was persisted changes nothing and re-sends
-        # only a tool_call's verdict (the engine's rule), so an output that missed the
-        # broker while its changelog record made it was lost for good: the
-        # post-compaction guard's abort on a tool_result, found by chaos with worker
-        # and leader kills on a three-node cluster, where the verdicts' and the
-        # changelog's partitions have different leaders and land in separate requests.
-        # In this order a crash between the two only means the batch is judged again,
-        # with the same verdicts (duplicates with the same ids).
-        await deliver(self.app, messages, self.signing)
-        await send_table_writes(self.app, self.table, writes)
+    async def send(self, messages: list[Message], batch: list[Any] | None = None) -> None:
+        """Hand messages to the producer; ``batch`` is acknowledged at a checkpoint."""
+        sent = self._sent
+        for message in messages:
+            topic, key, value, partition = message
+            future = await _hand_over(self.app, topic, key, value, partition, self.signing)
+            sent.append((message, future))
+        if batch is not None:
+            self._batches.append(batch)
+
+    @property
+    def due(self) -> bool:
+        """Whether a checkpoint is due: something waits for one, for ``interval``."""
+        return bool(self._batches or self._sent or self.store.holding) and (
+            time.monotonic() - self._since >= self.interval
+        )
+
+    async def checkpoint(self) -> None:
+        async with self._lock:
+            if not (self._sent or self._batches or self.store.holding):
+                self._since = time.monotonic()
+                return
+            sent, batches = self._sent, self._batches
+            self._sent, self._batches = [], []
+            writes = self.store.take_writes()
+            self._since = time.monotonic()
+            # The outputs are on the broker before the state that caused them is
+            # written. A redelivered event whose state was persisted changes nothing
+            # and re-sends only a tool_call's verdict (the engine's rule), so an output
+            # that missed the broker while its changelog record made it was lost for
+            # good: the post-compaction guard's abort on a tool_result, found by chaos
+            # with worker and leader kills on a three-node cluster, where the verdicts'
+            # and the changelog's partitions have different leaders and land in
+            # separate requests. In this order a crash between the two only means the
+            # batches are judged again, with the same verdicts (duplicates, same ids).
+            await _delivered(self.app, sent, self.signing)
+            await send_table_writes(self.app, self.table, writes)
+            for batch in batches:
+                self.ack(batch)
+
+    async def __call__(self, messages: list[Message]) -> None:
+        """A timer's messages: sent and checkpointed at once (no batch waits for them)."""
+        await self.send(messages)
+        await self.checkpoint()
 
 
 async def deliver(
     app: faust.App,
-    messages: list[tuple[str, bytes | None, bytes, int | None]],
+    messages: list[Message],
     signing: VerdictSigning | None = None,
 ) -> None:
     """Hand messages to the producer and wait until the broker has each (``acks=all``:
     the in-sync replicas); one that failed is sent again, never skipped."""
-    pending = messages
+    sent = [(m, await _hand_over(app, *m, signing)) for m in messages]
+    await _delivered(app, sent, signing)
+
+
+async def _delivered(
+    app: faust.App,
+    sent: list[tuple[Message, asyncio.Future[Any]]],
+    signing: VerdictSigning | None = None,
+) -> None:
+    """Wait until the broker has each message handed over; a failed one is sent again."""
     delay = 0.1
-    while pending:
-        sent = [await _hand_over(app, topic, key, value, partition, signing)
-                for topic, key, value, partition in pending]
-        outcomes = await asyncio.gather(*sent, return_exceptions=True)
-        failed = [m for m, outcome in zip(pending, outcomes, strict=True)
+    while sent:
+        outcomes = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+        failed = [m for (m, _), outcome in zip(sent, outcomes, strict=True)
                   if isinstance(outcome, BaseException)]
-        if failed:
-            log.warning("%d records not delivered (%r); sending them again", len(failed),
-                        next(o for o in outcomes if isinstance(o, BaseException)))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-        pending = failed
+        if not failed:
+            return
+        log.warning("%d records not delivered (%r); sending them again", len(failed),
+                    next(o for o in outcomes if isinstance(o, BaseException)))
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+        sent = [(m, await _hand_over(app, *m, signing)) for m in failed]
 
 
 def idempotent_producer(app: faust.App) -> None:

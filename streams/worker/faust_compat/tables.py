@@ -67,13 +67,18 @@ class FaustSessionStore:
     partition (all of a session's messages share one partition number), which is
     exactly what Faust would have used.
 
+    Writes are held here, the newest per key, until :meth:`take_writes` (the
+    worker's checkpoint, ``producer.Publisher``): with a thousand sessions most
+    appear once in a batch, and a record per session per batch was the larger part
+    of what the worker produced. ``get`` answers from the held writes first, so the
+    processor reads its own writes.
+
     The changelog records are queued here (the table's ``send_changelog``) rather
     than sent through Faust's ``ProducerBuffer`` - a queue, a background task and a
     ``FutureMessage`` per write, which the worker then had to drain before
-    acknowledging a batch. The worker sends :meth:`take_writes` with the batch's
-    other messages (``producer.send_table_writes``), which also records each write's
-    offset in the store as Faust's ``_on_changelog_sent`` does (RocksDB recovery
-    starts after it).
+    acknowledging a batch. The worker sends :meth:`take_writes` itself
+    (``producer.send_table_writes``), which also records each write's offset in the
+    store as Faust's ``_on_changelog_sent`` does (RocksDB recovery starts after it).
     """
 
     def __init__(self, table: faust.Table[bytes, bytes], source_topic: str) -> None:
@@ -81,6 +86,8 @@ class FaustSessionStore:
         self.source_topic = source_topic
         self._stand_ins: dict[int, _PartitionOnly] = {}
         self._writes: list[ChangelogWrite] = []
+        # key -> (partition, value) written since the last take_writes; None: deleted
+        self._held: dict[bytes, tuple[int, bytes | None]] = {}
         changelog = table.changelog_topic.get_topic_name()
 
         def send_changelog(
@@ -93,8 +100,23 @@ class FaustSessionStore:
 
         table.send_changelog = send_changelog  # type: ignore[method-assign,assignment]
 
+    @property
+    def holding(self) -> bool:
+        """Whether writes wait for :meth:`take_writes`."""
+        return bool(self._held)
+
     def take_writes(self) -> list[ChangelogWrite]:
-        """The changelog records of the writes since the last call, in order."""
+        """Apply the held writes to the table; their changelog records, one per key."""
+        held, self._held = self._held, {}
+        table = self.table
+        for key, (partition, value) in held.items():
+            self._as_partition(partition)
+            if value is not None:
+                table[key] = value  # Faust persists (changelog) only on assignment
+            elif key in table:  # a tombstone in the changelog
+                del table[key]
+            # else: written and deleted since the last take; the table never had it
+        _current_event.set(None)
         writes, self._writes = self._writes, []
         return writes
 
@@ -105,17 +127,16 @@ class FaustSessionStore:
         _current_event.set(weakref.ref(stand_in))  # type: ignore[arg-type]
 
     def get(self, key: bytes) -> bytes | None:
+        held = self._held.get(key)
+        if held is not None:
+            return held[1]
         return self.table.get(key)
 
     def put(self, key: bytes, value: bytes, partition: int) -> None:
-        self._as_partition(partition)
-        self.table[key] = value  # Faust persists (changelog) only on assignment
-        _current_event.set(None)
+        self._held[key] = (partition, value)
 
     def delete(self, key: bytes, partition: int) -> None:
-        self._as_partition(partition)
-        del self.table[key]  # a tombstone in the changelog
-        _current_event.set(None)
+        self._held[key] = (partition, None)
 
     def keys_of(self, partition: int) -> Iterable[bytes]:
         """Keys kept for ``partition`` by a RocksDB store (``Store._dbs``, one db per
