@@ -226,8 +226,9 @@ impl State {
 
 /// What a step gives out, in order.
 pub enum Output {
-    Verdict(Vec<u8>),
-    LoopEvent(Vec<u8>),
+    /// `route`: the index in `Step::asking` of the event whose reply it goes to.
+    Verdict { bytes: Vec<u8>, action: &'static str, detector: Option<&'static str>, route: Option<usize> },
+    LoopEvent { bytes: Vec<u8>, detector: &'static str },
     Notice { level: &'static str, message: String, session_key: String, run_id: Option<String> },
     Rejection { code: &'static str, reason: String, event_id: String },
 }
@@ -307,6 +308,35 @@ pub struct Step<'a, P: Policies> {
     pub policies: &'a mut P,
     pub py: Python<'a>,
     pub out: Vec<Output>,
+    /// The events a verdict of this step may answer that named a reply (the worker's
+    /// routing, processor.py's `_asking`); empty where nobody routes.
+    pub asking: Vec<Asking>,
+}
+
+/// An event that named a reply: what a verdict is matched on (processor.py's
+/// `reply_route`: the call id and the incarnation) and the reply.
+pub struct Asking {
+    pub call_id: Option<String>,
+    pub incarnation: Option<String>,
+    pub reply: (String, i64, String),
+}
+
+impl Asking {
+    /// processor.py's `_asking`: the waiting events (parked, then pending), then the
+    /// event a step applies, each that named a reply.
+    pub fn of(state: &State, event: Option<&Event>) -> Vec<Asking> {
+        let waiting = state.parked.iter().map(|(_, e)| e).chain(state.pending.iter());
+        waiting
+            .chain(event)
+            .filter_map(|e| {
+                e.reply_to.as_ref().map(|reply| Asking {
+                    call_id: e.call_id().map(str::to_owned),
+                    incarnation: e.incarnation.clone(),
+                    reply: reply.clone(),
+                })
+            })
+            .collect()
+    }
 }
 
 #[derive(Clone)]
@@ -535,7 +565,7 @@ impl<P: Policies> Step<'_, P> {
             paired: None,
         };
         let bytes = self.loop_event(trigger, &policy, &judgement, None, None, None, now_ms, None);
-        self.out.push(Output::LoopEvent(bytes));
+        self.out.push(Output::LoopEvent { bytes, detector: "sequence_gap" });
         state.next_seq = Some(first_parked);
         self.drain(state, now_ms)
     }
@@ -561,13 +591,11 @@ impl<P: Policies> Step<'_, P> {
                 token: Some(token),
                 paired,
             };
-            let bytes = self.verdict(event, &verdict, now_ms);
-            self.out.push(Output::Verdict(bytes));
+            self.push_verdict(event, &verdict, now_ms);
             return Ok(());
         }
         if vouch_allow && event.seq.is_some_and(|seq| seq >= state.verdict_floor) {
-            let bytes = self.verdict(event, &Verdict::allow(Some(token)), now_ms);
-            self.out.push(Output::Verdict(bytes));
+            self.push_verdict(event, &Verdict::allow(Some(token)), now_ms);
         }
         Ok(())
     }
@@ -616,8 +644,7 @@ impl<P: Policies> Step<'_, P> {
             (Some(judged), true) => judged.clone(),
             _ => Verdict::allow(Some(token)),
         };
-        let bytes = self.verdict(event, &verdict, now_ms);
-        self.out.push(Output::Verdict(bytes));
+        self.push_verdict(event, &verdict, now_ms);
         if verdict.action != "allow" {
             let found = detection.as_ref().expect("a detection");
             state.decisions.push(Decision {
@@ -641,7 +668,7 @@ impl<P: Policies> Step<'_, P> {
                 let bytes = self.loop_event(
                     event, &policy, judgement, Some(found.warning_key.as_str()), Some(call_id), Some(tool), now_ms, Some(enforce),
                 );
-                self.out.push(Output::LoopEvent(bytes));
+                self.push_loop_event(bytes, judgement);
             }
         }
         Ok(())
@@ -716,11 +743,10 @@ impl<P: Policies> Step<'_, P> {
                 paired: None,
             };
             if self.settings.enforce {
-                let bytes = self.verdict(event, &judgement, now_ms);
-                self.out.push(Output::Verdict(bytes));
+                self.push_verdict(event, &judgement, now_ms);
             }
             let bytes = self.loop_event(event, &policy, &judgement, None, Some(call_id), Some(tool), now_ms, None);
-            self.out.push(Output::LoopEvent(bytes));
+            self.push_loop_event(bytes, &judgement);
         } else if guard.remaining <= 0 {
             state.guards.remove(index);
         }
@@ -750,6 +776,24 @@ impl<P: Policies> Step<'_, P> {
     }
 
     // -- outputs -----------------------------------------------------------------------
+
+    fn push_verdict(&mut self, event: &Event, verdict: &Verdict<'_>, now_ms: i64) {
+        let bytes = self.verdict(event, verdict, now_ms);
+        let route = if self.asking.is_empty() {
+            None
+        } else {
+            // processor.py's reply_route: the first asking event with the verdict's call
+            // id and incarnation (a verdict carries its event's)
+            let (call_id, incarnation) = (event.call_id(), event.incarnation.as_deref());
+            self.asking.iter().position(|a| a.call_id.as_deref() == call_id && a.incarnation.as_deref() == incarnation)
+        };
+        self.out.push(Output::Verdict { bytes, action: verdict.action, detector: verdict.detector, route });
+    }
+
+    fn push_loop_event(&mut self, bytes: Vec<u8>, judgement: &Verdict<'_>) {
+        let detector = judgement.detector.expect("a loop event's detector");
+        self.out.push(Output::LoopEvent { bytes, detector });
+    }
 
     fn verdict(&self, event: &Event, verdict: &Verdict<'_>, now_ms: i64) -> Vec<u8> {
         // verdict_id: f"{session}\x1f{run or ''}\x1f{call_id or ''}\x1f{action}[\x1f{incarnation}]"

@@ -18,7 +18,7 @@ use crate::decode::{read_event, tokens, Kind, Usage, WireEvent, DEPTH_BOUNDS};
 use crate::engine::config::ResolvedConfig;
 use crate::engine::history::{History, Record};
 use crate::json::parse_object;
-use crate::session::{Body, Decision, Event, Guard, Output, Policies, Policy, Settings, State, Step};
+use crate::session::{Asking, Body, Decision, Event, Guard, Output, Policies, Policy, Settings, State, Step};
 
 /// Agent id -> policy, from the Python resolver; cleared when full (ids come from the
 /// wire), as the Python engine's cache is.
@@ -94,19 +94,38 @@ pub struct NativeState {
     since_checkpoint: usize,
 }
 
-fn outputs_to_python<'py>(py: Python<'py>, outputs: Vec<Output>) -> PyResult<Bound<'py, PyList>> {
-    outputs_as(py, outputs, false)
+/// How a step's verdicts and loop events reach Python.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    /// ("verdict" | "loop_event", bytes), like the other outputs' tagged tuples
+    Tagged,
+    /// their bytes alone (replay writes them as they are)
+    Bare,
+    /// the worker's: ("verdict", bytes, action, detector, reply or None) and
+    /// ("loop_event", bytes, detector); a reply is (topic, partition, requester)
+    Routed,
 }
 
-/// `bare`: verdicts and loop events as their bytes alone (replay writes them as they
-/// are), else tagged like the other outputs.
-fn outputs_as<'py>(py: Python<'py>, outputs: Vec<Output>, bare: bool) -> PyResult<Bound<'py, PyList>> {
+fn outputs_to_python<'py>(py: Python<'py>, outputs: Vec<Output>) -> PyResult<Bound<'py, PyList>> {
+    outputs_as(py, outputs, Shape::Tagged, &[])
+}
+
+fn outputs_as<'py>(py: Python<'py>, outputs: Vec<Output>, shape: Shape, asking: &[Asking]) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for output in outputs {
         let item = match output {
-            Output::Verdict(bytes) | Output::LoopEvent(bytes) if bare => PyBytes::new(py, &bytes).into_any(),
-            Output::Verdict(bytes) => ("verdict", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
-            Output::LoopEvent(bytes) => ("loop_event", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
+            Output::Verdict { bytes, .. } | Output::LoopEvent { bytes, .. } if shape == Shape::Bare => {
+                PyBytes::new(py, &bytes).into_any()
+            }
+            Output::Verdict { bytes, action, detector, route } if shape == Shape::Routed => {
+                let reply = route.map(|index| &asking[index].reply);
+                ("verdict", PyBytes::new(py, &bytes), action, detector, reply).into_pyobject(py)?.into_any()
+            }
+            Output::LoopEvent { bytes, detector } if shape == Shape::Routed => {
+                ("loop_event", PyBytes::new(py, &bytes), detector).into_pyobject(py)?.into_any()
+            }
+            Output::Verdict { bytes, .. } => ("verdict", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
+            Output::LoopEvent { bytes, .. } => ("loop_event", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
             Output::Notice { level, message, session_key, run_id } => {
                 ("notice", level, message, session_key, run_id).into_pyobject(py)?.into_any()
             }
@@ -117,6 +136,13 @@ fn outputs_as<'py>(py: Python<'py>, outputs: Vec<Output>, bare: bool) -> PyResul
         list.append(item)?;
     }
     Ok(list)
+}
+
+/// An event the native decoder read (`Judge.read`), waiting for its step
+/// (`Judge.step_read`), which takes it.
+#[pyclass(module = "loopfuse.streams.engine._native")]
+pub struct ReadEvent {
+    event: Option<Event>,
 }
 
 /// `str.lower` of a name: ASCII here, anything else as Python lowers it.
@@ -198,15 +224,50 @@ impl Judge {
         now_ms: i64,
         watermark_ms: Option<i64>,
     ) -> PyResult<Vec<Output>> {
+        Ok(self.run_routed(py, state, event, now_ms, watermark_ms, false)?.0)
+    }
+
+    /// A step; `routed`: with the events its verdicts may answer (`Asking::of`).
+    fn run_routed(
+        &mut self,
+        py: Python<'_>,
+        state: &mut State,
+        event: Option<Event>,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+        routed: bool,
+    ) -> PyResult<(Vec<Output>, Vec<Asking>)> {
+        let asking = if routed { Asking::of(state, event.as_ref()) } else { Vec::new() };
         let Judge { settings, policies, .. } = self;
         let mut resolver =
             Resolver { resolve: &policies.resolve, enforce: policies.enforce, cache: &mut policies.cache, last: &mut policies.last, py };
-        let mut step = Step { settings, policies: &mut resolver, py, out: Vec::new() };
+        let mut step = Step { settings, policies: &mut resolver, py, out: Vec::new(), asking };
         match event {
             Some(event) => step.step(state, event, now_ms, watermark_ms)?,
             None => step.release(state, now_ms, watermark_ms)?,
         }
-        Ok(step.out)
+        Ok((step.out, step.asking))
+    }
+
+    /// A routed step's state and outputs (Shape::Routed).
+    fn step_routed<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: Option<Py<NativeState>>,
+        event: Option<Event>,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<(Py<NativeState>, Bound<'py, PyList>)> {
+        let state = match state {
+            Some(state) => state,
+            None => Py::new(py, NativeState::default())?,
+        };
+        let (outputs, asking) = {
+            let mut held = state.borrow_mut(py);
+            self.run_routed(py, &mut held.state, event, now_ms, watermark_ms, true)?
+        };
+        let outputs = outputs_as(py, outputs, Shape::Routed, &asking)?;
+        Ok((state, outputs))
     }
 }
 
@@ -327,7 +388,7 @@ impl Judge {
         let mut held = state.borrow_mut();
         let outputs = self.run(py, &mut held.state, Some(event), ts, None)?;
         let due = held.counted(checkpoint_every, max_state_bytes);
-        Ok(Some((key, outputs_as(py, outputs, true)?, due)))
+        Ok(Some((key, outputs_as(py, outputs, Shape::Bare, &[])?, due)))
     }
 
     /// One event Python decoded (`step_raw` left it to Python), as native_step.py's
@@ -351,6 +412,77 @@ impl Judge {
             self.run(py, &mut held.state, Some(event), now_ms, watermark_ms)?
         };
         Ok((state, outputs_to_python(py, outputs)?))
+    }
+
+    /// The worker's read of an event from its wire bytes: (the event, ready for
+    /// `step_read`, session key, type, seq, ts), or None for an event left to Python
+    /// (as `step_raw` says None).
+    #[pyo3(signature = (raw, max_bytes, max_depth, max_identifier_bytes))]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        raw: &[u8],
+        max_bytes: usize,
+        max_depth: usize,
+        max_identifier_bytes: usize,
+    ) -> PyResult<Option<(ReadEvent, Bound<'py, PyString>, &'static str, Option<i64>, i64)>> {
+        if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
+            return Ok(None);
+        }
+        let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
+        let Some(wire) = read_event(&entries, max_depth, max_identifier_bytes) else { return Ok(None) };
+        let Some(event) = self.event_of(py, &wire)? else { return Ok(None) };
+        let key = PyString::new(py, event.key());
+        let kind = match event.kind() {
+            Kind::ToolCall => "tool_call",
+            Kind::ToolResult => "tool_result",
+            Kind::Compaction => "compaction",
+            Kind::RunEnded => "run_ended",
+        };
+        let (seq, ts) = (event.seq, event.ts);
+        Ok(Some((ReadEvent { event: Some(event) }, key, kind, seq, ts)))
+    }
+
+    /// The worker's step of an event `read` gave: (state, outputs as Shape::Routed).
+    #[pyo3(signature = (state, event, now_ms, watermark_ms))]
+    fn step_read<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: Option<Py<NativeState>>,
+        event: &Bound<'py, ReadEvent>,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<(Py<NativeState>, Bound<'py, PyList>)> {
+        let Some(event) = event.borrow_mut().event.take() else {
+            return Err(pyo3::exceptions::PyValueError::new_err("this event was stepped already"));
+        };
+        self.step_routed(py, state, Some(event), now_ms, watermark_ms)
+    }
+
+    /// `step_event` for the worker: outputs as Shape::Routed.
+    #[pyo3(signature = (state, event, now_ms, watermark_ms))]
+    fn step_event_routed<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: Option<Py<NativeState>>,
+        event: &Bound<'py, PyTuple>,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<(Py<NativeState>, Bound<'py, PyList>)> {
+        let event = event_from_tuple(event)?;
+        self.step_routed(py, state, Some(event), now_ms, watermark_ms)
+    }
+
+    /// `release` for the worker: outputs as Shape::Routed.
+    #[pyo3(signature = (state, now_ms, watermark_ms))]
+    fn release_routed<'py>(
+        &mut self,
+        py: Python<'py>,
+        state: Py<NativeState>,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        Ok(self.step_routed(py, Some(state), None, now_ms, watermark_ms)?.1)
     }
 
     /// Engine.release: what waits in the state and may go now.
@@ -616,5 +748,6 @@ impl NativeState {
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Judge>()?;
     module.add_class::<NativeState>()?;
+    module.add_class::<ReadEvent>()?;
     Ok(())
 }
