@@ -16,9 +16,11 @@ its bytes natively while no event waits in it (:meth:`NativeEngine.checkpoint`: 
 :meth:`NativeEngine.from_python`) for the rest: waiting events, shedding over the cap,
 and reading a state's bytes.
 
-Where it runs: ``loopfuse replay`` (streams/replay.py). The worker's session fold still
-runs the Python engine (with the native decoder's tokens): its undo, reply routing and
-fleet overlay are the next stage's.
+Where it runs: ``loopfuse replay`` (streams/replay.py), and the worker's session fold
+(processor.py's ``NativeSessionFold``: events read natively from their bytes,
+``Judge.read``, verdicts with the reply of the event they answer). The fleet breaker's
+overlay stays the Python fold's (its config has rules, which ``native_for`` leaves to
+Python anyway).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def native_for(engine: Engine) -> NativeEngine | None:
     """The native fold for this engine's config, or None where the Python engine must
     judge (no native build, or opt-in rules, send tools or payloads configured)."""
     if NATIVE is None or not hasattr(NATIVE, "Judge"):
+        return None
+    if not isinstance(engine, Engine):  # a wrapper (tests' failing engines): its own step
         return None
     if engine.rules.resolver.configured or engine.resolver.send_tools or engine.include_payloads:
         return None
@@ -143,15 +147,18 @@ class NativeEngine:
 
     def checkpoint(self, state: Any, cap: int) -> tuple[bytes, Any]:
         """The state's bytes as the Python engine writes them (``state_codec.fit``), and
-        the state to go on with: the same one, or, when it had to shed evidence to fit
-        ``cap``, what is left of it. Raises StateTooLarge as ``fit`` does."""
+        the state to go on with: the same object, or, when it had to shed evidence to
+        fit ``cap``, a new one with what is left. Raises StateTooLarge as ``fit`` does."""
         body = state.v4_body()
         if body is not None and 17 + len(body) <= cap:  # the cap holds version 4's bytes (fit)
             return state_codec.encode_body(state.touched_ms, state.last_event_ms, body), state
         # events wait in it, or it is over its cap (rare): as the Python engine's, which
         # fit may shed from, and back (the round trip is exact: tests/unit/test_native_step.py)
         python = self.to_python(state)
+        before = _sheddable(python)
         data = state_codec.fit(python, cap)
+        if _sheddable(python) == before:
+            return data, state  # nothing shed: the state goes on as it is
         return data, self.from_python(python)
 
     def release(self, state: Any, now_ms: int, watermark_ms: int | None) -> list[NativeOutput]:
@@ -239,6 +246,12 @@ class NativeEngine:
             state.retired, [_values_at_rest(event) for event in state.pending], b"",
         )
         return NATIVE.NativeState.import_values((order, rest))
+
+
+def _sheddable(state: SessionState) -> tuple[int, ...]:
+    """What ``state_codec.fit`` sheds from, counted: each of its steps lessens one."""
+    return (len(state.history), len(state.warnings), len(state.guards), len(state.decisions),
+            state.verdict_floor, len(state.retired), len(state.seen_ids))
 
 
 def _at_rest(values: tuple[Any, ...]) -> InputEvent:

@@ -20,6 +20,11 @@ as the step): a fold keeps the last good state *bytes* and the events applied
 since (as their wire bytes where it has them), and rebuilds the state from them when
 an event fails. The engine changes the state it is given, and deterministically, so
 re-applying those events gives exactly the state they gave the first time.
+
+Two folds implement this: :class:`SessionFold` over the Python engine, and
+:class:`NativeSessionFold` over the native one (``native_step``), used wherever
+``native_for`` accepts the engine; both give the same messages and state bytes
+(tests/unit/test_native_fold.py).
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 import orjson
 
-from loopfuse.schemas.decode import EventRejected, decode_event
+from loopfuse.schemas.decode import DEFAULT_MAX_DEPTH, EventRejected, decode_event
 from loopfuse.schemas.events import DeadLetter, InputEvent, ReplyTo
 from loopfuse.streams.engine import (
     Engine,
@@ -47,6 +52,8 @@ from loopfuse.streams.engine import (
     state_codec,
 )
 from loopfuse.streams.engine.fingerprint import Fingerprints, hash64
+from loopfuse.streams.engine.native import NATIVE
+from loopfuse.streams.engine.native_step import NativeEngine, native_for
 from loopfuse.streams.engine.state_codec import StateTooLarge
 from loopfuse.streams.engine.wire import decode_fingerprinted
 from loopfuse.streams.worker.metrics import Metrics
@@ -339,6 +346,11 @@ class SessionFold:
     breakers: Mapping[str, fleet.ToolBreaker] | None = None
     strike: bool = False
 
+    @property
+    def pending(self) -> bool:
+        """Whether a restarted gateway's events wait for the input to move on."""
+        return self.state is not None and bool(self.state.pending)
+
     def apply(
         self,
         event: InputEvent,
@@ -465,6 +477,188 @@ class SessionFold:
     def _reject(self, source: Source, code: str, reason: str) -> list[Outgoing]:
         """Dead-letter an event and rebuild the state it had partly changed."""
         state = _decode(self.base)
+        for step in self.steps:
+            state = self._step(state, step)
+        self.state = state
+        letter = dead_letter(source, code, reason, self.limits)
+        self.letters.append(letter)
+        return [letter]
+
+
+#: The native reader's event (Judge.read), which only Judge.step_read takes.
+_READ_EVENT: type | None = getattr(NATIVE, "ReadEvent", None)
+
+
+@dataclass
+class NativeSessionFold:
+    """A :class:`SessionFold` on the native fold (``native_step.NativeEngine``), for an
+    engine ``native_for`` accepts: the same lifecycle, messages, dead letters and
+    state bytes, over a state held in Rust (``NativeState``).
+
+    Its events are ``Judge.read``'s (the worker's native read of the wire bytes) or,
+    where that read leaves an event to Python, what ``decode_event`` made of them.
+    Verdicts come with the reply of the event they answer, matched as
+    :func:`reply_route` does (the fold knows the events waiting in the state). The
+    way back is the Python fold's: the last good bytes and the steps since, re-applied
+    from each event's wire bytes (``Source.value``; the worker's events all have them).
+    """
+
+    native: NativeEngine
+    key: bytes
+    limits: Limits
+    base: bytes | None
+    state: Any  # NativeState | None
+    steps: list[_Applied] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
+    shed: int = 0
+    isolated: list[Outgoing] = field(default_factory=list)
+    letters: list[Outgoing] = field(default_factory=list)
+
+    @property
+    def pending(self) -> bool:
+        return self.state is not None and bool(self.state.has_pending)
+
+    def apply(
+        self,
+        event: Any,  # Judge.read's event, or an InputEvent the native read left to Python
+        source: Source,
+        now_ms: int,
+        watermark_ms: int | None,
+        fingerprints: Fingerprints | None = None,  # the Python fold's; the native makes its own
+    ) -> list[Outgoing]:
+        judge = self.native.judge
+        try:
+            if type(event) is _READ_EVENT:
+                state, outputs = judge.step_read(self.state, event, now_ms, watermark_ms)
+            else:
+                values = self.native._event_values(event)
+                state, outputs = judge.step_event_routed(self.state, values, now_ms, watermark_ms)
+            encoded = self._encode_outputs(outputs, source)
+        except EventFailed as exc:
+            return self._reject(source, exc.code, exc.reason)
+        except Exception as exc:  # an engine bug must not take the partition down
+            log.exception("engine failed on an event of session %r", self.key[:80])
+            return self._reject(source, "engine_error", f"engine error: {exc!r}")
+        self.state = state
+        kept = None if source.value is not None or type(event) is _READ_EVENT else event
+        self.steps.append(_Applied(kept, False, now_ms, watermark_ms, source, encoded))
+        return encoded
+
+    def release(self, now_ms: int, watermark_ms: int | None, source: Source) -> list[Outgoing]:
+        """What waits in the state and may go now (see Engine.release)."""
+        if self.state is None or not self.state.waiting:
+            return []
+        try:
+            outputs = self.native.judge.release_routed(self.state, now_ms, watermark_ms)
+            encoded = self._encode_outputs(outputs, source)
+        except Exception as exc:
+            log.exception("engine failed releasing the waiting events of a session")
+            return self._reject(source, "engine_error", f"engine error: {exc!r}")
+        self.steps.append(_Applied(None, True, now_ms, watermark_ms, source, encoded))
+        return encoded
+
+    def checkpoint(self) -> tuple[bytes | None, list[Outgoing]]:
+        """As :meth:`SessionFold.checkpoint`."""
+        self.isolated = []
+        if self.state is None:
+            return self.base, self._flush()
+        try:
+            data, self.state = self._encode(self.state)
+        except Exception:
+            return self._isolate()
+        self.base = data
+        return data, self._flush()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _encode_outputs(self, outputs: list[Any], source: Source) -> list[Outgoing]:
+        """encode_outputs for the native fold's outputs (Shape::Routed in session_py.rs)."""
+        key, limits = self.key, self.limits
+        encoded: list[Outgoing] = []
+        budget = limits.output_budget - len(key)
+        for output in outputs:
+            kind = output[0]
+            if kind == "verdict":
+                _, value, action, detector, reply = output
+                item = Outgoing("verdict", key, value, action, detector,
+                                None if reply is None else ReplyTo(*reply))
+            elif kind == "loop_event":
+                item = Outgoing("loop_event", key, output[1], output[2])
+            elif kind == "rejection":
+                encoded.append(dead_letter(source, output[1], output[2], limits))
+                continue
+            else:  # a notice
+                self.notices.append(Notice(*output[1:]))
+                continue
+            if len(item.value) > budget:
+                raise EventFailed(
+                    "output_too_large",
+                    f"its {item.kind} would be {len(item.value)} bytes, over the producer's "
+                    f"request size ({limits.max_output_bytes})",
+                )
+            encoded.append(item)
+        return encoded
+
+    def _encode(self, state: Any) -> tuple[bytes, Any]:
+        data, kept = self.native.checkpoint(state, self.limits.max_state_bytes)
+        if kept is not state:  # it shed evidence to fit its cap
+            self.shed += 1
+        return data, kept
+
+    def _flush(self) -> list[Outgoing]:
+        messages = [item for step in self.steps for item in step.messages]
+        messages += self.letters
+        self.steps.clear()
+        self.letters = []
+        return messages
+
+    def _decode(self, data: bytes | None) -> Any:
+        return None if data is None else self.native.from_python(state_codec.decode(data))
+
+    def _step(self, state: Any, step: _Applied) -> Any:
+        native = self.native
+        if step.released:
+            assert state is not None
+            native.release(state, step.now_ms, step.watermark_ms)
+            return state
+        value = step.source.value
+        if value is None:  # an event with no bytes (kept as Python decoded it)
+            assert step.event is not None
+            values = native._event_values(step.event)
+            state, _ = native.judge.step_event(state, values, step.now_ms, step.watermark_ms)
+            return state
+        state, _ = native.step(state, value, step.now_ms, step.watermark_ms, max_bytes=len(value),
+                               max_identifier_bytes=self.limits.max_identifier_bytes)
+        return state
+
+    def _isolate(self) -> tuple[bytes | None, list[Outgoing]]:
+        steps = list(self.steps)
+        self.steps.clear()
+        data = self.base
+        state = self._decode(data)
+        messages: list[Outgoing] = []
+        for step in steps:
+            try:
+                state = self._step(state, step)
+                candidate, state = self._encode(state)
+            except Exception as exc:
+                code = "state_too_large" if isinstance(exc, StateTooLarge) else "engine_error"
+                letter = dead_letter(step.source, code, f"session state: {exc}", self.limits)
+                messages.append(letter)
+                self.isolated.append(letter)
+                state = self._decode(data)
+                continue
+            data = candidate
+            messages.extend(step.messages)
+        self.state = state
+        self.base = data
+        messages += self.letters
+        self.letters = []
+        return data, messages
+
+    def _reject(self, source: Source, code: str, reason: str) -> list[Outgoing]:
+        """Dead-letter an event and rebuild the state it had partly changed."""
+        state = self._decode(self.base)
         for step in self.steps:
             state = self._step(state, step)
         self.state = state
@@ -655,6 +849,9 @@ class SessionProcessor:
         if outputs.tool_strikes is not None:
             self.topic_of["tool_strike"] = outputs.tool_strikes
         self.breakers = breakers
+        # The native fold where it judges as the Python one would (native_for); the
+        # fleet breaker's overlay and strikes are the Python fold's.
+        self.native = native_for(engine) if breakers is None and not self.strike else None
         self.replies: Mapping[str, int] = outputs.replies if outputs.replies is not None else {}
         self._unroutable_logged_ms: int | None = None
         self._unroutable_unlogged = 0
@@ -662,8 +859,9 @@ class SessionProcessor:
         # which partition a key belongs to; expiry must only delete keys of
         # partitions this worker actively owns).
         self.key_partition: dict[bytes, int] = {}
-        # session key -> (the bytes we last wrote, the state they encode)
-        self.decoded: dict[bytes, tuple[bytes, SessionState]] = {}
+        # session key -> (the bytes we last wrote, the state they encode: a SessionState,
+        # or a NativeState on the native fold)
+        self.decoded: dict[bytes, tuple[bytes, Any]] = {}
         # Sessions whose restarted gateway's first events wait for the input to move
         # on (Engine.release): key -> partition. Re-checked every batch and by a timer,
         # since the gateway sends nothing more until it has its verdict.
@@ -706,54 +904,74 @@ class SessionProcessor:
         limits, metrics, progress = self.limits, self.metrics, self.progress
         now_ms = self.clock()
         out: list[Message] = []
-        sessions: dict[bytes, list[tuple[InputEvent, Source, Fingerprints | None]]] = {}
+        # session key -> (seq, event, its source, its tokens) in offset order
+        sessions: dict[bytes, list[tuple[int | None, Any, Source, Fingerprints | None]]] = {}
+        read = self.native.judge.read if self.native is not None else None
+        max_event_bytes, max_identifier_bytes = self.max_event_bytes, limits.max_identifier_bytes
         for record in records:
+            value = record.value
             source = Source(
-                record.topic, record.partition, record.offset, key=record.key, value=record.value
+                record.topic, record.partition, record.offset, key=record.key, value=value
             )
-            try:
-                decoded, fingerprints = decode_fingerprinted(
-                    record.value,
-                    max_bytes=self.max_event_bytes,
-                    max_identifier_bytes=limits.max_identifier_bytes,
-                )
-            except EventRejected as exc:
-                progress.judged(record.topic, record.partition, record.offset, None)
-                self._emit(dead_letter(source, exc.code, exc.reason, limits), out)
-                continue
-            except Exception as exc:  # a decoder bug must not take the partition down
-                log.exception("decoding failed")
-                progress.judged(record.topic, record.partition, record.offset, None)
-                reason = f"undecodable: {exc!r}"
-                self._emit(dead_letter(source, "invalid_event", reason, limits), out)
-                continue
+            fingerprints = None
+            got = None
+            if read is not None and value is not None:
+                try:
+                    got = read(value, max_event_bytes, DEFAULT_MAX_DEPTH, max_identifier_bytes)
+                except Exception:  # a Python callback it made failed: Python decodes it
+                    log.exception("the native read failed")
+            if got is not None:  # the native read: no Python object made of the event
+                event, session_key, kind, seq, ts = got
+            else:
+                try:
+                    event, fingerprints = decode_fingerprinted(
+                        value, max_bytes=max_event_bytes, max_identifier_bytes=max_identifier_bytes
+                    )
+                except EventRejected as exc:
+                    progress.judged(record.topic, record.partition, record.offset, None)
+                    self._emit(dead_letter(source, exc.code, exc.reason, limits), out)
+                    continue
+                except Exception as exc:  # a decoder bug must not take the partition down
+                    log.exception("decoding failed")
+                    progress.judged(record.topic, record.partition, record.offset, None)
+                    reason = f"undecodable: {exc!r}"
+                    self._emit(dead_letter(source, "invalid_event", reason, limits), out)
+                    continue
+                session_key, kind, seq, ts = event.key, event.type, event.seq, event.ts
             # A gateway clock running ahead counts as now: one far-future ts must not
             # move the partition's watermark and event clock for every session on it.
-            progress.judged(record.topic, record.partition, record.offset, min(decoded.ts, now_ms))
-            key = decoded.key.encode("utf-8", "surrogatepass")
+            progress.judged(record.topic, record.partition, record.offset, min(ts, now_ms))
+            key = session_key.encode("utf-8", "surrogatepass")
             if record.key != key:
                 # A message on the wrong partition would split the session's state
                 # across partitions (and workers): refuse it rather than guess.
                 reason = (
                     f"message key {_show_key(record.key)} is not the event's session key "
-                    f"{decoded.key[:80]!r}: events must be keyed by session_key (else run_id)"
+                    f"{session_key[:80]!r}: events must be keyed by session_key (else run_id)"
                 )
                 self._emit(dead_letter(source, "invalid_event", reason, limits), out)
                 continue
-            metrics.inc(metrics.events, decoded.type)
-            sessions.setdefault(key, []).append((decoded, source, fingerprints))
+            metrics.inc(metrics.events, kind)
+            sessions.setdefault(key, []).append((seq, event, source, fingerprints))
 
         watermarks: dict[int, int | None] = {}
         for key, items in sessions.items():
-            partition = items[-1][1].partition or 0
+            partition = items[-1][2].partition or 0
             watermark = self._watermark(partition, watermarks)
-            if len(items) > 1 and all(decoded.seq is not None for decoded, _, _ in items):
+            if len(items) > 1 and all(seq is not None for seq, _, _, _ in items):
                 # The engine would park and drain them into seq order anyway; in
                 # order they cost no parking.
-                items.sort(key=lambda item: item[0].seq or 0)
+                items.sort(key=_seq_of)
             fold = self._fold(key)
-            for decoded, source, fingerprints in items:
-                fold.apply(decoded, source, now_ms, watermark, fingerprints)
+            python = type(fold) is SessionFold and self.native is not None
+            for _, event, source, fingerprints in items:
+                if python and not isinstance(event, InputEvent):
+                    # a state only the Python fold reads (_load): its events as Python's
+                    event, fingerprints = decode_fingerprinted(
+                        source.value, max_bytes=max_event_bytes,
+                        max_identifier_bytes=max_identifier_bytes,
+                    )
+                fold.apply(event, source, now_ms, watermark, fingerprints)
             self._settle(key, fold, partition, out)
         self._release_waiting(now_ms, watermarks, out, skip=sessions)
         metrics.batches.inc()
@@ -793,16 +1011,20 @@ class SessionProcessor:
             )
         return known[partition]
 
-    def _fold(self, key: bytes) -> SessionFold:
+    def _fold(self, key: bytes) -> SessionFold | NativeSessionFold:
         raw = self.store.get(key)
         state = self._load(key, raw)
         # An unreadable state was logged and starts afresh: nothing to go back to.
+        if self.native is not None and not isinstance(state, SessionState):
+            return NativeSessionFold(self.native, key, self.limits, raw if state else None, state)
         return SessionFold(
             self.engine, key, self.limits, raw if state else None, state,
             breakers=self.breakers, strike=self.strike,
         )
 
-    def _settle(self, key: bytes, fold: SessionFold, partition: int, out: list[Message]) -> None:
+    def _settle(
+        self, key: bytes, fold: SessionFold | NativeSessionFold, partition: int, out: list[Message]
+    ) -> None:
         """Write the session's state back and queue the messages of what it includes."""
         before = fold.base
         data, messages = fold.checkpoint()
@@ -819,12 +1041,12 @@ class SessionProcessor:
             self.store.put(key, data, partition)
             self.key_partition[key] = partition
         self._remember(key, data, state)
-        if state.pending:
+        if fold.pending:
             self.waiting[key] = partition
         else:
             self.waiting.pop(key, None)
 
-    def _load(self, key: bytes, raw: bytes | None) -> SessionState | None:
+    def _load(self, key: bytes, raw: bytes | None) -> Any:
         """The session's state: reuse the decoded one when the store still holds our bytes.
 
         With ~100-event batches over many sessions most sessions appear once per
@@ -838,12 +1060,18 @@ class SessionProcessor:
         if cached is not None and (cached[0] is raw or cached[0] == raw):
             return cached[1]
         try:
-            return state_codec.decode(raw)
+            state = state_codec.decode(raw)
         except Exception:
             log.exception("unreadable state of session %r: starting it afresh", key[:80])
             return None
+        if self.native is None:
+            return state
+        try:
+            return self.native.from_python(state)
+        except ValueError:  # rule state (a config without rules since): the Python fold's
+            return state
 
-    def _remember(self, key: bytes, raw: bytes, state: SessionState) -> None:
+    def _remember(self, key: bytes, raw: bytes, state: Any) -> None:
         decoded = self.decoded
         decoded[key] = (raw, state)  # popped in _load: re-inserting keeps LRU order
         if len(decoded) > STATE_CACHE_SIZE:
@@ -961,6 +1189,10 @@ class SessionProcessor:
             self.metrics.expired.inc(expired)
             log.info("expired %d idle sessions", expired)
         return expired
+
+
+def _seq_of(item: tuple[int | None, Any, Source, Fingerprints | None]) -> int:
+    return item[0] or 0
 
 
 def _show_key(key: bytes | None) -> str:

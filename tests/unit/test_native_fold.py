@@ -1,0 +1,155 @@
+"""The worker's session fold, native and in Python: the same messages, routes, dead
+letters, notices, metrics and state bytes.
+
+processor.py folds a session on the native fold (``NativeSessionFold``) wherever
+``native_for`` accepts the engine, and on the Python one (``SessionFold``) elsewhere.
+Both run here over the same records, in one process: seeded random sessions with
+hostile strings, disorder, losses and gateway restarts
+(tests/support/generated_sessions.py), with replies named (some to partitions the
+worker does not have, some malformed), cut into random batches, with the timer's
+releases between them and the state cache dropped now and then (the state then read
+back from its bytes). Tight limits make states shed and overflow, and outputs too
+large, so the way back (isolation, rejection) is compared too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from typing import Any
+
+import pytest
+
+from loopfuse.schemas.config import parse_config
+from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.native import NATIVE
+from loopfuse.streams.worker.processor import (
+    RECORD_OVERHEAD_BYTES,
+    DictStore,
+    InputRecord,
+    Limits,
+    Message,
+    NativeSessionFold,
+    OutputTopics,
+    SessionFold,
+    SessionProcessor,
+)
+from tests.support.generated_sessions import generated_lines
+from tests.unit.test_processor import INPUTS, Clock, Offsets
+
+pytestmark = pytest.mark.skipif(
+    NATIVE is None or not hasattr(NATIVE, "ReadEvent"), reason="the native judge is not built"
+)
+
+REPLIES = {"loopfuse.replies": 8}
+OUT = OutputTopics("verdicts", "loops", "dead", replies=REPLIES)
+CONFIGS: dict[str, dict[str, Any]] = {
+    "enabled": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
+                                            "criticalThreshold": 5}}},
+    "not set": {},
+    "detectors off": {"tools": {"loopDetection": {
+        "enabled": True, "detectors": {"genericRepeat": False, "pingPong": False}}}},
+}
+TIGHT = Limits(max_state_bytes=3_000, max_output_bytes=RECORD_OVERHEAD_BYTES + 900,
+               max_identifier_bytes=256)
+
+
+def _records(seed: int) -> list[InputRecord]:
+    """The generated sessions as input records, most of them naming a reply."""
+    rng = random.Random(seed)
+    records = []
+    offsets: dict[tuple[str, int], int] = {}
+    asks: dict[str, Any] = {}
+    for line in generated_lines(seed, sessions=60, events=30):
+        event = json.loads(line)
+        key = event.get("session_key") or event.get("run_id") or ""
+        if key not in asks:
+            asks[key] = rng.choice(["none", "routed", "routed", "routed", "unroutable", "bad"])
+        ask = asks[key]
+        if ask == "routed" or (ask == "unroutable" and rng.random() < 0.5):
+            event["reply_to"] = {
+                "topic": "loopfuse.replies",
+                "partition": rng.randrange(8) if ask == "routed" else 9,
+                "requester": f"gw-{event.get('incarnation')}",
+            }
+        elif ask == "bad" and rng.random() < 0.3:
+            event["reply_to"] = rng.choice([{"topic": 3}, "x", {"topic": "t", "partition": -1,
+                                                                "requester": "r"}])
+        topic = {"tool_call": "calls", "tool_result": "results"}.get(event["type"], "compactions")
+        record_key = key.encode("utf-8", "surrogatepass") if isinstance(key, str) else b""
+        partition = sum(record_key) % 3
+        offset = offsets.get((topic, partition), 0)
+        offsets[(topic, partition)] = offset + 1
+        records.append(InputRecord(topic, partition, offset, record_key, json.dumps(event).encode()))
+    return records
+
+
+def _run(records: list[InputRecord], config: dict[str, Any], limits: Limits, native: bool,
+         seed: int) -> tuple[list[list[Message]], dict[bytes, bytes], bytes, set[type]]:
+    """Every batch's messages, the store at the end, the metrics, the folds used."""
+    engine = Engine(parse_config(config))
+    clock = Clock()
+    proc = SessionProcessor(engine, INPUTS, OUT, DictStore(), Offsets(answered=None),
+                            limits=limits, clock=clock)
+    assert (proc.native is not None) is True  # the native build judges this config
+    if not native:
+        proc.native = None
+    folds: set[type] = set()
+    original = proc._fold
+
+    def fold(key: bytes) -> Any:
+        made = original(key)
+        folds.add(type(made))
+        return made
+
+    proc._fold = fold  # type: ignore[method-assign]
+    rng = random.Random(seed)
+    batches: list[list[Message]] = []
+    at = 0
+    while at < len(records):
+        size = rng.randint(1, 40)
+        batches.append(proc.process(records[at:at + size]))
+        at += size
+        clock.now += rng.choice([0, 5, 1_000, 40_000])
+        if rng.random() < 0.3:
+            batches.append(proc.release_waiting())
+        if rng.random() < 0.2:
+            proc.decoded.clear()  # read back from the bytes next time
+    assert isinstance(proc.store, DictStore)
+    # the counters, without the wall time each was created at
+    counters = b"\n".join(line for line in proc.metrics.render().splitlines()
+                          if b"_created" not in line)
+    return batches, dict(proc.store.data), counters, folds
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("tight", [False, True], ids=["default limits", "tight limits"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_native_fold_sends_what_the_python_fold_sends(
+    config: str, tight: bool, seed: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = _records(seed)
+    limits = TIGHT if tight else Limits()
+    with caplog.at_level(logging.INFO, logger="loopfuse.processor"):
+        native = _run(records, CONFIGS[config], limits, True, seed)
+        native_log = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        python = _run(records, CONFIGS[config], limits, False, seed)
+        python_log = [r.getMessage() for r in caplog.records]
+    assert native[3] == {NativeSessionFold} and python[3] == {SessionFold}
+    assert len(native[0]) == len(python[0])
+    for got, expected in zip(native[0], python[0], strict=True):
+        assert got == expected
+    assert native[1] == python[1]  # every session's state bytes
+    assert native[2] == python[2]  # metrics: verdicts by action, routes, dead letters, sheds
+    assert native_log == python_log  # notices, unroutable replies
+
+    sent = [message for batch in native[0] for message in batch]
+    topics = {topic for topic, _, _, _ in sent}
+    assert {"loopfuse.replies", "verdicts", "dead"} <= topics
+    assert any(b'"type":"loop_event"' in value for _, _, value, _ in sent)
+    if tight and config == "enabled":  # the ways back were taken (other configs: by chance)
+        codes = {json.loads(value)["error_code"] for topic, _, value, _ in sent if topic == "dead"}
+        assert {"output_too_large"} <= codes, codes
+        assert b"loopfuse_state_shed_total" in native[2]
