@@ -315,13 +315,18 @@ async def test_an_input_topic_back_with_another_size_stops_the_worker(
             admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
             await admin.start()
             try:
-                await admin.create_topics([NewTopic(topics["tool_calls"], PARTITIONS + 2, 1)])
-                break
-            except TopicAlreadyExistsError:
-                # The worker re-created it: once it is ready on this broker, try again.
-                await asyncio.to_thread(worker.wait_ready, 60)
+                response = await admin.create_topics(
+                    [NewTopic(topics["tool_calls"], PARTITIONS + 2, 1)]
+                )
             finally:
                 await admin.close()
+            # aiokafka answers a topic's error in the response instead of raising it
+            errors = {error[1] for error in response.topic_errors}
+            if errors == {0}:
+                break
+            assert errors == {TopicAlreadyExistsError.errno}, response
+            # The worker re-created it: once it is ready on this broker, try again.
+            await asyncio.to_thread(worker.wait_ready, 60)
         else:
             pytest.fail("the worker re-created the topic first in 5 attempts")
         deadline = time.monotonic() + 60
