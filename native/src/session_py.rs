@@ -138,6 +138,9 @@ fn outputs_as<'py>(py: Python<'py>, outputs: Vec<Output>, shape: Shape, asking: 
     Ok(list)
 }
 
+/// What `Judge.read` gives: the event, its session key, type, seq and ts.
+type Read<'py> = (ReadEvent, Bound<'py, PyString>, &'static str, Option<i64>, i64);
+
 /// An event the native decoder read (`Judge.read`), waiting for its step
 /// (`Judge.step_read`), which takes it.
 #[pyclass(module = "loopfuse.streams.engine._native")]
@@ -425,7 +428,7 @@ impl Judge {
         max_bytes: usize,
         max_depth: usize,
         max_identifier_bytes: usize,
-    ) -> PyResult<Option<(ReadEvent, Bound<'py, PyString>, &'static str, Option<i64>, i64)>> {
+    ) -> PyResult<Option<Read<'py>>> {
         if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
             return Ok(None);
         }
@@ -647,7 +650,7 @@ impl NativeState {
     }
 
     /// The state's format-4 body as the Python engine writes it (state_bytes.rs), or
-    /// None while events wait in it.
+    /// None where a waiting event has a usage cost (left to Python).
     fn v4_body<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
         crate::state_bytes::v4_body(&self.state).map(|body| PyBytes::new(py, &body))
     }

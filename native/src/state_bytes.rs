@@ -3,11 +3,18 @@
 //! native fold checkpoints without building a Python SessionState.
 //!
 //! msgspec's MessagePack is the smallest form of each value, as the state codec's
-//! writers (state_codec.rs, which turn such a body into format 5) write it. A state with events waiting (parked or pending) is left to
-//! Python: their JSON is msgspec's JSON of the Python event at rest, which this does not
-//! write (they are rare, and short-lived).
+//! writers (state_codec.rs, which turn such a body into format 5) write it. An event
+//! waiting in the state (parked on a gap, or pending a restart) is kept as msgspec's
+//! JSON of the Python event at rest (`state.encode_event` of `native_step._at_rest`):
+//! the tag first, the fields in the struct's order (`__struct_fields__`: a subclass's own
+//! before the keyword-only common ones), those at their default left out,
+//! strings escaped as orjson escapes them (msgspec's are the same). A usage report's
+//! cost is a float, which msgspec writes in a form of its own (`1e16`): a state with
+//! one waiting is left to Python.
 
-use crate::session::State;
+use crate::decode::Usage;
+use crate::output::write_str;
+use crate::session::{Body, Event, State};
 use crate::state_codec::{pack_array, pack_bin, pack_map, pack_sint, pack_str, pack_text, pack_uint};
 
 fn pair(out: &mut Vec<u8>, first: i64, second: i64) {
@@ -16,10 +23,16 @@ fn pair(out: &mut Vec<u8>, first: i64, second: i64) {
     pack_sint(out, second);
 }
 
-/// The state's format-4 body, or None while events wait in it (left to Python).
+/// The state's format-4 body, or None when a waiting event has a usage cost (left to
+/// Python, see above).
 pub fn v4_body(state: &State) -> Option<Vec<u8>> {
-    if !state.parked.is_empty() || !state.pending.is_empty() {
-        return None;
+    let mut parked = Vec::with_capacity(state.parked.len());
+    for (seq, event) in &state.parked {
+        parked.push((*seq, event_json(event)?));
+    }
+    let mut pending = Vec::with_capacity(state.pending.len());
+    for event in &state.pending {
+        pending.push(event_json(event)?);
     }
     let mut out = Vec::with_capacity(64 + 48 * state.history.records().len());
     pack_array(&mut out, 13);
@@ -76,7 +89,11 @@ pub fn v4_body(state: &State) -> Option<Vec<u8>> {
         pack_text(&mut out, decision.detail.as_deref().map(str::as_bytes));
         pack_sint(&mut out, decision.seq);
     }
-    pack_map(&mut out, 0); // parked: none (above)
+    pack_map(&mut out, parked.len());
+    for (seq, json) in &parked {
+        pack_sint(&mut out, *seq);
+        pack_bin(&mut out, json);
+    }
     pack_array(&mut out, state.skipped.len());
     for (first, last) in &state.skipped {
         pair(&mut out, *first, *last);
@@ -87,7 +104,106 @@ pub fn v4_body(state: &State) -> Option<Vec<u8>> {
         pack_uint(&mut out, *incarnation);
         pack_sint(&mut out, *next_seq);
     }
-    pack_array(&mut out, 0); // pending: none (above)
+    pack_array(&mut out, pending.len());
+    for json in &pending {
+        pack_bin(&mut out, json);
+    }
     pack_bin(&mut out, &state.rules);
     Some(out)
+}
+
+/// A waiting event's JSON as msgspec writes the Python event at rest, or None for a
+/// usage cost (a float).
+fn event_json(event: &Event) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(256);
+    let tag: &[u8] = match event.body {
+        Body::Call { .. } => b"tool_call",
+        Body::Result { .. } => b"tool_result",
+        Body::Compaction => b"compaction",
+        Body::RunEnded => b"run_ended",
+    };
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(tag);
+    out.push(b'"');
+    match &event.body {
+        Body::Call { call_id, tool_name, token, action } => {
+            text_field(&mut out, "call_id", Some(call_id));
+            text_field(&mut out, "tool_name", Some(tool_name));
+            text_field(&mut out, "args_hash", Some(token));
+            text_field(&mut out, "args_action", action.as_deref());
+        }
+        Body::Result { call_id, tool_name, token, outcome, unknown, usage } => {
+            text_field(&mut out, "call_id", Some(call_id));
+            text_field(&mut out, "tool_name", Some(tool_name));
+            text_field(&mut out, "args_hash", token.as_deref());
+            if outcome.is_none() {
+                // _at_rest: `result=None` (not its default, UNSET) when nothing is recorded
+                name(&mut out, "result");
+                out.extend_from_slice(b"null");
+            }
+            text_field(&mut out, "result_hash", outcome.as_deref());
+            text_field(&mut out, "unknown_tool", unknown.as_deref());
+            if let Some(usage) = usage {
+                usage_field(&mut out, usage)?;
+            }
+        }
+        Body::Compaction | Body::RunEnded => {}
+    }
+    text_field(&mut out, "event_id", Some(&event.event_id));
+    text_field(&mut out, "session_key", event.session_key.as_deref());
+    text_field(&mut out, "run_id", event.run_id.as_deref());
+    text_field(&mut out, "agent_id", event.agent_id.as_deref());
+    text_field(&mut out, "incarnation", event.incarnation.as_deref());
+    int_field(&mut out, "seq", event.seq);
+    int_field(&mut out, "ts", Some(event.ts));
+    if let Some((topic, partition, requester)) = &event.reply_to {
+        name(&mut out, "reply_to");
+        out.push(b'{');
+        out.extend_from_slice(b"\"topic\":");
+        write_str(&mut out, topic);
+        int_field(&mut out, "partition", Some(*partition));
+        text_field(&mut out, "requester", Some(requester));
+        out.push(b'}');
+    }
+    out.push(b'}');
+    Some(out)
+}
+
+fn name(out: &mut Vec<u8>, field: &str) {
+    out.push(b',');
+    write_str(out, field);
+    out.push(b':');
+}
+
+/// A field at its default (None) is left out (`omit_defaults`).
+fn text_field(out: &mut Vec<u8>, field: &str, value: Option<&str>) {
+    if let Some(value) = value {
+        name(out, field);
+        write_str(out, value);
+    }
+}
+
+fn int_field(out: &mut Vec<u8>, field: &str, value: Option<i64>) {
+    if let Some(value) = value {
+        name(out, field);
+        out.extend_from_slice(value.to_string().as_bytes());
+    }
+}
+
+fn usage_field(out: &mut Vec<u8>, usage: &Usage) -> Option<()> {
+    if usage.cost.is_some() {
+        return None;
+    }
+    name(out, "usage");
+    let start = out.len();
+    out.push(b'{');
+    int_field(out, "input_tokens", usage.input_tokens);
+    int_field(out, "output_tokens", usage.output_tokens);
+    int_field(out, "total_tokens", usage.total_tokens);
+    // every field is written with a leading comma: the first one's goes
+    if out.len() > start + 1 {
+        out.remove(start + 1);
+    }
+    out.push(b'}');
+    Some(())
 }

@@ -10,11 +10,11 @@ fields (tests/unit/test_native_identity.py runs the engine corpus through both).
 An event goes in as its wire bytes; where the native decoder leaves an event to the
 Python decoder (an RFC 3339 ``ts``, a big integer, a lone surrogate, every rejection),
 Python decodes it and computes its tokens, and the fold takes those. A state writes
-its bytes natively while no event waits in it (:meth:`NativeEngine.checkpoint`: version
-4's body from Rust, format 5 from that), and converts to the Python engine's
+its bytes natively, the events waiting in it included (:meth:`NativeEngine.checkpoint`:
+version 4's body from Rust, format 5 from that), and converts to the Python engine's
 ``SessionState`` and back (:meth:`NativeEngine.to_python`,
-:meth:`NativeEngine.from_python`) for the rest: waiting events, shedding over the cap,
-and reading a state's bytes.
+:meth:`NativeEngine.from_python`) for the rest: a waiting event with a usage cost,
+shedding over the cap, and reading a state's bytes.
 
 Where it runs: ``loopfuse replay`` (streams/replay.py), and the worker's session fold
 (processor.py's ``NativeSessionFold``: events read natively from their bytes,
@@ -152,8 +152,9 @@ class NativeEngine:
         body = state.v4_body()
         if body is not None and 17 + len(body) <= cap:  # the cap holds version 4's bytes (fit)
             return state_codec.encode_body(state.touched_ms, state.last_event_ms, body), state
-        # events wait in it, or it is over its cap (rare): as the Python engine's, which
-        # fit may shed from, and back (the round trip is exact: tests/unit/test_native_step.py)
+        # a waiting event has a usage cost, or it is over its cap (rare): as the Python
+        # engine's, which fit may shed from, and back (the round trip is exact:
+        # tests/unit/test_native_step.py)
         python = self.to_python(state)
         before = _sheddable(python)
         data = state_codec.fit(python, cap)

@@ -226,12 +226,61 @@ def test_a_native_engine_is_collected(native: ModuleType) -> None:
     assert ref() is None
 
 
+def test_waiting_events_are_written_as_the_python_engine_writes_them(native: ModuleType) -> None:
+    """Events parked on a gap and pending a gateway restart, with every field a waiting
+    event keeps (a reply, usage counts, a result with nothing recorded, strings to
+    escape), are written natively as the Python engine writes them; one with a usage
+    cost (a float, which msgspec writes its own way) is left to Python, same bytes."""
+    fold = native_for(Engine(parse_config(CONFIGS["not set"])))
+    assert fold is not None
+    ts = 1_790_000_000_000
+    common = {"session_key": 'agent:1:"s"\n\u2028\u00e9\x7f', "run_id": "r\t1", "agent_id": "a"}
+    reply = {"topic": "loopfuse.replies", "partition": 1, "requester": "gw-\\1"}
+    events: list[dict[str, Any]] = [
+        {"type": "tool_call", "event_id": "e0", "incarnation": "g1", "seq": 0, "ts": ts,
+         "call_id": "c0", "tool_name": "read", "args": {"path": "x"}},
+        # seq 1 never comes: these wait on the gap
+        {"type": "tool_result", "event_id": "e2", "incarnation": "g1", "seq": 2, "ts": ts + 1,
+         "call_id": "c1", "tool_name": "read", "args": {"path": "x"}, "result": None,
+         "usage": {"input_tokens": 3, "total_tokens": 9}, "reply_to": reply},
+        {"type": "tool_result", "event_id": "e3", "incarnation": "g1", "seq": 3, "ts": ts + 2,
+         "call_id": "c2", "tool_name": "nope", "error": "Tool nope not found",
+         "unknown_tool": "Nope"},
+        {"type": "compaction", "event_id": "e4", "incarnation": "g1", "seq": 4, "ts": ts + 3,
+         "reason": "full"},
+        # another incarnation, later than the watermark: it waits for the input to move on
+        {"type": "tool_call", "event_id": "e5", "incarnation": "g2", "seq": 0, "ts": ts + 10_000,
+         "call_id": "c3", "tool_name": "exec", "args_hash": "ab" * 16, "args_action": "poll",
+         "reply_to": reply},
+        {"type": "run_ended", "event_id": "e6", "incarnation": "g2", "seq": 1, "ts": ts + 10_001},
+    ]
+    state = None
+    for event in events:
+        raw = orjson.dumps({**common, **event})
+        state, _ = fold.step(state, raw, ts + 20_000, ts)
+        body = state.v4_body()
+        assert body is not None
+        python = NativeEngine.to_python(state)
+        for version in (4, 5):
+            written = state_codec.encode_body(state.touched_ms, state.last_event_ms, body, version)
+            assert written == state_codec.encode(python, version)
+    assert len(python.parked) == 3 and len(python.pending) == 2
+    assert state_codec.decode(written).parked == python.parked
+    # a usage cost waiting: Python writes the state, and the checkpoint is its bytes
+    costly = {**common, **events[1], "event_id": "e7", "seq": 5, "usage": {"cost": 1e-7}}
+    state, _ = fold.step(state, orjson.dumps(costly), ts + 20_000, ts)
+    assert state.v4_body() is None
+    data, kept = fold.checkpoint(state, 65_536)
+    assert kept is state
+    assert data == state_codec.encode(NativeEngine.to_python(state))
+
+
 def test_a_native_state_writes_the_python_engines_bytes(native: ModuleType) -> None:
     """A native checkpoint (native/src/state_bytes.rs: version 4's body, then format 5 from
     it) is the bytes the Python engine writes for the same state, after every event."""
     from bench.engine import build_workload
 
-    compared = 0
+    compared = waiting = 0
     for name in ("not set", "tight"):
         fold = native_for(Engine(parse_config(CONFIGS[name])))
         assert fold is not None
@@ -245,11 +294,13 @@ def test_a_native_state_writes_the_python_engines_bytes(native: ModuleType) -> N
             state = states[event.key]
             body = state.v4_body()
             if body is None:
-                continue  # events wait in it: the Python engine writes it
+                continue  # a waiting event has a usage cost: the Python engine writes it
             python = NativeEngine.to_python(state)
             for version in (4, 5):
                 written = state_codec.encode_body(state.touched_ms, state.last_event_ms, body,
                                                   version)
                 assert written == state_codec.encode(python, version)
             compared += 1
+            waiting += bool(python.parked or python.pending)
     assert compared > 3_000
+    assert waiting > 300  # events parked on a gap or pending a restart, as their JSON
