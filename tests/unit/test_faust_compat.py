@@ -85,6 +85,23 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
     assert inspect.iscoroutinefunction(AIOKafkaConsumerThread._highwaters)
     # tables: the current event a write takes its partition from
     assert _current_event.get(None) is None
+    # producer: what append_record reads of aiokafka's producer, the partitioner call
+    # its send makes, and the accumulator's append it skips to
+    from aiokafka.producer.message_accumulator import MessageAccumulator
+    from aiokafka.producer.producer import AIOKafkaProducer
+
+    producer_init = inspect.getsource(AIOKafkaProducer.__init__)
+    for attribute in ("_metadata", "_message_accumulator", "_partitioner", "_key_serializer",
+                      "_value_serializer", "_txn_manager", "_max_request_size",
+                      "_request_timeout_ms"):
+        assert f"self.{attribute} =" in producer_init, attribute
+    assert "self._partitioner(serialized_key, all_partitions, available)" in inspect.getsource(
+        AIOKafkaProducer._partition
+    )
+    assert "self._message_accumulator.add_message(" in inspect.getsource(AIOKafkaProducer.send)
+    assert list(inspect.signature(MessageAccumulator.add_message).parameters) == [
+        "self", "tp", "key", "value", "timeout", "timestamp_ms", "headers"
+    ]
     # web: the driver registry and the blueprint lists a driver may empty
     assert isinstance(DRIVERS.data, dict)
     assert {"default_blueprints", "production_blueprints", "debug_blueprints",
