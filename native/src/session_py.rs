@@ -358,7 +358,8 @@ impl Judge {
     /// as their bytes, the others tagged -, whether the state needs Python's
     /// checkpoint), or None for an event left to Python (`states` untouched). Every
     /// `checkpoint_every` steps of a session its bytes are written here; only a state
-    /// that does not fit `max_state_bytes`, or has events waiting, needs Python's.
+    /// that does not fit `max_state_bytes`, or holds a waiting event with a usage cost,
+    /// needs Python's.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (states, raw, max_bytes, max_depth, max_identifier_bytes, checkpoint_every, max_state_bytes))]
     fn replay_step<'py>(

@@ -13,7 +13,7 @@
 //! one waiting is left to Python.
 
 use crate::decode::Usage;
-use crate::output::write_str;
+use crate::output::{write_int, write_str};
 use crate::session::{Body, Event, State};
 use crate::state_codec::{pack_array, pack_bin, pack_map, pack_sint, pack_str, pack_text, pack_uint};
 
@@ -186,7 +186,7 @@ fn text_field(out: &mut Vec<u8>, field: &str, value: Option<&str>) {
 fn int_field(out: &mut Vec<u8>, field: &str, value: Option<i64>) {
     if let Some(value) = value {
         name(out, field);
-        out.extend_from_slice(value.to_string().as_bytes());
+        write_int(out, value);
     }
 }
 

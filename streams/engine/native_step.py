@@ -130,7 +130,8 @@ class NativeEngine:
         :meth:`checkpoint` now), verdicts and loop events among the outputs as their
         bytes alone; raises EventRejected as ``decode_event`` does. Every
         ``checkpoint_every`` steps of a session its state's bytes are written natively,
-        and only one over ``max_state_bytes`` or with events waiting needs Python's."""
+        and only one over ``max_state_bytes`` or holding a waiting event with a usage
+        cost needs Python's."""
         got = self.judge.replay_step(states, raw, max_bytes, max_depth, max_identifier_bytes,
                                      checkpoint_every, max_state_bytes)
         if got is not None:
