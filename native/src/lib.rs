@@ -110,6 +110,8 @@ fn digest(data: &[u8]) -> String {
 
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    // the Python this build stands in for (build.rs), checked before a wheel is used
+    module.add("MIRRORED_DIGEST", env!("LOOPFUSE_MIRRORED_DIGEST"))?;
     module.add_function(wrap_pyfunction!(canonical_json, module)?)?;
     module.add_function(wrap_pyfunction!(canonical_digest, module)?)?;
     module.add_function(wrap_pyfunction!(digest, module)?)?;

@@ -1,11 +1,15 @@
 """Whether this process uses the native judge (the Rust crate in ``native/``), and its module.
 
-The native module (``_native``, built by :mod:`loopfuse.streams.local.native_engine`,
-which ``./dev test`` runs where cargo is) sits beside the engine's sources, git-ignored.
-It only counts while it matches its sources: the build stamps the digest of the crate's
-files and of the Python it stands in for, and :func:`load` gives None (the pure engine)
-when the stamp is missing or stale, when the crate's sources are not there to check it
-against, or when ``LOOPFUSE_PURE_ENGINE=1`` asks for the pure engine. Issue 27: canonical
+Two builds count. In a checkout, the native module (``_native``, built by
+:mod:`loopfuse.streams.local.native_engine`, which ``./dev test`` runs where cargo is)
+sits beside the engine's sources, git-ignored; it only counts while it matches its
+sources: the build stamps the digest of the crate's files and of the Python it stands
+in for, and a stale stamp means the pure engine. Where the package is installed (no
+crate beside it to check a build by), the ``loopfuse-native`` wheel (``pip install
+./native``: maturin) counts while the digest it was built with, of the Python it stands
+in for (``MIRRORED_DIGEST``, native/build.rs), is that of the installed modules: the
+wheel of another commit is refused with a warning. ``LOOPFUSE_PURE_ENGINE=1`` asks for
+the pure engine. Issue 27: canonical
 JSON and the 128-bit digests (stage 1), an input event decoded, validated and
 fingerprinted from its wire bytes (stage 2); every native function returns None for what
 it leaves to the Python code.
@@ -24,11 +28,13 @@ from types import ModuleType
 ENGINE_DIR = Path(__file__).resolve().parent
 CRATE_DIR = ENGINE_DIR.parent.parent / "native"
 MODULE = "loopfuse.streams.engine._native"
+#: The module of the ``loopfuse-native`` wheel (native/pyproject.toml).
+INSTALLED_MODULE = "loopfuse_native._native"
 STAMP = "_native.digest"
 PURE_ENV = "LOOPFUSE_PURE_ENGINE"
 #: The crate's files a build is of, and the Python modules whose behaviour it reproduces,
 #: relative to the package (a change to either makes a build stale until built again).
-CRATE_FILES = ("Cargo.toml", "Cargo.lock")
+CRATE_FILES = ("Cargo.toml", "Cargo.lock", "build.rs", "pyproject.toml")
 MIRRORED = (
     "streams/engine/canonical.py",
     "streams/engine/config.py",
@@ -58,16 +64,30 @@ def source_digest(crate_dir: Path = CRATE_DIR, engine_dir: Path = ENGINE_DIR) ->
     return digest.hexdigest()
 
 
+def mirrored_digest(engine_dir: Path = ENGINE_DIR) -> str:
+    """The digest of the Python the native judge stands in for, as native/build.rs
+    computes it into a build (64-bit FNV-1a over each file's name and bytes, in
+    ``MIRRORED`` order; a missing file counts as empty)."""
+    package = engine_dir.parent.parent
+    digest = 0xCBF29CE484222325
+    for name in MIRRORED:
+        path = package / name
+        for data in (name.encode(), path.read_bytes() if path.exists() else b""):
+            for byte in data:
+                digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{digest:016x}"
+
+
 def load(engine_dir: Path = ENGINE_DIR, crate_dir: Path = CRATE_DIR) -> ModuleType | None:
     """The native module when it is built, current and wanted; else None (pure)."""
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return None
     stamp = engine_dir / STAMP
     if not stamp.exists():
-        return None  # never built here: the usual case without cargo
+        return _installed(engine_dir)  # never built here: the wheel, if there is one
     expected = source_digest(crate_dir, engine_dir)
     if expected is None:
-        return None  # a copy of the engine without the crate: nothing to check a build by
+        return _installed(engine_dir)  # no crate here to check a build by
     if stamp.read_text().strip() != expected:
         warnings.warn(
             "the native engine does not match its sources; using the pure engine "
@@ -82,6 +102,26 @@ def load(engine_dir: Path = ENGINE_DIR, crate_dir: Path = CRATE_DIR) -> ModuleTy
         warnings.warn(f"the native engine did not load ({exc}); using the pure engine",
                       RuntimeWarning, stacklevel=2)
         return None
+
+
+def _installed(engine_dir: Path) -> ModuleType | None:
+    """The ``loopfuse-native`` wheel's module when it is installed and built from the
+    Python installed beside it; else None."""
+    try:
+        module = importlib.import_module(INSTALLED_MODULE)
+    except ImportError:
+        return None  # not installed: the usual case
+    built_from = getattr(module, "MIRRORED_DIGEST", None)
+    if built_from != mirrored_digest(engine_dir):
+        warnings.warn(
+            f"the installed loopfuse-native was built from other engine sources "
+            f"({built_from}, these are {mirrored_digest(engine_dir)}); using the pure "
+            "engine (pip install ./native from the same commit)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return module
 
 
 #: The module this process uses, or None: read once, when the engine is imported.
