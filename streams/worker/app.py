@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from loopfuse.schemas.config import DetectionConfigFile, load_config
 from loopfuse.schemas.verdict_signature import VerdictSigner
 from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.native import NATIVE
 from loopfuse.streams.settings import Settings
 from loopfuse.streams.worker import faust_compat as compat
 from loopfuse.streams.worker.faust_compat.assignment import prepare_consumer
@@ -43,6 +44,18 @@ from loopfuse.streams.worker.processor import Limits, OutputTopics, SessionProce
 from loopfuse.streams.worker.topics import SESSION_TABLE, Readiness
 
 log = logging.getLogger("loopfuse.worker")
+
+
+def judged_by(processor: SessionProcessor) -> str:
+    """Which engine judges the sessions, for the start-up log: an operator who installed
+    the native judge sees it taken (or why not)."""
+    if processor.native is not None:
+        return f"sessions are judged by the native judge ({getattr(NATIVE, '__name__', '?')})"
+    if NATIVE is not None:
+        return ("sessions are judged by the Python engine: the native judge leaves opt-in "
+                "rules, the fleet breaker, send tools and payloads in loop events to it")
+    return ("sessions are judged by the Python engine: no native judge here (pip install "
+            "./native from the same checkout; docs/operations.md: The native judge)")
 
 
 def create_app(settings: Settings, config: DetectionConfigFile | None = None) -> faust.App:
@@ -106,9 +119,6 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     keys = settings.verdict_keys()  # LOOPFUSE_VERDICT_KEY: sign with the first
     signing = None if not keys else VerdictSigning(
         VerdictSigner(keys[0]), (settings.topic_verdicts, *settings.reply_topic_names))
-    if keys:  # the id only: the secret is never logged
-        log.info("verdicts are signed with key %r (%d key(s) configured)", keys[0].key_id,
-                 len(keys))
 
     def owned() -> list[tuple[str, int]]:
         return owned_inputs(app, settings.input_topics)
@@ -121,6 +131,11 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
 
     @app.agent(inputs, name="judge")
     async def judge_events(stream: StreamT[Any]) -> None:
+        # Said here, where the worker's logging is set up (create_app's would be lost).
+        log.info("%s", judged_by(processor))
+        if keys:  # the id only: the secret is never logged
+            log.info("verdicts are signed with key %r (%d key(s) configured)",
+                     keys[0].key_id, len(keys))
         # Whole fetches, not the stream's events one by one (faust_compat.delivery).
         while True:
             if publish.due or not fetches.buffered:

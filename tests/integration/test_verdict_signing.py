@@ -176,6 +176,10 @@ async def test_a_gateway_with_the_key_gets_every_verdict_of_a_signing_worker(
             assert actions == ["allow", "allow", "allow", "warn", "warn", "block"]
             assert gateway.stats.verdicts == 6 and gateway.stats.timeouts == 0
             assert gateway.stats.unsigned_verdicts == gateway.stats.bad_signatures == 0
+    # the operator sees which key signs (its id), never a secret
+    log = signed.process.tail(200_000)
+    assert "verdicts are signed with key 'k2' (2 key(s) configured)" in log, log[-2000:]
+    assert KEY.split(":", 1)[1] not in log and OLD_KEY.split(":", 1)[1] not in log
 
 
 async def test_a_forged_allow_is_dropped_and_counted_and_the_call_gets_the_workers_block(

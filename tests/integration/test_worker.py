@@ -21,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from loopfuse.schemas import load_config, validate_event
 from loopfuse.streams.engine import Engine, state_codec
+from loopfuse.streams.engine.native import NATIVE
 from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.harness import (
     CONFIG,
@@ -109,6 +110,9 @@ async def test_verdicts_loop_events_and_dead_letters(
     worker = worker_factory()
     worker.start()
     worker.wait_ready()
+    # the start-up log names the engine that judges (the native judge where it is built)
+    judged_by = "the native judge" if NATIVE is not None else "the Python engine"
+    assert f"sessions are judged by {judged_by}" in worker.tail(100_000), worker.tail()
     t = worker.topics
     looping = lines("polling_loop.jsonl")
     healthy = healthy_session("agent:docs:main", 4)
