@@ -20,7 +20,7 @@ import pytest
 from loopfuse.schemas import Verdict
 from loopfuse.streams.gateway.client import GatewayClient, Topics, blocked_tool_result
 from loopfuse.streams.local.worker_process import REPO_ROOT, WorkerProcess
-from tests.support.harness import Collector, new_topics, unique, worker_settings
+from tests.support.harness import RULES_CONFIG, Collector, new_topics, unique, worker_settings
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -59,7 +59,7 @@ def worker(
     topics = _topics(roles)
     tmp = tmp_path_factory.mktemp("gateway")
     settings = worker_settings(kafka_bootstrap, kafka_broker_kind, roles, unique("gw-test"),
-                               tmp / "data")
+                               tmp / "data", config_file=RULES_CONFIG)  # run-ender's rule
     process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
     try:
         process.wait_ready(90)

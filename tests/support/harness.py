@@ -30,7 +30,10 @@ from loopfuse.streams.engine import Engine, Verdict
 from tests.support.brokers import embedded_in_use
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "tests" / "fixtures" / "small.json5"  # warningThreshold 3, criticalThreshold 5
+# warningThreshold 3, criticalThreshold 5, no opt-in rules: the native fold where built
+CONFIG = ROOT / "tests" / "fixtures" / "worker.json5"
+#: The same with an agent whose runs end by rule ("run-ender"): the Python fold.
+RULES_CONFIG = ROOT / "tests" / "fixtures" / "small.json5"
 LONG = os.environ.get("LOOPFUSE_LONG", "") not in ("", "0", "false", "no")
 
 #: ts of the first generated event (epoch ms); events are 10 ms apart.
