@@ -316,8 +316,92 @@ class _Applied(msgspec.Struct, frozen=True, gc=False):
     messages: list[Outgoing]
 
 
+class _WayBack:
+    """What both folds share: the checkpoint, and the way back from an event that
+    failed or broke the state (the last good bytes, then the steps since, again). A
+    fold says how its state is encoded (``_encode``: the bytes, and the state to go on
+    with), decoded and stepped again."""
+
+    key: bytes
+    limits: Limits
+    base: bytes | None
+    state: Any
+    steps: list[_Applied]
+    shed: int
+    isolated: list[Outgoing]
+    letters: list[Outgoing]
+
+    def checkpoint(self) -> tuple[bytes | None, list[Outgoing]]:
+        """The state bytes to keep and the messages of every step they include.
+
+        If the state cannot be encoded within its cap, the steps since ``base`` are
+        taken again one by one, encoding after each, and the events that break it
+        are dead-lettered instead (their messages are not sent).
+        """
+        self.isolated = []
+        if self.state is None:
+            return self.base, self._flush()
+        try:
+            data, self.state = self._encode(self.state)
+        except Exception:
+            return self._isolate()
+        self.base = data
+        return data, self._flush()
+
+    def _encode(self, state: Any) -> tuple[bytes, Any]:
+        raise NotImplementedError
+
+    def _decode(self, data: bytes | None) -> Any:
+        raise NotImplementedError
+
+    def _step(self, state: Any, step: _Applied) -> Any:
+        raise NotImplementedError
+
+    def _flush(self) -> list[Outgoing]:
+        messages = [item for step in self.steps for item in step.messages]
+        messages += self.letters
+        self.steps.clear()
+        self.letters = []
+        return messages
+
+    def _isolate(self) -> tuple[bytes | None, list[Outgoing]]:
+        steps = list(self.steps)
+        self.steps.clear()
+        data = self.base
+        state = self._decode(data)
+        messages: list[Outgoing] = []
+        for step in steps:
+            try:
+                state = self._step(state, step)
+                candidate, state = self._encode(state)
+            except Exception as exc:
+                code = "state_too_large" if isinstance(exc, StateTooLarge) else "engine_error"
+                letter = dead_letter(step.source, code, f"session state: {exc}", self.limits)
+                messages.append(letter)
+                self.isolated.append(letter)
+                state = self._decode(data)
+                continue
+            data = candidate
+            messages.extend(step.messages)
+        self.state = state
+        self.base = data
+        messages += self.letters
+        self.letters = []
+        return data, messages
+
+    def _reject(self, source: Source, code: str, reason: str) -> list[Outgoing]:
+        """Dead-letter an event and rebuild the state it had partly changed."""
+        state = self._decode(self.base)
+        for step in self.steps:
+            state = self._step(state, step)
+        self.state = state
+        letter = dead_letter(source, code, reason, self.limits)
+        self.letters.append(letter)
+        return [letter]
+
+
 @dataclass
-class SessionFold:
+class SessionFold(_WayBack):
     """One session's state while events are applied to it, with a way back.
 
     ``base`` is the last state bytes known good (None: the session is new); the
@@ -391,23 +475,6 @@ class SessionFold:
         self.steps.append(_Applied(None, True, now_ms, watermark_ms, source, encoded))
         return encoded
 
-    def checkpoint(self) -> tuple[bytes | None, list[Outgoing]]:
-        """The state bytes to keep and the messages of every step they include.
-
-        If the state cannot be encoded within its cap, the steps since ``base`` are
-        taken again one by one, encoding after each, and the events that break it
-        are dead-lettered instead (their messages are not sent).
-        """
-        self.isolated = []
-        if self.state is None:
-            return self.base, self._flush()
-        try:
-            data = self._encode(self.state)
-        except Exception:
-            return self._isolate()
-        self.base = data
-        return data, self._flush()
-
     # -- internals ---------------------------------------------------------------------
 
     def _encode_outputs(
@@ -420,19 +487,15 @@ class SessionFold:
             encoded += tool_strikes(outputs)
         return encoded
 
-    def _encode(self, state: SessionState) -> bytes:
+    def _encode(self, state: SessionState) -> tuple[bytes, SessionState]:
         before = len(state.history)
-        data = state_codec.fit(state, self.limits.max_state_bytes)
+        data = state_codec.fit(state, self.limits.max_state_bytes)  # sheds in place
         if len(state.history) < before:
             self.shed += 1
-        return data
+        return data, state
 
-    def _flush(self) -> list[Outgoing]:
-        messages = [item for step in self.steps for item in step.messages]
-        messages += self.letters
-        self.steps.clear()
-        self.letters = []
-        return messages
+    def _decode(self, data: bytes | None) -> SessionState | None:
+        return None if data is None else state_codec.decode(data)
 
     def _step(self, state: SessionState | None, step: _Applied) -> SessionState:
         if step.released:
@@ -449,40 +512,6 @@ class SessionFold:
         state, _ = self.engine.step(state, event, step.now_ms, step.watermark_ms)
         return state
 
-    def _isolate(self) -> tuple[bytes | None, list[Outgoing]]:
-        steps = list(self.steps)
-        self.steps.clear()
-        data = self.base
-        state = _decode(data)
-        messages: list[Outgoing] = []
-        for step in steps:
-            try:
-                state = self._step(state, step)
-                candidate = self._encode(state)
-            except Exception as exc:
-                code = "state_too_large" if isinstance(exc, StateTooLarge) else "engine_error"
-                letter = dead_letter(step.source, code, f"session state: {exc}", self.limits)
-                messages.append(letter)
-                self.isolated.append(letter)
-                state = _decode(data)
-                continue
-            data = candidate
-            messages.extend(step.messages)
-        self.state = state
-        self.base = data
-        messages += self.letters
-        self.letters = []
-        return data, messages
-
-    def _reject(self, source: Source, code: str, reason: str) -> list[Outgoing]:
-        """Dead-letter an event and rebuild the state it had partly changed."""
-        state = _decode(self.base)
-        for step in self.steps:
-            state = self._step(state, step)
-        self.state = state
-        letter = dead_letter(source, code, reason, self.limits)
-        self.letters.append(letter)
-        return [letter]
 
 
 #: The native reader's event (Judge.read), which only Judge.step_read takes.
@@ -490,7 +519,7 @@ _READ_EVENT: type | None = getattr(NATIVE, "ReadEvent", None)
 
 
 @dataclass
-class NativeSessionFold:
+class NativeSessionFold(_WayBack):
     """A :class:`SessionFold` on the native fold (``native_step.NativeEngine``), for an
     engine ``native_for`` accepts: the same lifecycle, messages, dead letters and
     state bytes, over a state held in Rust (``NativeState``).
@@ -557,18 +586,6 @@ class NativeSessionFold:
         self.steps.append(_Applied(None, True, now_ms, watermark_ms, source, encoded))
         return encoded
 
-    def checkpoint(self) -> tuple[bytes | None, list[Outgoing]]:
-        """As :meth:`SessionFold.checkpoint`."""
-        self.isolated = []
-        if self.state is None:
-            return self.base, self._flush()
-        try:
-            data, self.state = self._encode(self.state)
-        except Exception:
-            return self._isolate()
-        self.base = data
-        return data, self._flush()
-
     # -- internals ---------------------------------------------------------------------
 
     def _encode_outputs(self, outputs: list[Any], source: Source) -> list[Outgoing]:
@@ -605,13 +622,6 @@ class NativeSessionFold:
             self.shed += 1
         return data, kept
 
-    def _flush(self) -> list[Outgoing]:
-        messages = [item for step in self.steps for item in step.messages]
-        messages += self.letters
-        self.steps.clear()
-        self.letters = []
-        return messages
-
     def _decode(self, data: bytes | None) -> Any:
         return None if data is None else self.native.from_python(state_codec.decode(data))
 
@@ -631,40 +641,6 @@ class NativeSessionFold:
                                max_identifier_bytes=self.limits.max_identifier_bytes)
         return state
 
-    def _isolate(self) -> tuple[bytes | None, list[Outgoing]]:
-        steps = list(self.steps)
-        self.steps.clear()
-        data = self.base
-        state = self._decode(data)
-        messages: list[Outgoing] = []
-        for step in steps:
-            try:
-                state = self._step(state, step)
-                candidate, state = self._encode(state)
-            except Exception as exc:
-                code = "state_too_large" if isinstance(exc, StateTooLarge) else "engine_error"
-                letter = dead_letter(step.source, code, f"session state: {exc}", self.limits)
-                messages.append(letter)
-                self.isolated.append(letter)
-                state = self._decode(data)
-                continue
-            data = candidate
-            messages.extend(step.messages)
-        self.state = state
-        self.base = data
-        messages += self.letters
-        self.letters = []
-        return data, messages
-
-    def _reject(self, source: Source, code: str, reason: str) -> list[Outgoing]:
-        """Dead-letter an event and rebuild the state it had partly changed."""
-        state = self._decode(self.base)
-        for step in self.steps:
-            state = self._step(state, step)
-        self.state = state
-        letter = dead_letter(source, code, reason, self.limits)
-        self.letters.append(letter)
-        return [letter]
 
 
 def _asking(event: InputEvent | None, state: SessionState | None) -> Sequence[InputEvent]:
@@ -677,10 +653,6 @@ def _asking(event: InputEvent | None, state: SessionState | None) -> Sequence[In
             return (event,) if event.reply_to is not None else ()
         waiting.append(event)
     return waiting if any(e.reply_to is not None for e in waiting) else ()
-
-
-def _decode(data: bytes | None) -> SessionState | None:
-    return None if data is None else state_codec.decode(data)
 
 
 # -- the session processor -------------------------------------------------------------
