@@ -157,6 +157,24 @@ fn lower(py: Python<'_>, text: &str) -> PyResult<String> {
 }
 
 impl Judge {
+    /// An event from its wire bytes, or None where the Python decoder must decide (as
+    /// `decode.event_fingerprints` says None): the read every native step starts with.
+    fn wire_event(
+        &self,
+        py: Python<'_>,
+        raw: &[u8],
+        max_bytes: usize,
+        max_depth: usize,
+        max_identifier_bytes: usize,
+    ) -> PyResult<Option<Event>> {
+        if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
+            return Ok(None);
+        }
+        let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
+        let Some(wire) = read_event(&entries, max_depth, max_identifier_bytes) else { return Ok(None) };
+        self.event_of(py, &wire)
+    }
+
     /// The event a step applies, from what the decoder's pass read of it.
     fn event_of(&self, py: Python<'_>, wire: &WireEvent<'_, '_>) -> PyResult<Option<Event>> {
         let (args_token, result_token, result_known) = tokens(wire);
@@ -335,12 +353,9 @@ impl Judge {
         max_depth: usize,
         max_identifier_bytes: usize,
     ) -> PyResult<StepResult<'py>> {
-        if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
+        let Some(event) = self.wire_event(py, raw, max_bytes, max_depth, max_identifier_bytes)? else {
             return Ok(None);
-        }
-        let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
-        let Some(wire) = read_event(&entries, max_depth, max_identifier_bytes) else { return Ok(None) };
-        let Some(event) = self.event_of(py, &wire)? else { return Ok(None) };
+        };
         let state = match state {
             Some(state) => state,
             None => Py::new(py, NativeState::default())?,
@@ -373,12 +388,9 @@ impl Judge {
         checkpoint_every: usize,
         max_state_bytes: usize,
     ) -> PyResult<Option<ReplayStep<'py>>> {
-        if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
+        let Some(event) = self.wire_event(py, raw, max_bytes, max_depth, max_identifier_bytes)? else {
             return Ok(None);
-        }
-        let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
-        let Some(wire) = read_event(&entries, max_depth, max_identifier_bytes) else { return Ok(None) };
-        let Some(event) = self.event_of(py, &wire)? else { return Ok(None) };
+        };
         let key = PyString::new(py, event.key());
         let state: Bound<'py, NativeState> = match states.get_item(&key)? {
             Some(state) => state.downcast_into::<NativeState>()?,
@@ -430,12 +442,9 @@ impl Judge {
         max_depth: usize,
         max_identifier_bytes: usize,
     ) -> PyResult<Option<Read<'py>>> {
-        if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
+        let Some(event) = self.wire_event(py, raw, max_bytes, max_depth, max_identifier_bytes)? else {
             return Ok(None);
-        }
-        let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
-        let Some(wire) = read_event(&entries, max_depth, max_identifier_bytes) else { return Ok(None) };
-        let Some(event) = self.event_of(py, &wire)? else { return Ok(None) };
+        };
         let key = PyString::new(py, event.key());
         let kind = match event.kind() {
             Kind::ToolCall => "tool_call",
