@@ -35,6 +35,7 @@ PURE_ENV = "LOOPFUSE_PURE_ENGINE"
 #: The crate's files a build is of, and the Python modules whose behaviour it reproduces,
 #: relative to the package (a change to either makes a build stale until built again).
 CRATE_FILES = ("Cargo.toml", "Cargo.lock", "build.rs", "pyproject.toml")
+# (native/build.rs reads this tuple, one quoted name a line, to stamp a build)
 MIRRORED = (
     "streams/engine/canonical.py",
     "streams/engine/config.py",
