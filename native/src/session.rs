@@ -11,6 +11,7 @@
 //! non-ASCII unknown-tool name, the regular expressions that find one in an error text
 //! - is asked of Python through the GIL the step holds, on those rare paths only.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
@@ -21,6 +22,7 @@ use crate::engine::config::ResolvedConfig;
 use crate::engine::detectors::{detect_in_run, guard_message, message_for, Detection, Detector, Level};
 use crate::engine::fingerprint::{hash32, hash64, is_known_poll, result_fingerprint, run_key, signature};
 use crate::engine::history::{History, Record};
+use crate::engine::rules::{self, Amount, Judgement as RulesJudgement, RuleState, Rules};
 use crate::output::{write_loop_event, write_verdict, Judgement, LoopEventExtras, Setting};
 
 // state.py's bounds
@@ -55,6 +57,9 @@ pub enum Body {
         /// The unknown-tool name (lowercase), from `unknown_tool` or the error text.
         unknown: Option<String>,
         usage: Option<Usage>,
+        /// `ToolResult.error_text`, for the repeated-failure rule; None at rest (the
+        /// Python engine's `_at_rest` drops the error too).
+        error: Option<String>,
     },
     Compaction,
     RunEnded,
@@ -194,8 +199,8 @@ pub struct State {
     pub incarnation: u64,
     pub retired: Vec<(u64, i64)>,
     pub pending: Vec<Event>,
-    /// rule_state's bytes: never written here (no rules on the native path), kept as read.
-    pub rules: Vec<u8>,
+    /// What the opt-in rules remember (rule_state.py's RuleState; empty: none).
+    pub rules: RuleState,
 }
 
 impl State {
@@ -204,7 +209,7 @@ impl State {
     }
 
     fn park(&mut self, seq: i64, event: Event) {
-        self.parked.push((seq, event));
+        self.parked.push((seq, at_rest(event)));
     }
 
     fn unpark(&mut self, seq: i64) -> Event {
@@ -233,10 +238,14 @@ pub enum Output {
     Rejection { code: &'static str, reason: String, event_id: String },
 }
 
-/// An agent's config as loop events show it (ResolvedConfig.as_dict + enforce).
+/// An agent's config as loop events show it (ResolvedConfig.as_dict + enforce), and
+/// its opt-in rules with the configs of the tools that have their own thresholds
+/// (`ResolvedRules.for_tool`'s, rules not among them).
 pub struct Policy {
     pub config: ResolvedConfig,
     pub shown: Vec<(&'static str, Setting)>,
+    pub rules: Option<Rules>,
+    pub tools: HashMap<String, Arc<Policy>>,
 }
 
 impl Policy {
@@ -255,7 +264,7 @@ impl Policy {
             ("guard_window_size", Setting::Int(c.guard_window_size)),
             ("enforce", Setting::Bool(enforce)),
         ];
-        Policy { config, shown }
+        Policy { config, shown, rules: None, tools: HashMap::new() }
     }
 }
 
@@ -270,6 +279,11 @@ pub struct Settings {
     pub max_parked: usize,
     pub max_parked_bytes: usize,
     pub gap_timeout_ms: i64,
+    /// rules.py's `failure_identity(error_text)`.
+    pub failure_identity: Py<PyAny>,
+    /// native_step.py's `cap_detection(level, detector, scope, used, cap, run)`:
+    /// rules.py's `_cap_detection` as (count, message, warning key).
+    pub cap_detection: Py<PyAny>,
 }
 
 /// xxh3-128 hex of some bytes (fingerprint.py's `digest`), on the stack.
@@ -459,7 +473,7 @@ impl<P: Policies> Step<'_, P> {
             return Ok(()); // the same early event again
         }
         touch(state, &event, now_ms);
-        state.pending.push(event);
+        state.pending.push(at_rest(event));
         self.open_pending(state, now_ms, watermark_ms)
     }
 
@@ -612,6 +626,7 @@ impl<P: Policies> Step<'_, P> {
                 let run = run_key(run_scope(event.run_id.as_deref()));
                 state.guards.retain(|(key, _)| *key != run);
                 state.warnings.retain(|(_, (owner, _))| *owner != run);
+                state.rules.forget_run(run);
                 Ok(())
             }
         }
@@ -620,18 +635,49 @@ impl<P: Policies> Step<'_, P> {
     fn on_tool_call(&mut self, state: &mut State, event: &Event, now_ms: i64) -> PyResult<()> {
         let Body::Call { call_id, tool_name: tool, token, action } = &event.body else { unreachable!() };
         let policy = self.policies.policy(event.agent_id.as_deref())?;
-        let config = &policy.config;
         let run = run_scope(event.run_id.as_deref());
         let run_hash = run_key(run);
         let sig = signature(tool, token);
-        let mut detection: Option<Detection> = None;
-        if config.detection_on() {
-            let view = state.history.run_history(run_hash);
-            let recent = state.history.recent_count(sig, &view);
-            let known_poll = recent > 0 && is_known_poll(tool, action.as_deref());
-            detection = detect_in_run(&view, tool, sig, token, known_poll, config, run, recent);
+        // issue 14: exempt tools are never judged, others may have their own thresholds
+        let mut shown = &policy;
+        if let Some(rules) = &policy.rules {
+            if rules.exempt.contains(tool.as_str()) {
+                self.push_verdict(event, &Verdict::allow(Some(token)), now_ms);
+                return Ok(());
+            }
+            if let Some(own) = policy.tools.get(tool.as_str()) {
+                shown = own;
+            }
         }
-        let enforce = self.settings.enforce;
+        let config = &shown.config;
+        let mut detection: Option<Detection> = None;
+        let view = config.detection_on().then(|| state.history.run_history(run_hash));
+        if let Some(view) = &view {
+            let recent = state.history.recent_count(sig, view);
+            let known_poll = recent > 0 && is_known_poll(tool, action.as_deref());
+            detection = detect_in_run(view, tool, sig, token, known_poll, config, run, recent);
+        }
+        let mut enforce = self.settings.enforce;
+        let mut judgement: Option<RulesJudgement> = None;
+        if let Some(rules) = &policy.rules {
+            // issue 14: a rule may take over the verdict
+            let critical = detection.as_ref().is_some_and(|d| d.level == Level::Critical);
+            let capped = match (&rules.run_caps, critical) {
+                (Some(caps), false) => match rules::run_cap(caps, state.rules.run(run_hash), &state.rules) {
+                    Some(hit) => Some(self.cap_detection(&hit, run)?),
+                    None => None,
+                },
+                _ => None,
+            };
+            let judged = rules::judge(
+                rules, &state.rules, view.as_ref(), tool, sig, config.warning_threshold,
+                config.critical_threshold, run, run_hash, capped, detection, enforce,
+            );
+            detection = judged.detection.clone();
+            enforce = judged.enforce;
+            judgement = Some(judged);
+        }
+        drop(view);
         let critical = detection.as_ref().is_some_and(|d| d.level == Level::Critical);
         if config.recording_on() && !(critical && enforce) {
             let call_hash = if call_id.is_empty() { 0 } else { hash32(call_id) };
@@ -639,9 +685,14 @@ impl<P: Policies> Step<'_, P> {
             state.history.append(record, config.history_size);
         }
         // what the detection says (the loop event's), and the verdict: it, when enforced
-        let judged = detection.as_ref().map(|found| Verdict::of(found, token));
-        let verdict = match (&judged, enforce) {
-            (Some(judged), true) => judged.clone(),
+        let mut judged = detection.as_ref().map(|found| Verdict::of(found, token));
+        if let (Some(judged), Some(j)) = (&mut judged, &judgement) {
+            if critical && j.ends_run {
+                judged.action = "abort"; // a cap's own loop event says abort (its verdict blocks)
+            }
+        }
+        let verdict = match (&detection, enforce) {
+            (Some(found), true) => Verdict::of(found, token),
             _ => Verdict::allow(Some(token)),
         };
         self.push_verdict(event, &verdict, now_ms);
@@ -664,25 +715,111 @@ impl<P: Policies> Step<'_, P> {
         }
         if let Some(found) = &detection {
             if critical || warning_rises(state, found, run) {
-                let judgement = judged.as_ref().expect("the detection's");
+                let judged = judged.as_ref().expect("the detection's");
                 let bytes = self.loop_event(
-                    event, &policy, judgement, Some(found.warning_key.as_str()), Some(call_id), Some(tool), now_ms, Some(enforce),
+                    event, shown, judged, Some(found.warning_key.as_str()), Some(call_id), Some(tool), now_ms, Some(enforce),
                 );
-                self.push_loop_event(bytes, judgement);
+                self.push_loop_event(bytes, judged);
             }
+        }
+        if let (Some(rules), Some(judgement)) = (&policy.rules, &judgement) {
+            self.apply_rules(state, event, shown, rules, run, run_hash, token, judgement, now_ms);
         }
         Ok(())
     }
 
+    /// step.py's `_apply_rules`, after a call's verdict: rules only reported, tallies,
+    /// run endings. A run ends with an `abort` verdict beside the call's `block`.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_rules(
+        &mut self,
+        state: &mut State,
+        event: &Event,
+        shown: &Policy,
+        rules: &Rules,
+        run: Option<&str>,
+        run_hash: u64,
+        token: &str,
+        judgement: &RulesJudgement,
+        now_ms: i64,
+    ) {
+        let (call_id, tool) = (event.call_id(), event.tool_name());
+        for shadow in &judgement.shadows {
+            if shadow.level == Level::Critical || warning_rises(state, shadow, run) {
+                let reported = Verdict::of(shadow, token);
+                let bytes = self.loop_event(event, shown, &reported, Some(shadow.warning_key.as_str()), call_id, tool, now_ms, Some(false));
+                self.push_loop_event(bytes, &reported);
+            }
+        }
+        let Some(ending) = rules::after_call(rules, &mut state.rules, run_hash, judgement) else { return };
+        let abort = Verdict {
+            action: "abort",
+            level: "critical",
+            detector: Some(ending.detector.as_str()),
+            count: ending.count as i64,
+            message: Some(ending.message),
+            token: Some(token),
+            paired: None,
+        };
+        if ending.enforced {
+            self.push_verdict(event, &abort, now_ms);
+        }
+        if ending.detector == Detector::ToolLoopRunEnded {
+            let bytes = self.loop_event(event, shown, &abort, None, call_id, tool, now_ms, Some(ending.enforced));
+            self.push_loop_event(bytes, &abort);
+        }
+    }
+
+    /// A cap's detection, its count and message as rules.py's `_cap_detection` makes them.
+    fn cap_detection(&self, hit: &rules::CapHit, run: Option<&str>) -> PyResult<Detection> {
+        let py = self.py;
+        let amount = |amount: Amount| -> PyResult<Py<PyAny>> {
+            Ok(match amount {
+                Amount::Int(value) => value.into_pyobject(py)?.into_any().unbind(),
+                Amount::Float(value) => value.into_pyobject(py)?.into_any().unbind(),
+            })
+        };
+        let args = (hit.level.as_str(), hit.detector.as_str(), hit.scope, amount(hit.used)?, amount(hit.cap)?, run);
+        let (count, message, key): (usize, String, String) = self.settings.cap_detection.call1(py, args)?.extract(py)?;
+        Ok(rules::cap_detection(hit, count, message, key))
+    }
+
     fn on_tool_result(&mut self, state: &mut State, event: &Event, now_ms: i64) -> PyResult<()> {
-        let Body::Result { call_id, tool_name: tool, token, outcome, unknown, .. } = &event.body else { unreachable!() };
+        let Body::Result { call_id, tool_name: tool, token, outcome, unknown, usage, error } = &event.body else { unreachable!() };
         let policy = self.policies.policy(event.agent_id.as_deref())?;
+        let run = run_scope(event.run_id.as_deref());
+        let run_hash = run_key(run);
+        if let Some(rules) = &policy.rules {
+            // issue 14 (rules.py's on_result): spend and failure identity; an exempt
+            // tool is never counted
+            if let (Some(_), Some(usage)) = (&rules.run_caps, usage) {
+                let tokens = match usage.total_tokens {
+                    Some(total) => total as u128,
+                    None => usage.input_tokens.unwrap_or(0) as u128 + usage.output_tokens.unwrap_or(0) as u128,
+                };
+                // `usage.cost or 0.0`: a cost of -0.0 counts as 0.0
+                let cost = usage.cost.filter(|c| *c != 0.0).unwrap_or(0.0);
+                rules::spend(&mut state.rules, run_hash, tokens, cost);
+            }
+            if rules.exempt.contains(tool.as_str()) {
+                return Ok(());
+            }
+            if rules.repeated_failure.is_some() {
+                let key = (run_hash, hash64(tool));
+                match error {
+                    Some(error) => {
+                        let identity: u64 = self.settings.failure_identity.call1(self.py, (error.as_str(),))?.extract(self.py)?;
+                        state.rules.note_failure(key, identity);
+                    }
+                    None if outcome.is_some() => state.rules.end_streak(key), // a success ends the streak
+                    None => {}
+                }
+            }
+        }
         if !policy.config.recording_on() {
             return Ok(());
         }
         let Some(outcome) = outcome else { return Ok(()) };
-        let run = run_scope(event.run_id.as_deref());
-        let run_hash = run_key(run);
         let result = result_fingerprint(outcome);
         let call_hash = if call_id.is_empty() { 0 } else { hash32(call_id) };
         let mut sig = token.as_deref().map_or(0, |token| signature(tool, token));
@@ -906,6 +1043,14 @@ fn redelivered_message(detector: &str, level: &str, tool: &str, count: i64, deta
             None => Err(pyo3::exceptions::PyValueError::new_err(format!("no message for detector '{detector}'"))),
         },
     }
+}
+
+/// An event as it waits in the state: no error text (`Engine._at_rest`).
+fn at_rest(mut event: Event) -> Event {
+    if let Body::Result { error, .. } = &mut event.body {
+        *error = None;
+    }
+    event
 }
 
 /// state.py's `incarnation_key`.

@@ -18,6 +18,7 @@ use crate::decode::{read_event, tokens, Kind, Usage, WireEvent, DEPTH_BOUNDS};
 use crate::engine::config::ResolvedConfig;
 use crate::engine::history::{History, Record};
 use crate::json::parse_object;
+use crate::engine::rules::{Cap, RepeatedFailure, RuleState, Rules, RunCaps, RunEnding};
 use crate::session::{Asking, Body, Decision, Event, Guard, Output, Policies, Policy, Settings, State, Step};
 
 /// Agent id -> policy, from the Python resolver; cleared when full (ids come from the
@@ -53,28 +54,81 @@ impl Policies for Resolver<'_, '_> {
             *self.last = Some((key, policy.clone()));
             return Ok(policy.clone());
         }
-        // config.py's ResolvedConfig fields, in order (native_step.py's _config_values)
-        let fields: (Option<bool>, usize, i64, i64, i64, i64, bool, bool, bool, i64) =
-            self.resolve.call1(self.py, (agent_id,))?.extract(self.py)?;
-        let config = ResolvedConfig {
-            enabled: fields.0,
-            history_size: fields.1,
-            warning_threshold: fields.2,
-            critical_threshold: fields.3,
-            unknown_tool_threshold: fields.4,
-            global_circuit_breaker_threshold: fields.5,
-            generic_repeat: fields.6,
-            known_poll_no_progress: fields.7,
-            ping_pong: fields.8,
-            guard_window_size: fields.9,
-        };
-        let policy = Arc::new(Policy::new(config, self.enforce));
+        // (config fields, the rules or None): native_step.py's _policy_values
+        let (fields, rules): (ConfigFields, Option<RulesTuple>) = self.resolve.call1(self.py, (agent_id,))?.extract(self.py)?;
+        let mut policy = Policy::new(config_of(fields), self.enforce);
+        if let Some((ending, cycle, failure, churn, caps, exempt, tools)) = rules {
+            for (tool, own) in tools {
+                policy.tools.insert(tool, Arc::new(Policy::new(config_of(own), self.enforce)));
+            }
+            policy.rules = Some(Rules {
+                run_ending: ending.map(|(enforced, criticals_per_run, blocked_streak)| RunEnding {
+                    enforced,
+                    criticals_per_run,
+                    blocked_streak,
+                }),
+                cycle,
+                repeated_failure: failure.map(|(enforced, warning_threshold, critical_threshold)| RepeatedFailure {
+                    enforced,
+                    warning_threshold,
+                    critical_threshold,
+                }),
+                argument_churn: churn,
+                run_caps: caps.map(|(enforced, calls, run_tokens, session_tokens, run_cost, session_cost)| {
+                    let cap = |c: Option<(u128, f64)>| c.map(|(limit, warn_from)| Cap { limit, warn_from });
+                    let cost = |c: Option<(f64, f64)>| c.map(|(limit, warn_from)| Cap { limit, warn_from });
+                    RunCaps {
+                        enforced,
+                        max_tool_calls: cap(calls),
+                        tokens_per_run: cap(run_tokens),
+                        tokens_per_session: cap(session_tokens),
+                        cost_per_run: cost(run_cost),
+                        cost_per_session: cost(session_cost),
+                    }
+                }),
+                exempt: exempt.into_iter().collect(),
+            });
+        }
+        let policy = Arc::new(policy);
         if self.cache.len() >= CACHE_BOUND {
             self.cache.clear();
         }
         self.cache.insert(key.clone(), policy.clone());
         *self.last = Some((key, policy.clone()));
         Ok(policy)
+    }
+}
+
+/// config.py's ResolvedConfig fields, in order.
+type ConfigFields = (Option<bool>, usize, i64, i64, i64, i64, bool, bool, bool, i64);
+/// An int cap and the amount that warns, a cost cap and its.
+type IntCap = Option<(u128, f64)>;
+type CostCap = Option<(f64, f64)>;
+/// rule_config.py's ResolvedRules as native_step.py's `_rules_values` gives them: run
+/// ending, cycle, repeated failure, argument churn, run caps, exempt tools and the
+/// configs of the tools with their own thresholds.
+type RulesTuple = (
+    Option<(bool, u64, u64)>,
+    Option<(bool, usize)>,
+    Option<(bool, u64, u64)>,
+    Option<bool>,
+    Option<(bool, IntCap, IntCap, IntCap, CostCap, CostCap)>,
+    Vec<String>,
+    Vec<(String, ConfigFields)>,
+);
+
+fn config_of(fields: ConfigFields) -> ResolvedConfig {
+    ResolvedConfig {
+        enabled: fields.0,
+        history_size: fields.1,
+        warning_threshold: fields.2,
+        critical_threshold: fields.3,
+        unknown_tool_threshold: fields.4,
+        global_circuit_breaker_threshold: fields.5,
+        generic_repeat: fields.6,
+        known_poll_no_progress: fields.7,
+        ping_pong: fields.8,
+        guard_window_size: fields.9,
     }
 }
 
@@ -219,6 +273,7 @@ impl Judge {
                     outcome,
                     unknown,
                     usage: wire.usage,
+                    error: owned(wire.error_text),
                 }
             }
             Kind::Compaction => Body::Compaction,
@@ -307,18 +362,23 @@ type ReplayStep<'py> = (Bound<'py, PyString>, Bound<'py, PyList>, bool);
 
 #[pymethods]
 impl Judge {
-    /// `resolve(agent_id)` gives config.py's ResolvedConfig fields as a tuple.
+    /// `resolve(agent_id)` gives config.py's ResolvedConfig fields and the agent's rules
+    /// (`RulesTuple`, or None) as a tuple; `failure_identity` and `cap_detection` are
+    /// what the rules ask Python (`Settings`).
     #[new]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         resolve: Py<PyAny>,
         unknown_tool_name: Py<PyAny>,
+        failure_identity: Py<PyAny>,
+        cap_detection: Py<PyAny>,
         enforce: bool,
         max_parked: usize,
         max_parked_bytes: usize,
         gap_timeout_ms: i64,
     ) -> Self {
         Judge {
-            settings: Settings { enforce, max_parked, max_parked_bytes, gap_timeout_ms },
+            settings: Settings { enforce, max_parked, max_parked_bytes, gap_timeout_ms, failure_identity, cap_detection },
             policies: PolicyCache { resolve, enforce, cache: HashMap::new(), last: None },
             unknown_tool_name,
         }
@@ -328,6 +388,8 @@ impl Judge {
     /// method of the object holding this Judge (native_step.NativeEngine), a cycle.
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         visit.call(&self.policies.resolve)?;
+        visit.call(&self.settings.failure_identity)?;
+        visit.call(&self.settings.cap_detection)?;
         visit.call(&self.unknown_tool_name)
     }
 
@@ -530,7 +592,8 @@ type EventHead = (
     i64,
     Option<(String, i64, String)>,
 );
-/// (call_id, tool_name, args token, action (a call) or outcome (a result), unknown, usage)
+/// (call_id, tool_name, args token, action (a call) or outcome (a result), unknown, usage,
+/// error text: None at rest)
 type EventBody = (
     Option<String>,
     Option<String>,
@@ -538,15 +601,16 @@ type EventBody = (
     Option<String>,
     Option<String>,
     Option<(Option<i64>, Option<i64>, Option<i64>, Option<f64>)>,
+    Option<String>,
 );
 type EventTuple = (EventHead, EventBody);
 
 fn event_to_tuple(event: &Event) -> EventTuple {
     let (kind, body): (&str, EventBody) = match &event.body {
         Body::Call { call_id, tool_name, token, action } => {
-            ("tool_call", (Some(call_id.clone()), Some(tool_name.clone()), Some(token.clone()), action.clone(), None, None))
+            ("tool_call", (Some(call_id.clone()), Some(tool_name.clone()), Some(token.clone()), action.clone(), None, None, None))
         }
-        Body::Result { call_id, tool_name, token, outcome, unknown, usage } => (
+        Body::Result { call_id, tool_name, token, outcome, unknown, usage, error } => (
             "tool_result",
             (
                 Some(call_id.clone()),
@@ -555,10 +619,11 @@ fn event_to_tuple(event: &Event) -> EventTuple {
                 outcome.clone(),
                 unknown.clone(),
                 usage.map(|u| (u.input_tokens, u.output_tokens, u.total_tokens, u.cost)),
+                error.clone(),
             ),
         ),
-        Body::Compaction => ("compaction", (None, None, None, None, None, None)),
-        Body::RunEnded => ("run_ended", (None, None, None, None, None, None)),
+        Body::Compaction => ("compaction", (None, None, None, None, None, None, None)),
+        Body::RunEnded => ("run_ended", (None, None, None, None, None, None, None)),
     };
     let head = (
         kind.to_owned(),
@@ -595,6 +660,7 @@ fn event_from_tuple(tuple: &Bound<'_, PyAny>) -> PyResult<Event> {
                 total_tokens,
                 cost,
             }),
+            error: b.6,
         },
         "compaction" => Body::Compaction,
         "run_ended" => Body::RunEnded,
@@ -693,7 +759,7 @@ impl NativeState {
             s.incarnation,
             s.retired.clone(),
             pending,
-            PyBytes::new(py, &s.rules),
+            PyBytes::new(py, &s.rules.to_bytes()),
         );
         (order, rest).into_pyobject(py)
     }
@@ -752,7 +818,11 @@ impl NativeState {
             incarnation: get(11)?.extract()?,
             retired: get(12)?.extract()?,
             pending,
-            rules: get(14)?.extract()?,
+            rules: {
+                let bytes: Vec<u8> = get(14)?.extract()?;
+                RuleState::from_bytes(&bytes)
+                    .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("unreadable rule state"))?
+            },
         };
         Ok(NativeState { state, since_checkpoint: 0 })
     }

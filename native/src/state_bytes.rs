@@ -108,7 +108,7 @@ pub fn v4_body(state: &State) -> Option<Vec<u8>> {
     for json in &pending {
         pack_bin(&mut out, json);
     }
-    pack_bin(&mut out, &state.rules);
+    pack_bin(&mut out, &state.rules.to_bytes());
     Some(out)
 }
 
@@ -132,7 +132,7 @@ fn event_json(event: &Event) -> Option<Vec<u8>> {
             text_field(&mut out, "args_hash", Some(token));
             text_field(&mut out, "args_action", action.as_deref());
         }
-        Body::Result { call_id, tool_name, token, outcome, unknown, usage } => {
+        Body::Result { call_id, tool_name, token, outcome, unknown, usage, .. } => {
             text_field(&mut out, "call_id", Some(call_id));
             text_field(&mut out, "tool_name", Some(tool_name));
             text_field(&mut out, "args_hash", token.as_deref());

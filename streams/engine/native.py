@@ -11,8 +11,9 @@ in for (``MIRRORED_DIGEST``, native/build.rs), is that of the installed modules:
 wheel of another commit is refused with a warning. ``LOOPFUSE_PURE_ENGINE=1`` asks for
 the pure engine. Issue 27: canonical
 JSON and the 128-bit digests (stage 1), an input event decoded, validated and
-fingerprinted from its wire bytes (stage 2); every native function returns None for what
-it leaves to the Python code.
+fingerprinted from its wire bytes (stage 2), the session fold (stage 3) with the opt-in
+rules (stage 5); every native function returns None for what it leaves to the Python
+code.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ MIRRORED = (
     "schemas/decode.py",
     "schemas/events.py",
     "streams/engine/state_codec.py",
+    "streams/engine/rules.py",
+    "streams/engine/rule_state.py",
+    "streams/engine/rule_config.py",
 )
 
 

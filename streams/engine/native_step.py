@@ -1,9 +1,11 @@
 """The native fold (native/src/session.rs) behind the Python engine's API.
 
-Issue 27, stage 3: a session's events folded in Rust, over a state held in Rust
-(``NativeState``), for the default path: any config without opt-in rules, provider send
-tools or payloads in loop events (:func:`native_for` decides, once per engine; the
-fleet breaker is one of the rules). Its outputs are the Python engine's, byte for byte:
+Issue 27: a session's events folded in Rust, over a state held in Rust
+(``NativeState``), for any config without provider send tools or payloads in loop
+events (:func:`native_for` decides, once per engine): the decision table and the guard
+(stage 3), and the opt-in rules (stage 5: their tallies are part of the native state,
+their resolution per agent is Python's, handed over once per agent by
+:meth:`NativeEngine._policy_values`). Its outputs are the Python engine's, byte for byte:
 verdicts and loop events as their published JSON, notices and rejections as their
 fields (tests/unit/test_native_identity.py runs the engine corpus through both).
 
@@ -19,8 +21,8 @@ shedding over the cap, and reading a state's bytes.
 Where it runs: ``loopfuse replay`` (streams/replay.py), and the worker's session fold
 (processor.py's ``NativeSessionFold``: events read natively from their bytes,
 ``Judge.read``, verdicts with the reply of the event they answer). The fleet breaker's
-overlay stays the Python fold's (its config has rules, which ``native_for`` leaves to
-Python anyway).
+overlay and strikes stay the Python fold's (processor.py uses this fold only where the
+breaker is off).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from loopfuse.schemas.decode import (
 from loopfuse.schemas.events import (
     DEFAULT_MAX_IDENTIFIER_BYTES,
     Compaction,
+    Detector,
     InputEvent,
+    Level,
     ReplyTo,
     RunEnded,
     ToolCall,
@@ -45,11 +49,15 @@ from loopfuse.schemas.events import (
     Usage,
 )
 from loopfuse.streams.engine import state_codec
+from loopfuse.streams.engine.config import ResolvedConfig
 from loopfuse.streams.engine.fingerprint import action_of, unknown_tool_name
 from loopfuse.streams.engine.history import Record
 from loopfuse.streams.engine.native import NATIVE
+from loopfuse.streams.engine.rule_config import ResolvedRules
+from loopfuse.streams.engine.rule_state import decode_rule_state
+from loopfuse.streams.engine.rules import _cap_detection, failure_identity
 from loopfuse.streams.engine.state import Decision, Guard, SessionState
-from loopfuse.streams.engine.state_codec import ACTIONS, DETECTORS
+from loopfuse.streams.engine.state_codec import ACTIONS, DETECTORS, _read_uvarint, _rules_bytes
 from loopfuse.streams.engine.step import Engine
 
 #: One output of a native step: ("verdict" | "loop_event", its JSON) or
@@ -60,12 +68,12 @@ NativeOutput = tuple[Any, ...]
 
 def native_for(engine: Engine) -> NativeEngine | None:
     """The native fold for this engine's config, or None where the Python engine must
-    judge (no native build, or opt-in rules, send tools or payloads configured)."""
+    judge (no native build, or send tools or payloads configured)."""
     if NATIVE is None or not hasattr(NATIVE, "Judge"):
         return None
     if not isinstance(engine, Engine):  # a wrapper (tests' failing engines): its own step
         return None
-    if engine.rules.resolver.configured or engine.resolver.send_tools or engine.include_payloads:
+    if engine.resolver.send_tools or engine.include_payloads:
         return None
     return NativeEngine(engine)
 
@@ -77,22 +85,23 @@ class NativeEngine:
         assert NATIVE is not None
         self.engine = engine
         self.judge = NATIVE.Judge(
-            self._config_values,
+            self._policy_values,
             unknown_tool_name,
+            failure_identity,
+            _cap_values,
             engine.resolver.enforce,
             engine.max_parked,
             engine.max_parked_bytes,
             engine.gap_timeout_ms,
         )
 
-    def _config_values(self, agent_id: str | None) -> tuple[Any, ...]:
-        config = self.engine.resolve(agent_id)
-        return (
-            config.enabled, config.history_size, config.warning_threshold,
-            config.critical_threshold, config.unknown_tool_threshold,
-            config.global_circuit_breaker_threshold, config.generic_repeat,
-            config.known_poll_no_progress, config.ping_pong, config.guard_window_size,
-        )
+    def _policy_values(self, agent_id: str | None) -> tuple[Any, ...]:
+        """An agent's config and rules as the native fold reads them (session_py.rs's
+        ConfigFields and RulesTuple), once per agent."""
+        engine = self.engine
+        config = engine.resolve(agent_id)
+        rules = engine.rules.resolve(agent_id)
+        return _config_fields(config), None if rules is None else _rules_values(rules, config)
 
     def step(
         self,
@@ -157,9 +166,9 @@ class NativeEngine:
         # engine's, which fit may shed from, and back (the round trip is exact:
         # tests/unit/test_native_step.py)
         python = self.to_python(state)
-        before = _sheddable(python)
+        before = state_codec.shed_marks(python)
         data = state_codec.fit(python, cap)
-        if _sheddable(python) == before:
+        if state_codec.shed_marks(python) == before:
             return data, state  # nothing shed: the state goes on as it is
         return data, self.from_python(python)
 
@@ -179,7 +188,7 @@ class NativeEngine:
         if isinstance(event, ToolCall):
             body: tuple[Any, ...] = (
                 event.call_id, event.tool_name, engine._args_token(event),
-                action_of(event.args, event.args_action), None, None,
+                action_of(event.args, event.args_action), None, None, None,
             )
         elif isinstance(event, ToolResult):
             outcome, unknown = engine._result_token(event)
@@ -189,9 +198,10 @@ class NativeEngine:
                 engine._args_token(event) if event.has_args else None, outcome, unknown,
                 None if usage is None else (usage.input_tokens, usage.output_tokens,
                                             usage.total_tokens, usage.cost),
+                event.error_text,
             )
         else:
-            body = (None,) * 6
+            body = (None,) * 7
         return head, body
 
     # -- the state as the Python engine's ------------------------------------------------
@@ -203,8 +213,6 @@ class NativeEngine:
         (history, guards, warnings, next_seq, parked, skipped, seen_ids, decisions), rest = (
             native.export())
         verdict_floor, touched_ms, last_event_ms, incarnation, retired, pending, rules = rest
-        if rules:
-            raise ValueError("a native state never holds rule state")
         state = SessionState(
             history=[Record(*values) for values in history],
             warnings={key: (run, bucket) for key, run, bucket in warnings},
@@ -224,14 +232,14 @@ class NativeEngine:
             state.guards[run] = Guard(window, remaining, first, broken)
         for seq, values in parked:
             state.park(seq, _at_rest(values))
+        if rules:
+            state.rules, _ = decode_rule_state(rules, 0, _read_uvarint)
         return state
 
     @staticmethod
     def from_python(state: SessionState) -> Any:
         """A native state equal to a Python one (read back from a state's bytes)."""
         assert NATIVE is not None
-        if state.rules is not None and not state.rules.empty():
-            raise ValueError("the native fold keeps no rule state")
         order = (
             [(r.tool, r.sig, r.run, r.call, r.result, r.unknown, r.ts) for r in state.history],
             [(run, g.window, g.remaining, g.first, g.broken) for run, g in state.guards.items()],
@@ -245,15 +253,10 @@ class NativeEngine:
         )
         rest = (
             state.verdict_floor, state.touched_ms, state.last_event_ms, state.incarnation,
-            state.retired, [_values_at_rest(event) for event in state.pending], b"",
+            state.retired, [_values_at_rest(event) for event in state.pending],
+            _rules_bytes(state),
         )
         return NATIVE.NativeState.import_values((order, rest))
-
-
-def _sheddable(state: SessionState) -> tuple[int, ...]:
-    """What ``state_codec.fit`` sheds from, counted: each of its steps lessens one."""
-    return (len(state.history), len(state.warnings), len(state.guards), len(state.decisions),
-            state.verdict_floor, len(state.retired), len(state.seen_ids))
 
 
 def _at_rest(values: tuple[Any, ...]) -> InputEvent:
@@ -264,7 +267,7 @@ def _at_rest(values: tuple[Any, ...]) -> InputEvent:
         "agent_id": agent_id, "incarnation": incarnation, "seq": seq, "ts": ts,
         "reply_to": None if reply is None else ReplyTo(*reply),
     }
-    call_id, tool_name, token, fourth, unknown, usage = body
+    call_id, tool_name, token, fourth, unknown, usage, _error = body  # no error at rest
     if kind == "tool_call":
         return ToolCall(**common, call_id=call_id, tool_name=tool_name, args_hash=token,
                         args_action=fourth)
@@ -289,7 +292,7 @@ def _values_at_rest(event: InputEvent) -> tuple[Any, ...]:
     )
     if isinstance(event, ToolCall):
         return head, (event.call_id, event.tool_name, event.args_hash, event.args_action,
-                      None, None)
+                      None, None, None)
     if isinstance(event, ToolResult):
         usage = event.usage
         return head, (
@@ -297,5 +300,62 @@ def _values_at_rest(event: InputEvent) -> tuple[Any, ...]:
             event.unknown_tool,
             None if usage is None else (usage.input_tokens, usage.output_tokens,
                                         usage.total_tokens, usage.cost),
+            None,
         )
-    return head, (None,) * 6
+    return head, (None,) * 7
+
+
+# -- an agent's config and rules, as the native fold reads them ----------------------
+
+#: Counts and caps past these never differ from them (a session makes fewer calls):
+#: bounded so that the native fold's unsigned ints hold them.
+_U64_MAX = 2**64 - 1
+_U128_MAX = 2**128 - 1
+
+
+def _config_fields(config: ResolvedConfig) -> tuple[Any, ...]:
+    return (
+        config.enabled, config.history_size, config.warning_threshold,
+        config.critical_threshold, config.unknown_tool_threshold,
+        config.global_circuit_breaker_threshold, config.generic_repeat,
+        config.known_poll_no_progress, config.ping_pong, config.guard_window_size,
+    )
+
+
+def _rules_values(rules: ResolvedRules, config: ResolvedConfig) -> tuple[Any, ...]:
+    """session_py.rs's RulesTuple: each rule's settings, None where it is off; a cap with
+    the amount that warns as rules.py's ``_run_cap`` computes it."""
+    ending, cycle, failure, churn, caps = (
+        rules.run_ending, rules.cycle, rules.repeated_failure, rules.argument_churn,
+        rules.run_caps,
+    )
+
+    def cap(limit: float | None, bound: int) -> tuple[Any, float] | None:
+        if limit is None or caps is None:
+            return None
+        # rounded: 0.7 * 10 is 7.000000000000001 in binary, and the 7th call must warn
+        warn_from = round(caps.warn_at * limit, 9)
+        return (min(limit, bound) if isinstance(limit, int) else limit), warn_from
+
+    return (
+        None if ending is None else (ending.enforced, min(ending.criticals_per_run, _U64_MAX),
+                                     min(ending.blocked_streak, _U64_MAX)),
+        None if cycle is None else (cycle.enforced, cycle.max_period),
+        None if failure is None else (failure.enforced, min(failure.warning_threshold, _U64_MAX),
+                                      min(failure.critical_threshold, _U64_MAX)),
+        None if churn is None else churn.enforced,
+        None if caps is None else (
+            caps.enforced, cap(caps.max_tool_calls, _U128_MAX), cap(caps.tokens_per_run, _U128_MAX),
+            cap(caps.tokens_per_session, _U128_MAX), cap(caps.cost_per_run, 0),
+            cap(caps.cost_per_session, 0),
+        ),
+        sorted(rules.exempt),
+        [(tool, _config_fields(rules.for_tool(config, tool))) for tool, _ in rules.thresholds],
+    )
+
+
+def _cap_values(level: Level, detector: Detector, scope: str, used: float, cap: float,
+                run: str | None) -> tuple[int, str, str]:
+    """rules.py's ``_cap_detection`` as the native fold takes it: (count, message, key)."""
+    found = _cap_detection(level, detector, scope, used, cap, run)
+    return found.count, found.message, found.warning_key

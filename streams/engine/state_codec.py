@@ -953,6 +953,15 @@ def _read_svarint(data: bytes, pos: int) -> tuple[int, int]:
 # -- fitting a cap -------------------------------------------------------------------
 
 
+def shed_marks(state: SessionState) -> tuple[int, ...]:
+    """What :func:`fit` sheds from, counted: each of its steps lessens one, so a state
+    was cut to fit when these changed."""
+    rules = state.rules
+    return (len(state.history), len(state.warnings), len(state.guards), len(state.decisions),
+            state.verdict_floor, len(state.retired), len(state.seen_ids),
+            0 if rules is None else len(rules.runs), 0 if rules is None else len(rules.failures))
+
+
 def fit(state: SessionState, cap: int, version: int = WRITTEN_VERSION) -> bytes:
     """The state's bytes (format ``version``), shedding the oldest evidence until they
     fit in ``cap``.

@@ -488,9 +488,9 @@ class SessionFold(_WayBack):
         return encoded
 
     def _encode(self, state: SessionState) -> tuple[bytes, SessionState]:
-        before = len(state.history)
+        before = state_codec.shed_marks(state)
         data = state_codec.fit(state, self.limits.max_state_bytes)  # sheds in place
-        if len(state.history) < before:
+        if state_codec.shed_marks(state) != before:  # not only history: whatever fit cut
             self.shed += 1
         return data, state
 

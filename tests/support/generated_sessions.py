@@ -8,7 +8,9 @@ same call, run endings) with what ordering reacts to (seqs out of order, repeate
 lost, gateway restarts with a new incarnation, v1 events without seq) and with hostile
 strings (tests/fixtures/hostile_strings.py) in every string field a gateway sends.
 The draws are small on purpose (a few tools, a few argument sets), so that loops
-occur by chance. Deterministic for a seed: a failing run can be run again.
+occur by chance. Deterministic for a seed: a failing run can be run again. With
+``usage=True`` results also report what they spent (the run caps' input), in draws of
+their own: the sessions of a seed are otherwise the same.
 """
 
 from __future__ import annotations
@@ -52,7 +54,20 @@ def _text(rng: random.Random, plain: str) -> str:
     return hostile if roll < 0.95 else f"{plain}{hostile}"
 
 
-def _session(rng: random.Random, index: int, events: int) -> list[dict[str, Any]]:
+def _usage(rng: random.Random) -> dict[str, Any]:
+    """A result's usage report: counts, a total instead of them, costs (ints too)."""
+    roll = rng.random()
+    if roll < 0.4:
+        return {"input_tokens": rng.randint(0, 900), "output_tokens": rng.randint(0, 300)}
+    if roll < 0.6:
+        return {"total_tokens": rng.randint(0, 2_000), "input_tokens": 5}
+    if roll < 0.9:
+        return {"output_tokens": rng.randint(0, 50), "cost": rng.choice([0.01, 0.125, 1, 0.0, -0.0])}
+    return {"cost": rng.random() / 7, "total_tokens": None}
+
+
+def _session(rng: random.Random, index: int, events: int,
+             usage: random.Random | None) -> list[dict[str, Any]]:
     key = _text(rng, f"agent:{index % 3}:session:{index}")
     agent = rng.choice([None, "run-ender", f"agent-{index % 4}", _text(rng, "a")])
     runs = [f"run-{index}", f" run-{index} ", f"run-{index}-b", None]
@@ -123,6 +138,8 @@ def _session(rng: random.Random, index: int, events: int) -> list[dict[str, Any]
                 result["result"] = _RESULTS[index % 3]  # the same outcome, again
             else:
                 result["result"] = _text(rng, "x") if outcome > 0.97 else rng.choice(_RESULTS)
+            if usage is not None and usage.random() < 0.5:
+                result["usage"] = _usage(usage)
             bodies = [call] if rng.random() < 0.05 else [call, result]
         for body in bodies:
             if numbered:
@@ -149,10 +166,12 @@ def _disorder(rng: random.Random, events: list[dict[str, Any]]) -> list[dict[str
     return kept
 
 
-def generated_lines(seed: int, sessions: int = 120, events: int = 40) -> list[bytes]:
+def generated_lines(seed: int, sessions: int = 120, events: int = 40,
+                    usage: bool = False) -> list[bytes]:
     """Wire lines of ``sessions`` random sessions, interleaved as topics deliver them."""
     rng = random.Random(seed)
-    streams = [_disorder(rng, _session(rng, index, rng.randint(1, events)))
+    spent = random.Random(seed + 1) if usage else None
+    streams = [_disorder(rng, _session(rng, index, rng.randint(1, events), spent))
                for index in range(sessions)]
     lines: list[bytes] = []
     while streams:

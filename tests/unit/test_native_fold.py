@@ -50,6 +50,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "not set": {},
     "detectors off": {"tools": {"loopDetection": {
         "enabled": True, "detectors": {"genericRepeat": False, "pingPong": False}}}},
+    "rules": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+              "loopfuse": {"rules": {
+                  "runEnding": {"blockedStreak": 2}, "cycle": {"shadow": True},
+                  "repeatedFailure": {"warningThreshold": 2},
+                  "runCaps": {"maxToolCalls": 12, "tokensPerRun": 4_000, "costPerSession": 0.5},
+                  "tools": {"read": {"exempt": True}, "exec": {"criticalThreshold": 4}}}}},
 }
 TIGHT = Limits(max_state_bytes=3_000, max_output_bytes=RECORD_OVERHEAD_BYTES + 900,
                max_identifier_bytes=256)
@@ -61,7 +67,7 @@ def _records(seed: int) -> list[InputRecord]:
     records = []
     offsets: dict[tuple[str, int], int] = {}
     asks: dict[str, Any] = {}
-    for line in generated_lines(seed, sessions=60, events=30):
+    for line in generated_lines(seed, sessions=60, events=30, usage=True):
         event = json.loads(line)
         key = event.get("session_key") or event.get("run_id") or ""
         if key not in asks:

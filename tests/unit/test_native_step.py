@@ -48,6 +48,45 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "shadow": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
                "loopfuse": {"enforce": False}},
 }
+#: Every opt-in rule (issue 14) but the fleet breaker (the worker's overlay, not the
+#: engine's), tight enough to fire on the generated sessions: enforced, only reported,
+#: and each agent's own over the global ones.
+_RULES: dict[str, Any] = {
+    "runEnding": {"criticalsPerRun": 3, "blockedStreak": 2},
+    "cycle": {"maxPeriod": 4},
+    "repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3},
+    "argumentChurn": {},
+    "runCaps": {"maxToolCalls": 14, "tokensPerRun": 6_000, "tokensPerSession": 9_000,
+                "costPerRun": 0.5, "costPerSession": 1, "warnAt": 0.7},
+    "tools": {"read": {"exempt": True},
+              "exec": {"warningThreshold": 2, "criticalThreshold": 3},
+              "write": {"globalCircuitBreakerThreshold": 4}},
+}
+RULE_CONFIGS: dict[str, dict[str, Any]] = {
+    "rules": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
+                                          "criticalThreshold": 6}},
+              "loopfuse": {"rules": _RULES}},
+    "rules shadowed": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+        "loopfuse": {"rules": {name: ({**rule, "shadow": True} if name != "tools" else rule)
+                               for name, rule in _RULES.items()}}},
+    "rules per agent": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 4,
+                                    "criticalThreshold": 7}},
+        "loopfuse": {"rules": {"runCaps": {"maxToolCalls": 9}, "cycle": {"shadow": True}}},
+        "agents": {"list": [
+            {"id": "run-ender", "loopfuse": {"rules": {
+                "runEnding": {}, "repeatedFailure": {"criticalThreshold": 2},
+                "cycle": {"shadow": False, "maxPeriod": 3}}}},
+            {"id": "agent-1", "tools": {"loopDetection": {"enabled": False}},
+             "loopfuse": {"rules": {"argumentChurn": {}, "tools": {"exec": {"exempt": True}}}}},
+            {"id": "agent-2", "loopfuse": {"rules": {
+                "runCaps": {"maxToolCalls": None, "costPerSession": 0.3, "warnAt": 0.5}}}},
+        ]}},
+    "rules not enforced": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+        "loopfuse": {"enforce": False, "rules": _RULES}},
+}
 
 
 def _python(config: DetectionConfigFile, lines: list[bytes]) -> tuple[list[bytes], list[bytes]]:
@@ -108,6 +147,43 @@ def test_generated_sessions(native: ModuleType, name: str, seed: int) -> None:
     assert _native(config, lines, restart_every=7) == python
 
 
+@pytest.mark.parametrize("name", sorted(RULE_CONFIGS))
+@pytest.mark.parametrize("seed", [101, 202, 303])
+def test_generated_sessions_under_the_rules(native: ModuleType, name: str, seed: int) -> None:
+    """The opt-in rules natively (stage 5), over sessions whose results report usage:
+    every line and final state (the rules' tallies in it) is the Python fold's, with a
+    restart through the Python engine's bytes every few events."""
+    config = parse_config(RULE_CONFIGS[name])
+    lines = generated_lines(seed, sessions=80, events=60, usage=True)
+    python = _python(config, lines)
+    assert len(python[0]) > 2_000
+    assert _native(config, lines) == python
+    assert _native(config, lines, restart_every=5) == python
+
+
+def test_the_rules_fire_in_the_generated_sessions(native: ModuleType) -> None:
+    """The comparisons above are of every rule's verdicts and loop events, enforced and
+    only reported, and of tallies in the final states."""
+    found: set[tuple[str, str, bool]] = set()
+    finals: list[bytes] = []
+    for name in ("rules", "rules shadowed"):
+        out, states = _python(parse_config(RULE_CONFIGS[name]),
+                              generated_lines(101, 80, 60, usage=True))
+        finals += states
+        for value in map(orjson.loads, out):
+            if isinstance(value, dict) and value.get("detector"):
+                found.add((value["detector"], value["action"], value.get("enforced", True)))
+    detectors = {detector for detector, _, _ in found}
+    # (argument churn needs a rotation chance does not draw: the next test's)
+    assert {"tool_loop_run_ended", "cycle", "repeated_failure", "run_call_cap", "token_budget",
+            "cost_budget"} <= detectors, detectors
+    assert ("run_call_cap", "abort", True) in found
+    assert ("tool_loop_run_ended", "abort", True) in found
+    assert {d for d, _, enforced in found if enforced is False} >= {"cycle", "repeated_failure"}
+    with_tallies = [state_codec.decode(data).rules for data in finals]
+    assert sum(rules is not None and bool(rules.runs) for rules in with_tallies) > 40
+
+
 def test_decisions_happen_in_the_generated_sessions(native: ModuleType) -> None:
     """The comparisons above are not of allows only."""
     out, _ = _python(parse_config(CONFIGS["tight"]), generated_lines(101, 80, 60))
@@ -152,13 +228,35 @@ def test_run_ids_padded_with_what_str_strip_removes(native: ModuleType) -> None:
     assert _native(config, lines) == python
 
 
-def test_native_for_leaves_rules_send_tools_and_payloads_to_python(native: ModuleType) -> None:
-    engine = Engine(parse_config({"tools": {"loopDetection": {"enabled": True}}}))
-    assert native_for(engine) is not None
-    for config in ({"loopfuse": {"rules": {"cycle": {}}}},
-                   {"loopfuse": {"providerSendTools": ["notify"]}},
-                   {"loopfuse": {"includePayloadsInLoopEvents": True}},
+def test_argument_churn(native: ModuleType) -> None:
+    """One tool rotating through argument sets with one stable outcome (OpenClaw's
+    no-progress argument churn), with the cycle rule off and on: the same lines."""
+    lines = []
+    for step in range(30):
+        common = {"session_key": "churn", "run_id": "r", "call_id": f"c{step}",
+                  "tool_name": "exec", "args": {"command": f"make {step % 3}"},
+                  "ts": 1_790_000_000_000 + step}
+        lines.append(orjson.dumps({**common, "type": "tool_call", "event_id": f"e{step}"}))
+        lines.append(orjson.dumps({**common, "type": "tool_result", "event_id": f"r{step}",
+                                   "result": {"content": [{"type": "text", "text": "same"}]}}))
+    for rules in ({"argumentChurn": {}}, {"argumentChurn": {}, "cycle": {"shadow": True}}):
+        config = parse_config({"tools": {"loopDetection": {"enabled": True, "warningThreshold": 5,
+                                                           "criticalThreshold": 40}},
+                               "loopfuse": {"rules": rules}})
+        python = _python(config, lines)
+        churned = [line for line in python[0] if b'"argument_churn"' in line]
+        assert churned, rules
+        assert _native(config, lines) == python
+        assert _native(config, lines, restart_every=3) == python
+
+
+def test_native_for_leaves_send_tools_and_payloads_to_python(native: ModuleType) -> None:
+    for config in ({"tools": {"loopDetection": {"enabled": True}}},
+                   {"loopfuse": {"rules": {"cycle": {}}}},
                    {"agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {}}}}]}}):
+        assert native_for(Engine(parse_config(config))) is not None, config
+    for config in ({"loopfuse": {"providerSendTools": ["notify"]}},
+                   {"loopfuse": {"includePayloadsInLoopEvents": True}}):
         assert native_for(Engine(parse_config(config))) is None, config
 
 

@@ -28,7 +28,7 @@ impl Level {
     }
 }
 
-/// The detectors of the decision table (the opt-in rules' detectors stay in Python).
+/// The detectors of the decision table, then the opt-in rules' (rules.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Detector {
     UnknownToolRepeat,
@@ -36,6 +36,13 @@ pub enum Detector {
     KnownPollNoProgress,
     PingPong,
     GenericRepeat,
+    ToolLoopRunEnded,
+    Cycle,
+    RepeatedFailure,
+    ArgumentChurn,
+    RunCallCap,
+    TokenBudget,
+    CostBudget,
 }
 
 impl Detector {
@@ -46,6 +53,13 @@ impl Detector {
             Detector::KnownPollNoProgress => "known_poll_no_progress",
             Detector::PingPong => "ping_pong",
             Detector::GenericRepeat => "generic_repeat",
+            Detector::ToolLoopRunEnded => "tool_loop_run_ended",
+            Detector::Cycle => "cycle",
+            Detector::RepeatedFailure => "repeated_failure",
+            Detector::ArgumentChurn => "argument_churn",
+            Detector::RunCallCap => "run_call_cap",
+            Detector::TokenBudget => "token_budget",
+            Detector::CostBudget => "cost_budget",
         }
     }
 }
@@ -118,6 +132,8 @@ pub fn message_for(
             "WARNING: You have called {tool} {count} times with identical arguments. If this \
              is not making progress, stop retrying and report the task as failed."
         ),
+        // a rule's detection keeps its whole message as the detail
+        _ => detail.unwrap_or_default().to_owned(),
     }
 }
 

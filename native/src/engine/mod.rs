@@ -16,3 +16,4 @@ pub mod detectors;
 pub mod fingerprint;
 pub mod history;
 pub mod py;
+pub mod rules;
