@@ -233,7 +233,9 @@ impl State {
 pub enum Output {
     /// `route`: the index in `Step::asking` of the event whose reply it goes to.
     Verdict { bytes: Vec<u8>, action: &'static str, detector: Option<&'static str>, route: Option<usize> },
-    LoopEvent { bytes: Vec<u8>, detector: &'static str },
+    /// `strike`: the fleet breaker's strike of it (fleet.py's `strikes`), when it is one:
+    /// (tool, hash64 of the session key, the time it counts at).
+    LoopEvent { bytes: Vec<u8>, detector: &'static str, strike: Option<(String, u64, i64)> },
     Notice { level: &'static str, message: String, session_key: String, run_id: Option<String> },
     Rejection { code: &'static str, reason: String, event_id: String },
 }
@@ -325,6 +327,9 @@ pub struct Step<'a, P: Policies> {
     /// The events a verdict of this step may answer that named a reply (the worker's
     /// routing, processor.py's `_asking`); empty where nobody routes.
     pub asking: Vec<Asking>,
+    /// The tools broken fleet-wide (the worker's live `BreakerBoard.broken`), or None
+    /// where no fleet breaker is configured.
+    pub breakers: Option<&'a Py<PyAny>>,
 }
 
 /// An event that named a reply: what a verdict is matched on (processor.py's
@@ -579,7 +584,7 @@ impl<P: Policies> Step<'_, P> {
             paired: None,
         };
         let bytes = self.loop_event(trigger, &policy, &judgement, None, None, None, now_ms, None);
-        self.out.push(Output::LoopEvent { bytes, detector: "sequence_gap" });
+        self.out.push(Output::LoopEvent { bytes, detector: "sequence_gap", strike: None });
         state.next_seq = Some(first_parked);
         self.drain(state, now_ms)
     }
@@ -605,11 +610,11 @@ impl<P: Policies> Step<'_, P> {
                 token: Some(token),
                 paired,
             };
-            self.push_verdict(event, &verdict, now_ms);
+            self.push_verdict(event, &verdict, now_ms)?;
             return Ok(());
         }
         if vouch_allow && event.seq.is_some_and(|seq| seq >= state.verdict_floor) {
-            self.push_verdict(event, &Verdict::allow(Some(token)), now_ms);
+            self.push_verdict(event, &Verdict::allow(Some(token)), now_ms)?;
         }
         Ok(())
     }
@@ -642,7 +647,7 @@ impl<P: Policies> Step<'_, P> {
         let mut shown = &policy;
         if let Some(rules) = &policy.rules {
             if rules.exempt.contains(tool.as_str()) {
-                self.push_verdict(event, &Verdict::allow(Some(token)), now_ms);
+                self.push_verdict(event, &Verdict::allow(Some(token)), now_ms)?;
                 return Ok(());
             }
             if let Some(own) = policy.tools.get(tool.as_str()) {
@@ -695,7 +700,7 @@ impl<P: Policies> Step<'_, P> {
             (Some(found), true) => Verdict::of(found, token),
             _ => Verdict::allow(Some(token)),
         };
-        self.push_verdict(event, &verdict, now_ms);
+        self.push_verdict(event, &verdict, now_ms)?;
         if verdict.action != "allow" {
             let found = detection.as_ref().expect("a detection");
             state.decisions.push(Decision {
@@ -719,11 +724,11 @@ impl<P: Policies> Step<'_, P> {
                 let bytes = self.loop_event(
                     event, shown, judged, Some(found.warning_key.as_str()), Some(call_id), Some(tool), now_ms, Some(enforce),
                 );
-                self.push_loop_event(bytes, judged);
+                self.push_loop_event(event, bytes, judged, Some(tool), now_ms);
             }
         }
         if let (Some(rules), Some(judgement)) = (&policy.rules, &judgement) {
-            self.apply_rules(state, event, shown, rules, run, run_hash, token, judgement, now_ms);
+            self.apply_rules(state, event, shown, rules, run, run_hash, token, judgement, now_ms)?;
         }
         Ok(())
     }
@@ -742,16 +747,16 @@ impl<P: Policies> Step<'_, P> {
         token: &str,
         judgement: &RulesJudgement,
         now_ms: i64,
-    ) {
+    ) -> PyResult<()> {
         let (call_id, tool) = (event.call_id(), event.tool_name());
         for shadow in &judgement.shadows {
             if shadow.level == Level::Critical || warning_rises(state, shadow, run) {
                 let reported = Verdict::of(shadow, token);
                 let bytes = self.loop_event(event, shown, &reported, Some(shadow.warning_key.as_str()), call_id, tool, now_ms, Some(false));
-                self.push_loop_event(bytes, &reported);
+                self.push_loop_event(event, bytes, &reported, tool, now_ms);
             }
         }
-        let Some(ending) = rules::after_call(rules, &mut state.rules, run_hash, judgement) else { return };
+        let Some(ending) = rules::after_call(rules, &mut state.rules, run_hash, judgement) else { return Ok(()) };
         let abort = Verdict {
             action: "abort",
             level: "critical",
@@ -762,12 +767,13 @@ impl<P: Policies> Step<'_, P> {
             paired: None,
         };
         if ending.enforced {
-            self.push_verdict(event, &abort, now_ms);
+            self.push_verdict(event, &abort, now_ms)?;
         }
         if ending.detector == Detector::ToolLoopRunEnded {
             let bytes = self.loop_event(event, shown, &abort, None, call_id, tool, now_ms, Some(ending.enforced));
-            self.push_loop_event(bytes, &abort);
+            self.push_loop_event(event, bytes, &abort, tool, now_ms);
         }
+        Ok(())
     }
 
     /// A cap's detection, its count and message as rules.py's `_cap_detection` makes them.
@@ -880,10 +886,10 @@ impl<P: Policies> Step<'_, P> {
                 paired: None,
             };
             if self.settings.enforce {
-                self.push_verdict(event, &judgement, now_ms);
+                self.push_verdict(event, &judgement, now_ms)?;
             }
             let bytes = self.loop_event(event, &policy, &judgement, None, Some(call_id), Some(tool), now_ms, None);
-            self.push_loop_event(bytes, &judgement);
+            self.push_loop_event(event, bytes, &judgement, Some(tool), now_ms);
         } else if guard.remaining <= 0 {
             state.guards.remove(index);
         }
@@ -914,7 +920,9 @@ impl<P: Policies> Step<'_, P> {
 
     // -- outputs -----------------------------------------------------------------------
 
-    fn push_verdict(&mut self, event: &Event, verdict: &Verdict<'_>, now_ms: i64) {
+    fn push_verdict(&mut self, event: &Event, verdict: &Verdict<'_>, now_ms: i64) -> PyResult<()> {
+        let raised = self.fleet_overlay(event, verdict)?;
+        let verdict = raised.as_ref().unwrap_or(verdict);
         let bytes = self.verdict(event, verdict, now_ms);
         let route = if self.asking.is_empty() {
             None
@@ -925,11 +933,51 @@ impl<P: Policies> Step<'_, P> {
             self.asking.iter().position(|a| a.call_id.as_deref() == call_id && a.incarnation.as_deref() == incarnation)
         };
         self.out.push(Output::Verdict { bytes, action: verdict.action, detector: verdict.detector, route });
+        Ok(())
     }
 
-    fn push_loop_event(&mut self, bytes: Vec<u8>, judgement: &Verdict<'_>) {
+    /// fleet.py's `overlay` of one verdict: a call's `allow` or `warn` raised to the
+    /// breaker's action while its tool is broken fleet-wide, where the agent's rules put
+    /// an enforced `fleetBreaker` in force and do not exempt the tool. The state is not
+    /// touched (a redelivered call is overlaid again with what is known then).
+    fn fleet_overlay<'e>(&mut self, event: &Event, verdict: &Verdict<'e>) -> PyResult<Option<Verdict<'e>>> {
+        let (Some(breakers), Some(tool)) = (self.breakers, event.tool_name()) else { return Ok(None) };
+        let policy = self.policies.policy(event.agent_id.as_deref())?;
+        let Some(rules) = &policy.rules else { return Ok(None) };
+        let Some((true, action)) = rules.fleet_breaker else { return Ok(None) };
+        if rules.exempt.contains(tool) || rank(action) <= rank(verdict.action) {
+            return Ok(None);
+        }
+        let breaker = breakers.bind(self.py).call_method1("get", (tool,))?;
+        if breaker.is_none() || event.ts >= breaker.getattr("until_ts")?.extract::<i64>()? {
+            return Ok(None);
+        }
+        let sessions: i64 = breaker.getattr("sessions")?.extract()?;
+        let window: i64 = breaker.getattr("window_seconds")?.extract()?;
+        let name: String = breaker.getattr("tool_name")?.extract()?;
+        Ok(Some(Verdict {
+            action,
+            level: level_of_action(action),
+            detector: Some("fleet_tool_breaker"),
+            count: sessions,
+            message: Some(breaker_message(action, &name, sessions, window)),
+            token: verdict.token,
+            paired: None,
+        }))
+    }
+
+    fn push_loop_event(&mut self, event: &Event, bytes: Vec<u8>, judgement: &Verdict<'_>, tool: Option<&str>, now_ms: i64) {
         let detector = judgement.detector.expect("a loop event's detector");
-        self.out.push(Output::LoopEvent { bytes, detector });
+        // fleet.py's `strikes`: a critical, an unknown-tool streak or a failure identity
+        let striking = judgement.level == "critical" || matches!(detector, "unknown_tool_repeat" | "repeated_failure");
+        let strike = match tool {
+            Some(tool) if striking && detector != "fleet_tool_breaker" => {
+                // a gateway clock running ahead counts as now (processor.py's tool_strikes)
+                Some((tool.to_owned(), hash64(event.key()), event.ts.min(now_ms)))
+            }
+            _ => None,
+        };
+        self.out.push(Output::LoopEvent { bytes, detector, strike });
     }
 
     fn verdict(&self, event: &Event, verdict: &Verdict<'_>, now_ms: i64) -> Vec<u8> {
@@ -1015,6 +1063,29 @@ impl<P: Policies> Step<'_, P> {
         let mut out = Vec::with_capacity(768);
         write_loop_event(&mut out, &judgement, &extras);
         out
+    }
+}
+
+/// fleet.py's `_RANK`.
+fn rank(action: &str) -> u8 {
+    match action {
+        "allow" => 0,
+        "warn" => 1,
+        "block" => 2,
+        _ => 3,
+    }
+}
+
+/// fleet.py's `breaker_message`: what a call to a broken tool is told.
+fn breaker_message(action: &str, tool: &str, sessions: i64, window_seconds: i64) -> String {
+    let seen = format!("{sessions} sessions hit a loop on {tool} within {window_seconds} s");
+    if action == "block" {
+        format!(
+            "CRITICAL: {tool} is failing across the fleet ({seen}). Calls to it are blocked fleet-wide until the \
+             failures stop: do not retry it; change approach or report the task as failed."
+        )
+    } else {
+        format!("WARNING: {tool} is failing across the fleet ({seen}). Avoid retrying it; change approach or report the task as failed.")
     }
 }
 

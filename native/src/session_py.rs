@@ -57,7 +57,7 @@ impl Policies for Resolver<'_, '_> {
         // (config fields, the rules or None): native_step.py's _policy_values
         let (fields, rules): (ConfigFields, Option<RulesTuple>) = self.resolve.call1(self.py, (agent_id,))?.extract(self.py)?;
         let mut policy = Policy::new(config_of(fields), self.enforce);
-        if let Some((ending, cycle, failure, churn, caps, exempt, tools)) = rules {
+        if let Some((ending, cycle, failure, churn, caps, fleet, exempt, tools)) = rules {
             for (tool, own) in tools {
                 policy.tools.insert(tool, Arc::new(Policy::new(config_of(own), self.enforce)));
             }
@@ -86,6 +86,7 @@ impl Policies for Resolver<'_, '_> {
                         cost_per_session: cost(session_cost),
                     }
                 }),
+                fleet_breaker: fleet.map(|(enforced, action)| (enforced, if action == "block" { "block" } else { "warn" })),
                 exempt: exempt.into_iter().collect(),
             });
         }
@@ -105,14 +106,16 @@ type ConfigFields = (Option<bool>, usize, i64, i64, i64, i64, bool, bool, bool, 
 type IntCap = Option<(u128, f64)>;
 type CostCap = Option<(f64, f64)>;
 /// rule_config.py's ResolvedRules as native_step.py's `_rules_values` gives them: run
-/// ending, cycle, repeated failure, argument churn, run caps, exempt tools and the
-/// configs of the tools with their own thresholds.
+/// ending, cycle, repeated failure, argument churn, run caps, the fleet breaker
+/// (enforced, action), exempt tools and the configs of the tools with their own
+/// thresholds.
 type RulesTuple = (
     Option<(bool, u64, u64)>,
     Option<(bool, usize)>,
     Option<(bool, u64, u64)>,
     Option<bool>,
     Option<(bool, IntCap, IntCap, IntCap, CostCap, CostCap)>,
+    Option<(bool, String)>,
     Vec<String>,
     Vec<(String, ConfigFields)>,
 );
@@ -138,6 +141,8 @@ pub struct Judge {
     policies: PolicyCache,
     /// fingerprint.py's `unknown_tool_name` (its regular expressions are Python's).
     unknown_tool_name: Py<PyAny>,
+    /// The tools broken fleet-wide, a live mapping (`set_breakers`), or None.
+    breakers: Option<Py<PyAny>>,
 }
 
 #[pyclass(module = "loopfuse.streams.engine._native")]
@@ -156,7 +161,8 @@ enum Shape {
     /// their bytes alone (replay writes them as they are)
     Bare,
     /// the worker's: ("verdict", bytes, action, detector, reply or None) and
-    /// ("loop_event", bytes, detector); a reply is (topic, partition, requester)
+    /// ("loop_event", bytes, detector, strike or None); a reply is (topic, partition,
+    /// requester), a strike (tool, session hash as hex, ts)
     Routed,
 }
 
@@ -175,8 +181,9 @@ fn outputs_as<'py>(py: Python<'py>, outputs: Vec<Output>, shape: Shape, asking: 
                 let reply = route.map(|index| &asking[index].reply);
                 ("verdict", PyBytes::new(py, &bytes), action, detector, reply).into_pyobject(py)?.into_any()
             }
-            Output::LoopEvent { bytes, detector } if shape == Shape::Routed => {
-                ("loop_event", PyBytes::new(py, &bytes), detector).into_pyobject(py)?.into_any()
+            Output::LoopEvent { bytes, detector, strike } if shape == Shape::Routed => {
+                let strike = strike.map(|(tool, session, ts)| (tool, format!("{session:016x}"), ts));
+                ("loop_event", PyBytes::new(py, &bytes), detector, strike).into_pyobject(py)?.into_any()
             }
             Output::Verdict { bytes, .. } => ("verdict", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
             Output::LoopEvent { bytes, .. } => ("loop_event", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
@@ -314,10 +321,10 @@ impl Judge {
         routed: bool,
     ) -> PyResult<(Vec<Output>, Vec<Asking>)> {
         let asking = if routed { Asking::of(state, event.as_ref()) } else { Vec::new() };
-        let Judge { settings, policies, .. } = self;
+        let Judge { settings, policies, breakers, .. } = self;
         let mut resolver =
             Resolver { resolve: &policies.resolve, enforce: policies.enforce, cache: &mut policies.cache, last: &mut policies.last, py };
-        let mut step = Step { settings, policies: &mut resolver, py, out: Vec::new(), asking };
+        let mut step = Step { settings, policies: &mut resolver, py, out: Vec::new(), asking, breakers: breakers.as_ref() };
         match event {
             Some(event) => step.step(state, event, now_ms, watermark_ms)?,
             None => step.release(state, now_ms, watermark_ms)?,
@@ -381,7 +388,15 @@ impl Judge {
             settings: Settings { enforce, max_parked, max_parked_bytes, gap_timeout_ms, failure_identity, cap_detection },
             policies: PolicyCache { resolve, enforce, cache: HashMap::new(), last: None },
             unknown_tool_name,
+            breakers: None,
         }
+    }
+
+    /// The tools broken fleet-wide, as the worker keeps them current (a mapping of tool
+    /// name to fleet.py's ToolBreaker, read at every verdict the overlay may raise).
+    #[pyo3(signature = (breakers=None))]
+    fn set_breakers(&mut self, breakers: Option<Py<PyAny>>) {
+        self.breakers = breakers;
     }
 
     /// The Python it holds, for the garbage collector: the resolver is usually a bound
@@ -390,6 +405,9 @@ impl Judge {
         visit.call(&self.policies.resolve)?;
         visit.call(&self.settings.failure_identity)?;
         visit.call(&self.settings.cap_detection)?;
+        if let Some(breakers) = &self.breakers {
+            visit.call(breakers)?;
+        }
         visit.call(&self.unknown_tool_name)
     }
 
@@ -398,6 +416,7 @@ impl Judge {
         // holds the engine's configs; the collector breaks the cycle at the other end
         self.policies.cache.clear();
         self.policies.last = None;
+        self.breakers = None;
     }
 
     /// One event from its wire bytes: (state, outputs), the state changed in place (a

@@ -20,9 +20,9 @@ shedding over the cap, and reading a state's bytes.
 
 Where it runs: ``loopfuse replay`` (streams/replay.py), and the worker's session fold
 (processor.py's ``NativeSessionFold``: events read natively from their bytes,
-``Judge.read``, verdicts with the reply of the event they answer). The fleet breaker's
-overlay and strikes stay the Python fold's (processor.py uses this fold only where the
-breaker is off).
+``Judge.read``, verdicts with the reply of the event they answer, and the fleet breaker's
+overlay on them from the worker's live breakers, ``Judge.set_breakers``; loop events
+with the strike each makes).
 """
 
 from __future__ import annotations
@@ -325,9 +325,9 @@ def _config_fields(config: ResolvedConfig) -> tuple[Any, ...]:
 def _rules_values(rules: ResolvedRules, config: ResolvedConfig) -> tuple[Any, ...]:
     """session_py.rs's RulesTuple: each rule's settings, None where it is off; a cap with
     the amount that warns as rules.py's ``_run_cap`` computes it."""
-    ending, cycle, failure, churn, caps = (
+    ending, cycle, failure, churn, caps, fleet = (
         rules.run_ending, rules.cycle, rules.repeated_failure, rules.argument_churn,
-        rules.run_caps,
+        rules.run_caps, rules.fleet_breaker,
     )
 
     def cap(limit: float | None, bound: int) -> tuple[Any, float] | None:
@@ -349,6 +349,7 @@ def _rules_values(rules: ResolvedRules, config: ResolvedConfig) -> tuple[Any, ..
             cap(caps.tokens_per_session, _U128_MAX), cap(caps.cost_per_run, 0),
             cap(caps.cost_per_session, 0),
         ),
+        None if fleet is None else (fleet.enforced, fleet.action),
         sorted(rules.exempt),
         [(tool, _config_fields(rules.for_tool(config, tool))) for tool, _ in rules.thresholds],
     )

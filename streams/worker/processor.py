@@ -279,25 +279,24 @@ def tool_strikes(outputs: Sequence[Output]) -> list[Outgoing]:
     count distinct sessions per tool.
     """
     return [
-        Outgoing(
-            "tool_strike",
-            event.tool_name.encode("utf-8", "surrogatepass"),
-            orjson.dumps(
-                {
-                    "type": "tool_strike",
-                    "tool_name": event.tool_name,
-                    "session": f"{hash64(event.session_key):016x}",
-                    "detector": event.detector,
-                    # A gateway clock running ahead counts as now: one far-future ts
-                    # must not move the tool's window past every other session's hits.
-                    "ts": min(event.event_ts, event.decided_ts),
-                }
-            ),
-            event.detector,
-        )
+        # A gateway clock running ahead counts as now: one far-future ts must not move
+        # the tool's window past every other session's hits.
+        tool_strike(event.tool_name, f"{hash64(event.session_key):016x}", event.detector,
+                    min(event.event_ts, event.decided_ts))
         for event in fleet.strikes(outputs)
         if event.tool_name is not None
     ]
+
+
+def tool_strike(tool_name: str, session: str, detector: str, ts: int) -> Outgoing:
+    """One strike record: the tool, the session's hash (hex), the detector, the time."""
+    return Outgoing(
+        "tool_strike",
+        tool_name.encode("utf-8", "surrogatepass"),
+        orjson.dumps({"type": "tool_strike", "tool_name": tool_name, "session": session,
+                      "detector": detector, "ts": ts}),
+        detector,
+    )
 
 
 class _Applied(msgspec.Struct, frozen=True, gc=False):
@@ -537,6 +536,7 @@ class NativeSessionFold(_WayBack):
     limits: Limits
     base: bytes | None
     state: Any  # NativeState | None
+    strike: bool = False  # send the fleet breaker's strikes (only where it is configured)
     steps: list[_Applied] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
     shed: int = 0
@@ -592,6 +592,7 @@ class NativeSessionFold(_WayBack):
         """encode_outputs for the native fold's outputs (Shape::Routed in session_py.rs)."""
         key, limits = self.key, self.limits
         encoded: list[Outgoing] = []
+        strikes: list[Outgoing] = []
         budget = limits.output_budget - len(key)
         for output in outputs:
             kind = output[0]
@@ -600,7 +601,10 @@ class NativeSessionFold(_WayBack):
                 item = Outgoing("verdict", key, value, action, detector,
                                 None if reply is None else ReplyTo(*reply))
             elif kind == "loop_event":
-                item = Outgoing("loop_event", key, output[1], output[2])
+                _, value, detector, strike = output
+                item = Outgoing("loop_event", key, value, detector)
+                if strike is not None and self.strike:
+                    strikes.append(tool_strike(strike[0], strike[1], detector, strike[2]))
             elif kind == "rejection":
                 encoded.append(dead_letter(source, output[1], output[2], limits))
                 continue
@@ -614,7 +618,7 @@ class NativeSessionFold(_WayBack):
                     f"request size ({limits.max_output_bytes})",
                 )
             encoded.append(item)
-        return encoded
+        return encoded + strikes
 
     def _encode(self, state: Any) -> tuple[bytes, Any]:
         data, kept = self.native.checkpoint(state, self.limits.max_state_bytes)
@@ -821,9 +825,11 @@ class SessionProcessor:
         if outputs.tool_strikes is not None:
             self.topic_of["tool_strike"] = outputs.tool_strikes
         self.breakers = breakers
-        # The native fold where it judges as the Python one would (native_for); the
-        # fleet breaker's overlay and strikes are the Python fold's.
-        self.native = native_for(engine) if breakers is None and not self.strike else None
+        # The native fold where it judges as the Python one would (native_for), with
+        # the fleet breaker's overlay from the same live mapping.
+        self.native = native_for(engine)
+        if self.native is not None and breakers is not None:
+            self.native.judge.set_breakers(breakers)
         self.replies: Mapping[str, int] = outputs.replies if outputs.replies is not None else {}
         self._unroutable_logged_ms: int | None = None
         self._unroutable_unlogged = 0
@@ -988,7 +994,8 @@ class SessionProcessor:
         state = self._load(key, raw)
         # An unreadable state was logged and starts afresh: nothing to go back to.
         if self.native is not None and not isinstance(state, SessionState):
-            return NativeSessionFold(self.native, key, self.limits, raw if state else None, state)
+            return NativeSessionFold(self.native, key, self.limits, raw if state else None, state,
+                                     strike=self.strike)
         return SessionFold(
             self.engine, key, self.limits, raw if state else None, state,
             breakers=self.breakers, strike=self.strike,

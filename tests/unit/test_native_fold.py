@@ -9,7 +9,8 @@ hostile strings, disorder, losses and gateway restarts
 worker does not have, some malformed), cut into random batches, with the timer's
 releases between them and the state cache dropped now and then (the state then read
 back from its bytes). Tight limits make states shed and overflow, and outputs too
-large, so the way back (isolation, rejection) is compared too.
+large, so the way back (isolation, rejection) is compared too. Under the fleet breaker
+both folds overlay the same live breakers on their verdicts and send the same strikes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 
 from loopfuse.schemas.config import parse_config
 from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.fleet import ToolBreaker
 from loopfuse.streams.engine.native import NATIVE
 from loopfuse.streams.worker.processor import (
     RECORD_OVERHEAD_BYTES,
@@ -92,12 +94,17 @@ def _records(seed: int) -> list[InputRecord]:
 
 
 def _run(records: list[InputRecord], config: dict[str, Any], limits: Limits, native: bool,
-         seed: int) -> tuple[list[list[Message]], dict[bytes, bytes], bytes, set[type]]:
-    """Every batch's messages, the store at the end, the metrics, the folds used."""
+         seed: int, breakers: dict[str, ToolBreaker] | None = None,
+         ) -> tuple[list[list[Message]], dict[bytes, bytes], bytes, set[type]]:
+    """Every batch's messages, the store at the end, the metrics, the folds used.
+    ``breakers``: the fleet breaker's live tools (then strikes are sent too), changed
+    between batches as the worker's board would be."""
     engine = Engine(parse_config(config))
     clock = Clock()
-    proc = SessionProcessor(engine, INPUTS, OUT, DictStore(), Offsets(answered=None),
-                            limits=limits, clock=clock)
+    out = OUT if breakers is None else OutputTopics("verdicts", "loops", "dead", "strikes",
+                                                    replies=REPLIES)
+    proc = SessionProcessor(engine, INPUTS, out, DictStore(), Offsets(answered=None),
+                            limits=limits, clock=clock, breakers=breakers)
     assert (proc.native is not None) is True  # the native build judges this config
     if not native:
         proc.native = None
@@ -122,6 +129,13 @@ def _run(records: list[InputRecord], config: dict[str, Any], limits: Limits, nat
             batches.append(proc.release_waiting())
         if rng.random() < 0.2:
             proc.decoded.clear()  # read back from the bytes next time
+        if breakers is not None and rng.random() < 0.2:  # the board moved on
+            tool = rng.choice(["exec", "process", "write", "web_search"])
+            if tool in breakers:
+                del breakers[tool]
+            else:
+                breakers[tool] = ToolBreaker(tool, rng.randint(2, 30), 300, 0,
+                                             1_790_000_000_000 + rng.randint(0, 200_000))
     assert isinstance(proc.store, DictStore)
     # the counters, without the wall time each was created at
     counters = b"\n".join(line for line in proc.metrics.render().splitlines()
@@ -159,3 +173,35 @@ def test_the_native_fold_sends_what_the_python_fold_sends(
         codes = {json.loads(value)["error_code"] for topic, _, value, _ in sent if topic == "dead"}
         assert {"output_too_large"} <= codes, codes
         assert b"loopfuse_state_shed_total" in native[2]
+
+
+FLEET: dict[str, Any] = {
+    "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}},
+    "loopfuse": {"rules": {"fleetBreaker": {"action": "block"}, "repeatedFailure": {},
+                           "tools": {"write": {"exempt": True}}}},
+    "agents": {"list": [
+        {"id": "agent-1", "loopfuse": {"rules": {"fleetBreaker": {"action": "warn"}}}},
+        {"id": "agent-2", "loopfuse": {"rules": {"fleetBreaker": {"shadow": True}}}},
+        {"id": "agent-3", "loopfuse": {"rules": {"fleetBreaker": {"enabled": False}}}},
+    ]},
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_fleet_breaker_on_both_folds(seed: int) -> None:
+    """The overlay of broken tools on verdicts (block, warn, shadowed, off, exempt, an
+    event time past the breaker's end) and the strikes: the same messages."""
+    records = _records(seed)
+    broken = {tool: ToolBreaker(tool, 7, 300, 0, 1_790_000_040_000)
+              for tool in ("exec", "read", "process", "web_search")}
+    native = _run(records, FLEET, Limits(), True, seed, dict(broken))
+    python = _run(records, FLEET, Limits(), False, seed, dict(broken))
+    assert native[3] == {NativeSessionFold} and python[3] == {SessionFold}
+    for got, expected in zip(native[0], python[0], strict=True):
+        assert got == expected
+    assert native[1] == python[1] and native[2] == python[2]
+    sent = [message for batch in native[0] for message in batch]
+    assert any(topic == "strikes" for topic, _, _, _ in sent)
+    raised = [json.loads(value) for topic, _, value, _ in sent if topic in ("verdicts", "loopfuse.replies")
+              and b"fleet_tool_breaker" in value]
+    assert {v["action"] for v in raised} == {"warn", "block"}

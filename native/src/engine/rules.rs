@@ -61,6 +61,8 @@ pub struct Rules {
     /// enforced
     pub argument_churn: Option<bool>,
     pub run_caps: Option<RunCaps>,
+    /// The fleet breaker's (enforced, action): "warn" or "block" (the worker's overlay).
+    pub fleet_breaker: Option<(bool, &'static str)>,
     pub exempt: HashSet<String>,
 }
 
