@@ -18,6 +18,7 @@
 //! less than half the instructions this crate took through PyO3's dict and call API.)
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -342,8 +343,9 @@ pub fn read_event<'v, 'a>(
     Some(event)
 }
 
-/// The event's args and result tokens, as fingerprint.py computes them from the event.
-pub fn tokens(event: &WireEvent<'_, '_>) -> Tokens {
+/// The event's args and result tokens, as fingerprint.py computes them from the event;
+/// `send_tools`: the configured provider send tools (an engine's), or none.
+pub fn tokens(event: &WireEvent<'_, '_>, send_tools: &HashSet<String>) -> Tokens {
     let args_token = event.args.and_then(canonical_token);
     let (mut result_token, mut result_known) = (None, false);
     if event.kind == Kind::ToolResult {
@@ -356,7 +358,7 @@ pub fn tokens(event: &WireEvent<'_, '_>) -> Tokens {
                 Some(args @ Value::Object(_)) => args.get("action").and_then(Value::as_str),
                 _ => event.args_action,
             };
-            match normalised_result(tool, action, result) {
+            match normalised_result(tool, action, result, send_tools.contains(tool)) {
                 None => result_known = true,
                 Some(outcome) => {
                     let mut out = Vec::with_capacity(256);
@@ -385,7 +387,8 @@ pub fn event_fingerprints(
         return None;
     }
     let entries = parse_object(raw, max_depth)?;
-    Some(tokens(&read_event(&entries, max_depth, max_identifier_bytes)?))
+    // no send tools: the Python engine takes these tokens only for other tools
+    Some(tokens(&read_event(&entries, max_depth, max_identifier_bytes)?, &HashSet::new()))
 }
 
 /// The fields a native step reads of an event (`WireEvent`), as a dict, when the

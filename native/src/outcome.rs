@@ -173,12 +173,13 @@ fn strip_volatile_send_ids<'v, 'a>(value: &'v Value<'a>) -> Outcome<'v, 'a> {
     }
 }
 
-/// fingerprint.py's `normalised_result` for a tool that is not a configured send tool;
-/// None: nothing is recorded.
+/// fingerprint.py's `normalised_result`; `send_tool`: the tool is one of the configured
+/// provider send tools (`providerSendTools`). None: nothing is recorded.
 pub fn normalised_result<'v, 'a>(
     tool: &str,
     action: Option<&str>,
     result: &'v Value<'a>,
+    send_tool: bool,
 ) -> Option<Outcome<'v, 'a>> {
     if !matches!(result, Value::Object(_)) {
         return if matches!(result, Value::Null) { None } else { Some(Outcome::Wire(result)) };
@@ -204,7 +205,8 @@ pub fn normalised_result<'v, 'a>(
             return Some(process_outcome(action, details, text));
         }
     }
-    let send = tool == "sessions_send"
+    let send = send_tool
+        || tool == "sessions_send"
         || (tool == "message" && action.is_some_and(|a| SEND_LIKE_MESSAGE_ACTIONS.contains(&a)));
     if send {
         return Some(match details {

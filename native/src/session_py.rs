@@ -8,7 +8,7 @@
 //! `step_raw` says None, before touching the state, for every event it leaves to
 //! Python: then the caller decodes it and takes the other door.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use pyo3::prelude::*;
@@ -143,6 +143,8 @@ pub struct Judge {
     unknown_tool_name: Py<PyAny>,
     /// The tools broken fleet-wide, a live mapping (`set_breakers`), or None.
     breakers: Option<Py<PyAny>>,
+    /// The configured provider send tools (`loopfuse.providerSendTools`).
+    send_tools: HashSet<String>,
 }
 
 #[pyclass(module = "loopfuse.streams.engine._native")]
@@ -238,7 +240,7 @@ impl Judge {
 
     /// The event a step applies, from what the decoder's pass read of it.
     fn event_of(&self, py: Python<'_>, wire: &WireEvent<'_, '_>) -> PyResult<Option<Event>> {
-        let (args_token, result_token, result_known) = tokens(wire);
+        let (args_token, result_token, result_known) = tokens(wire, &self.send_tools);
         let owned = |text: Option<&str>| text.map(str::to_owned);
         let body = match wire.kind {
             Kind::ToolCall => {
@@ -379,6 +381,7 @@ impl Judge {
         unknown_tool_name: Py<PyAny>,
         failure_identity: Py<PyAny>,
         cap_detection: Py<PyAny>,
+        send_tools: Vec<String>,
         enforce: bool,
         max_parked: usize,
         max_parked_bytes: usize,
@@ -389,6 +392,7 @@ impl Judge {
             policies: PolicyCache { resolve, enforce, cache: HashMap::new(), last: None },
             unknown_tool_name,
             breakers: None,
+            send_tools: send_tools.into_iter().collect(),
         }
     }
 

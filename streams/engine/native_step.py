@@ -1,9 +1,9 @@
 """The native fold (native/src/session.rs) behind the Python engine's API.
 
 Issue 27: a session's events folded in Rust, over a state held in Rust
-(``NativeState``), for any config without provider send tools or payloads in loop
-events (:func:`native_for` decides, once per engine): the decision table and the guard
-(stage 3), and the opt-in rules (stage 5: their tallies are part of the native state,
+(``NativeState``), for any config without payloads in loop events (:func:`native_for`
+decides, once per engine): the decision table and the guard (stage 3), provider send
+tools, and the opt-in rules (stage 5: their tallies are part of the native state,
 their resolution per agent is Python's, handed over once per agent by
 :meth:`NativeEngine._policy_values`). Its outputs are the Python engine's, byte for byte:
 verdicts and loop events as their published JSON, notices and rejections as their
@@ -68,12 +68,12 @@ NativeOutput = tuple[Any, ...]
 
 def native_for(engine: Engine) -> NativeEngine | None:
     """The native fold for this engine's config, or None where the Python engine must
-    judge (no native build, or send tools or payloads configured)."""
+    judge (no native build, or payloads in loop events configured)."""
     if NATIVE is None or not hasattr(NATIVE, "Judge"):
         return None
     if not isinstance(engine, Engine):  # a wrapper (tests' failing engines): its own step
         return None
-    if engine.resolver.send_tools or engine.include_payloads:
+    if engine.include_payloads:
         return None
     return NativeEngine(engine)
 
@@ -89,6 +89,7 @@ class NativeEngine:
             unknown_tool_name,
             failure_identity,
             _cap_values,
+            sorted(engine.resolver.send_tools),
             engine.resolver.enforce,
             engine.max_parked,
             engine.max_parked_bytes,

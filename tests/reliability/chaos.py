@@ -55,6 +55,7 @@ from loopfuse.streams.local.kafka_broker import KafkaCluster
 from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.brokers import choose, describe, started
 from tests.support.harness import (
+    CONFIG,
     Collector,
     Comparison,
     compare,
@@ -89,6 +90,7 @@ class ChaosOptions:
     nodes: int = 1  # 3: a three-node Kafka cluster (started here, unless cluster is given)
     broker_kills: int = 0  # kill -9 of a partition leader, then its restart (needs a cluster)
     cluster: KafkaCluster | None = None  # a running cluster (pytest's), with bootstrap unset
+    config: Path = CONFIG  # the workers' and the verifier's detection config
     lead_node: int | None = None  # this node leads every partition of every topic (created here)
     rolling_restart: bool = False  # stop and start each node in turn, once, under load
 
@@ -145,14 +147,15 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
     started = time.monotonic()
     rng = random.Random(opts.seed)
     events = generate(opts.events, opts.sessions, seed=opts.seed, prefix=unique("chaos") + "-")
-    expected = expected_verdicts(events)
+    expected = expected_verdicts(events, opts.config)
     topics = new_topics()
     cluster = opts.cluster
     if opts.broker_kills and cluster is None:
         raise SystemExit("--broker-kills needs a cluster: --nodes 3")
     replicated = {"replication_factor": 3, "min_insync_replicas": 2} if cluster else {}
     settings = worker_settings(
-        bootstrap, kind, topics, unique("loopfuse-chaos"), workdir / "data", **replicated
+        bootstrap, kind, topics, unique("loopfuse-chaos"), workdir / "data",
+        config_file=opts.config, **replicated,
     )
     log_paths = [
         workdir / ("worker.log" if n == 0 else f"worker-{n + 1}.log") for n in range(opts.workers)
@@ -544,6 +547,11 @@ def main(argv: list[str] | None = None) -> int:
         "--broker-kills", type=int, default=0,
         help="kill -9 of a partition leader, then its restart, N times (needs --nodes 3)",
     )
+    parser.add_argument(
+        "--config", type=Path, default=CONFIG,
+        help="the detection config (default tests/fixtures/worker.json5; "
+        "tests/fixtures/chaos_rules.json5 has every opt-in rule)",
+    )
     args = parser.parse_args(argv)
     if args.broker_kills and args.nodes < 3:
         parser.error("--broker-kills needs --nodes 3")
@@ -562,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         nodes=args.nodes,
         broker_kills=args.broker_kills,
+        config=args.config,
     )
     result = asyncio.run(run_chaos(opts))
     say(f"total {result.total_seconds:.1f} s")

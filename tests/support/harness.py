@@ -266,9 +266,11 @@ def expected_verdicts(
     return [without_clock(orjson.loads(o.to_json())) for o in outputs if isinstance(o, Verdict)]
 
 
-def verdict_key(verdict: dict[str, Any]) -> tuple[str, int | None, str | None, str]:
-    """One verdict per tool_call (its seq) plus aborts (the result's seq)."""
-    return (verdict["session_key"], verdict["seq"], verdict["call_id"], verdict["type"])
+def verdict_key(verdict: dict[str, Any]) -> tuple[str, int | None, str | None, str, bool]:
+    """One verdict per tool_call (its seq) plus aborts: the post-compaction guard's (the
+    result's seq), or a run ended by rule (the call's seq, beside the call's block)."""
+    return (verdict["session_key"], verdict["seq"], verdict["call_id"], verdict["type"],
+            verdict["action"] == "abort")
 
 
 @dataclass

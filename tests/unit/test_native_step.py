@@ -47,6 +47,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "postCompactionGuard": {"windowSize": 2}}}},
     "shadow": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
                "loopfuse": {"enforce": False}},
+    # a send tool's outcome is its details without per-send ids (fingerprint.py)
+    "send tools": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+                   "loopfuse": {"providerSendTools": ["process", "write", "notify"]}},
 }
 #: Every opt-in rule (issue 14) but the fleet breaker (the worker's overlay, not the
 #: engine's), tight enough to fire on the generated sessions: enforced, only reported,
@@ -250,14 +253,39 @@ def test_argument_churn(native: ModuleType) -> None:
         assert _native(config, lines, restart_every=3) == python
 
 
-def test_native_for_leaves_send_tools_and_payloads_to_python(native: ModuleType) -> None:
+def test_native_for_leaves_payloads_to_python(native: ModuleType) -> None:
     for config in ({"tools": {"loopDetection": {"enabled": True}}},
                    {"loopfuse": {"rules": {"cycle": {}}}},
+                   {"loopfuse": {"providerSendTools": ["notify"]}},
                    {"agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {}}}}]}}):
         assert native_for(Engine(parse_config(config))) is not None, config
-    for config in ({"loopfuse": {"providerSendTools": ["notify"]}},
-                   {"loopfuse": {"includePayloadsInLoopEvents": True}}):
-        assert native_for(Engine(parse_config(config))) is None, config
+    config = {"loopfuse": {"includePayloadsInLoopEvents": True}}
+    assert native_for(Engine(parse_config(config))) is None
+
+
+def test_send_tools_outcomes_without_their_volatile_ids(native: ModuleType) -> None:
+    """A configured send tool's results differ only in per-send ids and times: the same
+    outcome, so repeating the send is no progress, natively as in Python; a tool not
+    configured keeps them (different outcomes: progress)."""
+    lines = []
+    for step in range(8):
+        for tool in ("notify", "other"):
+            common = {"session_key": f"send-{tool}", "run_id": "r", "call_id": f"c{step}",
+                      "tool_name": tool, "args": {"to": "ops", "text": "stuck"},
+                      "ts": 1_790_000_000_000 + step}
+            details = {"messageId": f"m-{step}", "sentAt": 1_790_000_000_000 + step,
+                       "channel": "ops", "receipt": {"n": step}}
+            lines.append(orjson.dumps({**common, "type": "tool_call", "event_id": f"e{step}"}))
+            lines.append(orjson.dumps({**common, "type": "tool_result", "event_id": f"r{step}",
+                                       "result": {"details": details}}))
+    config = parse_config({"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
+                                                       "criticalThreshold": 5}},
+                           "loopfuse": {"providerSendTools": ["notify"]}})
+    python = _python(config, lines)
+    blocked = {orjson.loads(line)["session_key"] for line in python[0]
+               if b'"action":"block"' in line}
+    assert blocked == {"send-notify"}
+    assert _native(config, lines) == python
 
 
 def test_replay_gives_the_python_folds_lines(native: ModuleType,
