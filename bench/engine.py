@@ -17,6 +17,11 @@ ping-pong, unknown tool, loop after compaction); args of realistic sizes and som
   the format written, then by format: version 4, format 5 in Python, format 5 native.
 
     python bench/engine.py [--sessions 2000] [--calls 60] [--seed 1] [--rounds 3]
+                           [--config tests/fixtures/chaos_rules.json5]
+
+``--config`` judges under a detection config file instead of the default detectors
+alone (e.g. every opt-in rule); OpenClaw's detector on V8 has none of the rules, so
+beside a rules config its figure is a reference, not a like-for-like baseline.
 
 The engine measured is the one the process imports: the compiled one when
 ``./dev build-engine`` built it, else the pure one. With a build, the pure engine's
@@ -48,6 +53,7 @@ from typing import Any
 import orjson
 
 from loopfuse.schemas import decode_event, parse_config
+from loopfuse.schemas.config import load_config
 from loopfuse.schemas.events import InputEvent, ToolCall, ToolResult
 from loopfuse.streams.engine import COMPILED, Engine, SessionState, state_codec
 from loopfuse.streams.engine.compiled import PURE_ENV
@@ -348,11 +354,15 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="timed passes; the median is reported"
     )
+    parser.add_argument("--config", type=Path, default=None,
+                        help="a detection config file (default: the detectors enabled)")
     opts = parser.parse_args()
 
     kind = ("compiled" if COMPILED else "pure") + ("+native" if NATIVE is not None else "")
     print(f"engine: {kind}")
-    config = parse_config({"tools": {"loopDetection": {"enabled": True}}})
+    config = (parse_config({"tools": {"loopDetection": {"enabled": True}}})
+              if opts.config is None else load_config(opts.config))
+    print(f"config: {opts.config or 'the detectors enabled'}")
     raw = build_workload(opts.sessions, opts.calls, opts.seed)
     mean_size = statistics.fmean(len(line) for line in raw)
     print(f"workload: {len(raw)} events, {opts.sessions} sessions, mean event {mean_size:.0f} B")

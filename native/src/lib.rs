@@ -118,6 +118,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode::event_fingerprints, module)?)?;
     module.add_function(wrap_pyfunction!(decode::event_fields, module)?)?;
     module.add_function(wrap_pyfunction!(output::output_json, module)?)?;
+    module.add_function(wrap_pyfunction!(output::payload_json, module)?)?;
     module.add_function(wrap_pyfunction!(state_codec::compact_state, module)?)?;
     module.add_function(wrap_pyfunction!(state_codec::expand_state, module)?)?;
     engine::py::register(module)?;

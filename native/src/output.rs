@@ -6,12 +6,14 @@
 //! and `\" \\`, `\u00XX` with lowercase hex for the other control characters, every
 //! other character as its UTF-8, U+2028 and DEL included), `null` for a missing value,
 //! integers in decimal. A loop event's raw `args` (only with
-//! `includePayloadsInLoopEvents`) and a fleet breaker's `fleet` are left to Python:
-//! orjson writes floats in a form of its own (`1e-7`, `1e+16`) that this does not
-//! reproduce.
+//! `includePayloadsInLoopEvents`) are the wire value written as orjson writes it, its
+//! floats in orjson's own form (`1e-7`, `1e+16`: `write_orjson_float`); a fleet
+//! breaker's own loop event (`fleet`) is the breaker's, written in Python.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString};
+
+use crate::json::Value;
 
 /// Appends `text` as a JSON string, escaped as orjson escapes it: the escapes of
 /// canonical JSON (the same set: two-character forms for `\b \t \n \f \r \" \\`,
@@ -90,6 +92,9 @@ pub struct LoopEventExtras<'s> {
     pub warning_key: Option<&'s str>,
     pub config: &'s [(&'s str, Setting)],
     pub enforced: bool,
+    /// The call's raw args as published (`includePayloadsInLoopEvents`): their JSON as
+    /// `write_payload` writes it, or None (null).
+    pub args: Option<&'s [u8]>,
 }
 
 fn write_head(out: &mut Vec<u8>, kind: &str, id_field: &str, judgement: &Judgement<'_>) {
@@ -177,8 +182,101 @@ pub fn write_loop_event(out: &mut Vec<u8>, judgement: &Judgement<'_>, extras: &L
     }
     out.extend_from_slice(b"},\"enforced\":");
     out.extend_from_slice(if extras.enforced { b"true" } else { b"false" });
-    out.extend_from_slice(b",\"args\":null");
+    out.extend_from_slice(b",\"args\":");
+    out.extend_from_slice(extras.args.unwrap_or(b"null"));
     write_clocks(out, judgement);
+}
+
+/// A value read from the wire as orjson writes the Python value it decodes to (the
+/// Python engine's `orjson.dumps(event.args)`): no spaces, keys in wire order (the
+/// reader takes no key twice), strings escaped as orjson escapes them, floats as
+/// [`write_orjson_float`] writes them.
+pub fn write_payload(out: &mut Vec<u8>, value: &Value<'_>) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(flag) => out.extend_from_slice(if *flag { b"true" } else { b"false" }),
+        Value::Int(number) => write_int(out, *number),
+        Value::Float(number) => write_orjson_float(out, *number),
+        Value::Str(text) => write_str(out, text),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_payload(out, item);
+            }
+            out.push(b']');
+        }
+        Value::Object(entries) => {
+            out.push(b'{');
+            for (index, (key, item)) in entries.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_str(out, key);
+                out.push(b':');
+                write_payload(out, item);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// A finite float as orjson writes it: the shortest digits that read back to it, fixed
+/// notation for decimal exponents -5 to 15 (`1.0`, `0.00001`, `1000000000000000.0`),
+/// else `1e+16`, `1.5e-7` (tests/unit/test_native_output.py holds it to orjson).
+pub fn write_orjson_float(out: &mut Vec<u8>, number: f64) {
+    if number == 0.0 {
+        out.extend_from_slice(if number.is_sign_negative() { b"-0.0" } else { b"0.0" });
+        return;
+    }
+    // Rust's `{:e}` gives the shortest round-trip digits: "-1.2345e17", "5e-324"
+    let scientific = format!("{number:e}");
+    let (mantissa, exponent) = scientific.split_once('e').expect("an exponent");
+    let exponent: i32 = exponent.parse().expect("a decimal exponent");
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", mantissa),
+    };
+    out.extend_from_slice(sign.as_bytes());
+    if !(-5..16).contains(&exponent) {
+        out.extend_from_slice(mantissa.as_bytes());
+        out.push(b'e');
+        if exponent > 0 {
+            out.push(b'+');
+        }
+        out.extend_from_slice(exponent.to_string().as_bytes());
+        return;
+    }
+    let digits: Vec<u8> = mantissa.bytes().filter(|b| *b != b'.').collect();
+    if exponent < 0 {
+        out.extend_from_slice(b"0.");
+        out.extend(std::iter::repeat_n(b'0', (-exponent - 1) as usize));
+        out.extend_from_slice(&digits);
+        return;
+    }
+    let whole = exponent as usize + 1;
+    if digits.len() <= whole {
+        out.extend_from_slice(&digits);
+        out.extend(std::iter::repeat_n(b'0', whole - digits.len()));
+        out.extend_from_slice(b".0");
+    } else {
+        out.extend_from_slice(&digits[..whole]);
+        out.push(b'.');
+        out.extend_from_slice(&digits[whole..]);
+    }
+}
+
+/// `write_payload`'s bytes of the value under "v" in a JSON object, or None where the
+/// reader leaves the text to Python. For tests (tests/unit/test_native_output.py).
+#[pyfunction]
+pub fn payload_json<'py>(py: Python<'py>, raw: &[u8]) -> Option<Bound<'py, PyBytes>> {
+    let entries = crate::json::parse_object(raw, 64)?;
+    let (_, parsed) = entries.iter().find(|(key, _)| key == "v")?;
+    let mut out = Vec::new();
+    write_payload(&mut out, &parsed.value);
+    Some(PyBytes::new(py, &out))
 }
 
 // -- for the tests: a model's fields (its __dict__) written by the functions above -----
@@ -266,7 +364,7 @@ pub fn output_json<'py>(
     }
     let settings: Vec<(&str, Setting)> = names.iter().map(String::as_str).zip(values).collect();
     let enforced = fields.get_item("enforced")?.map_or(Ok(true), |v| v.extract())?;
-    let extras = LoopEventExtras { warning_key: get(13), config: &settings, enforced };
+    let extras = LoopEventExtras { warning_key: get(13), config: &settings, enforced, args: None };
     write_loop_event(&mut out, &judgement, &extras);
     Ok(Some(PyBytes::new(py, &out)))
 }

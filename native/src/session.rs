@@ -46,6 +46,10 @@ pub enum Body {
         token: String,
         /// `action_of(args, args_action)`: args.action, or the gateway's hint.
         action: Option<String>,
+        /// The raw args as its loop event publishes them (`includePayloadsInLoopEvents`,
+        /// within MAX_LOOP_EVENT_ARGS_BYTES); None at rest, as the Python engine keeps
+        /// no raw args there.
+        payload: Option<Vec<u8>>,
     },
     Result {
         call_id: String,
@@ -119,7 +123,7 @@ impl Event {
             size += text.len();
         }
         match &self.body {
-            Body::Call { call_id, tool_name, token, action } => {
+            Body::Call { call_id, tool_name, token, action, .. } => {
                 size += call_id.len() + tool_name.len() + token.len();
                 size += action.as_ref().map_or(0, String::len);
             }
@@ -583,7 +587,7 @@ impl<P: Policies> Step<'_, P> {
             token: None,
             paired: None,
         };
-        let bytes = self.loop_event(trigger, &policy, &judgement, None, None, None, now_ms, None);
+        let bytes = self.loop_event(trigger, &policy, &judgement, None, None, None, now_ms, None, None);
         self.out.push(Output::LoopEvent { bytes, detector: "sequence_gap", strike: None });
         state.next_seq = Some(first_parked);
         self.drain(state, now_ms)
@@ -638,7 +642,7 @@ impl<P: Policies> Step<'_, P> {
     }
 
     fn on_tool_call(&mut self, state: &mut State, event: &Event, now_ms: i64) -> PyResult<()> {
-        let Body::Call { call_id, tool_name: tool, token, action } = &event.body else { unreachable!() };
+        let Body::Call { call_id, tool_name: tool, token, action, payload } = &event.body else { unreachable!() };
         let policy = self.policies.policy(event.agent_id.as_deref())?;
         let run = run_scope(event.run_id.as_deref());
         let run_hash = run_key(run);
@@ -723,6 +727,7 @@ impl<P: Policies> Step<'_, P> {
                 let judged = judged.as_ref().expect("the detection's");
                 let bytes = self.loop_event(
                     event, shown, judged, Some(found.warning_key.as_str()), Some(call_id), Some(tool), now_ms, Some(enforce),
+                    payload.as_deref(),
                 );
                 self.push_loop_event(event, bytes, judged, Some(tool), now_ms);
             }
@@ -752,7 +757,7 @@ impl<P: Policies> Step<'_, P> {
         for shadow in &judgement.shadows {
             if shadow.level == Level::Critical || warning_rises(state, shadow, run) {
                 let reported = Verdict::of(shadow, token);
-                let bytes = self.loop_event(event, shown, &reported, Some(shadow.warning_key.as_str()), call_id, tool, now_ms, Some(false));
+                let bytes = self.loop_event(event, shown, &reported, Some(shadow.warning_key.as_str()), call_id, tool, now_ms, Some(false), None);
                 self.push_loop_event(event, bytes, &reported, tool, now_ms);
             }
         }
@@ -770,7 +775,7 @@ impl<P: Policies> Step<'_, P> {
             self.push_verdict(event, &abort, now_ms)?;
         }
         if ending.detector == Detector::ToolLoopRunEnded {
-            let bytes = self.loop_event(event, shown, &abort, None, call_id, tool, now_ms, Some(ending.enforced));
+            let bytes = self.loop_event(event, shown, &abort, None, call_id, tool, now_ms, Some(ending.enforced), None);
             self.push_loop_event(event, bytes, &abort, tool, now_ms);
         }
         Ok(())
@@ -888,7 +893,7 @@ impl<P: Policies> Step<'_, P> {
             if self.settings.enforce {
                 self.push_verdict(event, &judgement, now_ms)?;
             }
-            let bytes = self.loop_event(event, &policy, &judgement, None, Some(call_id), Some(tool), now_ms, None);
+            let bytes = self.loop_event(event, &policy, &judgement, None, Some(call_id), Some(tool), now_ms, None, None);
             self.push_loop_event(event, bytes, &judgement, Some(tool), now_ms);
         } else if guard.remaining <= 0 {
             state.guards.remove(index);
@@ -1031,6 +1036,7 @@ impl<P: Policies> Step<'_, P> {
         tool_name: Option<&str>,
         now_ms: i64,
         enforced: Option<bool>,
+        args: Option<&[u8]>,
     ) -> Vec<u8> {
         let detector = verdict.detector.expect("a loop event's detector");
         let text = format!("{}\x1f{}\x1f{}\x1f{}", event.key(), event.event_id, detector, verdict.count);
@@ -1059,6 +1065,7 @@ impl<P: Policies> Step<'_, P> {
             warning_key,
             config: &policy.shown,
             enforced: enforced.unwrap_or(self.settings.enforce),
+            args,
         };
         let mut out = Vec::with_capacity(768);
         write_loop_event(&mut out, &judgement, &extras);
@@ -1116,10 +1123,12 @@ fn redelivered_message(detector: &str, level: &str, tool: &str, count: i64, deta
     }
 }
 
-/// An event as it waits in the state: no error text (`Engine._at_rest`).
+/// An event as it waits in the state: no error text, no raw args (`Engine._at_rest`).
 fn at_rest(mut event: Event) -> Event {
-    if let Body::Result { error, .. } = &mut event.body {
-        *error = None;
+    match &mut event.body {
+        Body::Result { error, .. } => *error = None,
+        Body::Call { payload, .. } => *payload = None,
+        _ => {}
     }
     event
 }

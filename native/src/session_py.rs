@@ -18,6 +18,7 @@ use crate::decode::{read_event, tokens, Kind, Usage, WireEvent, DEPTH_BOUNDS};
 use crate::engine::config::ResolvedConfig;
 use crate::engine::history::{History, Record};
 use crate::json::parse_object;
+use crate::output::write_payload;
 use crate::engine::rules::{Cap, RepeatedFailure, RuleState, Rules, RunCaps, RunEnding};
 use crate::session::{Asking, Body, Decision, Event, Guard, Output, Policies, Policy, Settings, State, Step};
 
@@ -145,6 +146,30 @@ pub struct Judge {
     breakers: Option<Py<PyAny>>,
     /// The configured provider send tools (`loopfuse.providerSendTools`).
     send_tools: HashSet<String>,
+    /// `loopfuse.includePayloadsInLoopEvents`.
+    include_payloads: bool,
+}
+
+/// step.py's MAX_LOOP_EVENT_ARGS_BYTES: larger args are published as null.
+const MAX_LOOP_EVENT_ARGS_BYTES: usize = 65_536;
+
+/// Bytes to and from Python as `bytes` (a `Vec<u8>` would go as a list of ints).
+struct Payload(Vec<u8>);
+
+impl<'py> IntoPyObject<'py> for Payload {
+    type Target = PyBytes;
+    type Output = Bound<'py, PyBytes>;
+    type Error = std::convert::Infallible;
+
+    fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, Self::Error> {
+        Ok(PyBytes::new(py, &self.0))
+    }
+}
+
+impl<'py> FromPyObject<'py> for Payload {
+    fn extract_bound(value: &Bound<'py, PyAny>) -> PyResult<Self> {
+        Ok(Payload(value.downcast::<PyBytes>()?.as_bytes().to_vec()))
+    }
 }
 
 #[pyclass(module = "loopfuse.streams.engine._native")]
@@ -249,11 +274,22 @@ impl Judge {
                     (None, Some(token)) => token,
                     (None, None) => return Ok(None), // args only Python writes canonically
                 };
+                // step.py's `_payload`: the raw args for the call's loop event, when
+                // configured and within their bound
+                let payload = match (self.include_payloads, wire.args) {
+                    (true, Some(args)) => {
+                        let mut out = Vec::new();
+                        write_payload(&mut out, args);
+                        (out.len() <= MAX_LOOP_EVENT_ARGS_BYTES).then_some(out)
+                    }
+                    _ => None,
+                };
                 Body::Call {
                     call_id: wire.call_id.unwrap_or("").to_owned(),
                     tool_name: wire.tool_name.unwrap_or("").to_owned(),
                     token,
                     action: action_of(wire),
+                    payload,
                 }
             }
             Kind::ToolResult => {
@@ -382,6 +418,7 @@ impl Judge {
         failure_identity: Py<PyAny>,
         cap_detection: Py<PyAny>,
         send_tools: Vec<String>,
+        include_payloads: bool,
         enforce: bool,
         max_parked: usize,
         max_parked_bytes: usize,
@@ -393,6 +430,7 @@ impl Judge {
             unknown_tool_name,
             breakers: None,
             send_tools: send_tools.into_iter().collect(),
+            include_payloads,
         }
     }
 
@@ -616,7 +654,8 @@ type EventHead = (
     Option<(String, i64, String)>,
 );
 /// (call_id, tool_name, args token, action (a call) or outcome (a result), unknown, usage,
-/// error text: None at rest)
+/// error text (a result), the args' JSON for the loop event (a call); the last two None
+/// at rest)
 type EventBody = (
     Option<String>,
     Option<String>,
@@ -625,13 +664,15 @@ type EventBody = (
     Option<String>,
     Option<(Option<i64>, Option<i64>, Option<i64>, Option<f64>)>,
     Option<String>,
+    Option<Payload>,
 );
 type EventTuple = (EventHead, EventBody);
 
 fn event_to_tuple(event: &Event) -> EventTuple {
     let (kind, body): (&str, EventBody) = match &event.body {
-        Body::Call { call_id, tool_name, token, action } => {
-            ("tool_call", (Some(call_id.clone()), Some(tool_name.clone()), Some(token.clone()), action.clone(), None, None, None))
+        Body::Call { call_id, tool_name, token, action, payload } => {
+            let payload = payload.clone().map(Payload);
+            ("tool_call", (Some(call_id.clone()), Some(tool_name.clone()), Some(token.clone()), action.clone(), None, None, None, payload))
         }
         Body::Result { call_id, tool_name, token, outcome, unknown, usage, error } => (
             "tool_result",
@@ -643,10 +684,11 @@ fn event_to_tuple(event: &Event) -> EventTuple {
                 unknown.clone(),
                 usage.map(|u| (u.input_tokens, u.output_tokens, u.total_tokens, u.cost)),
                 error.clone(),
+                None,
             ),
         ),
-        Body::Compaction => ("compaction", (None, None, None, None, None, None, None)),
-        Body::RunEnded => ("run_ended", (None, None, None, None, None, None, None)),
+        Body::Compaction => ("compaction", (None, None, None, None, None, None, None, None)),
+        Body::RunEnded => ("run_ended", (None, None, None, None, None, None, None, None)),
     };
     let head = (
         kind.to_owned(),
@@ -670,6 +712,7 @@ fn event_from_tuple(tuple: &Bound<'_, PyAny>) -> PyResult<Event> {
             tool_name: b.1.unwrap_or_default(),
             token: b.2.unwrap_or_default(),
             action: b.3,
+            payload: b.7.map(|p| p.0),
         },
         "tool_result" => Body::Result {
             call_id: b.0.unwrap_or_default(),

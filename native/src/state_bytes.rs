@@ -126,7 +126,7 @@ fn event_json(event: &Event) -> Option<Vec<u8>> {
     out.extend_from_slice(tag);
     out.push(b'"');
     match &event.body {
-        Body::Call { call_id, tool_name, token, action } => {
+        Body::Call { call_id, tool_name, token, action, .. } => {
             text_field(&mut out, "call_id", Some(call_id));
             text_field(&mut out, "tool_name", Some(tool_name));
             text_field(&mut out, "args_hash", Some(token));

@@ -1,9 +1,9 @@
 """The native fold (native/src/session.rs) behind the Python engine's API.
 
 Issue 27: a session's events folded in Rust, over a state held in Rust
-(``NativeState``), for any config without payloads in loop events (:func:`native_for`
-decides, once per engine): the decision table and the guard (stage 3), provider send
-tools, and the opt-in rules (stage 5: their tallies are part of the native state,
+(``NativeState``), for every config (:func:`native_for` decides, once per engine): the
+decision table and the guard (stage 3), provider send tools, payloads in loop events
+(the call's args written as orjson writes them), and the opt-in rules (stage 5: their tallies are part of the native state,
 their resolution per agent is Python's, handed over once per agent by
 :meth:`NativeEngine._policy_values`). Its outputs are the Python engine's, byte for byte:
 verdicts and loop events as their published JSON, notices and rejections as their
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from msgspec import UNSET
 
 from loopfuse.schemas.decode import (
@@ -67,13 +68,12 @@ NativeOutput = tuple[Any, ...]
 
 
 def native_for(engine: Engine) -> NativeEngine | None:
-    """The native fold for this engine's config, or None where the Python engine must
-    judge (no native build, or payloads in loop events configured)."""
+    """The native fold for this engine, or None where the Python engine must judge: no
+    native build, or an engine of another class (a test's wrapper, whose own step
+    would be bypassed)."""
     if NATIVE is None or not hasattr(NATIVE, "Judge"):
         return None
     if not isinstance(engine, Engine):  # a wrapper (tests' failing engines): its own step
-        return None
-    if engine.include_payloads:
         return None
     return NativeEngine(engine)
 
@@ -84,12 +84,19 @@ class NativeEngine:
     def __init__(self, engine: Engine) -> None:
         assert NATIVE is not None
         self.engine = engine
-        self.judge = NATIVE.Judge(
+        self.judge = self.judge_from(NATIVE)
+
+    def judge_from(self, module: Any) -> Any:
+        """A ``Judge`` of this engine's settings from a native module (the checkout's
+        build, or an installed wheel's: tests/integration/test_native_wheel.py)."""
+        engine = self.engine
+        return module.Judge(
             self._policy_values,
             unknown_tool_name,
             failure_identity,
             _cap_values,
             sorted(engine.resolver.send_tools),
+            engine.include_payloads,
             engine.resolver.enforce,
             engine.max_parked,
             engine.max_parked_bytes,
@@ -190,6 +197,7 @@ class NativeEngine:
             body: tuple[Any, ...] = (
                 event.call_id, event.tool_name, engine._args_token(event),
                 action_of(event.args, event.args_action), None, None, None,
+                _payload_json(engine._payload(event)),
             )
         elif isinstance(event, ToolResult):
             outcome, unknown = engine._result_token(event)
@@ -199,10 +207,10 @@ class NativeEngine:
                 engine._args_token(event) if event.has_args else None, outcome, unknown,
                 None if usage is None else (usage.input_tokens, usage.output_tokens,
                                             usage.total_tokens, usage.cost),
-                event.error_text,
+                event.error_text, None,
             )
         else:
-            body = (None,) * 7
+            body = (None,) * 8
         return head, body
 
     # -- the state as the Python engine's ------------------------------------------------
@@ -268,7 +276,7 @@ def _at_rest(values: tuple[Any, ...]) -> InputEvent:
         "agent_id": agent_id, "incarnation": incarnation, "seq": seq, "ts": ts,
         "reply_to": None if reply is None else ReplyTo(*reply),
     }
-    call_id, tool_name, token, fourth, unknown, usage, _error = body  # no error at rest
+    call_id, tool_name, token, fourth, unknown, usage, _error, _args = body  # neither at rest
     if kind == "tool_call":
         return ToolCall(**common, call_id=call_id, tool_name=tool_name, args_hash=token,
                         args_action=fourth)
@@ -283,6 +291,12 @@ def _at_rest(values: tuple[Any, ...]) -> InputEvent:
     return RunEnded(**common)
 
 
+def _payload_json(args: Any) -> bytes | None:
+    """A loop event's ``args`` (``Engine._payload``: None when not configured or too
+    large) as the JSON the native fold writes into it, as ``LoopEvent.to_json`` would."""
+    return None if args is None else orjson.dumps(args)
+
+
 def _values_at_rest(event: InputEvent) -> tuple[Any, ...]:
     """A Python event at rest (as the Python engine parks it) as the native fold's."""
     reply = event.reply_to
@@ -293,7 +307,7 @@ def _values_at_rest(event: InputEvent) -> tuple[Any, ...]:
     )
     if isinstance(event, ToolCall):
         return head, (event.call_id, event.tool_name, event.args_hash, event.args_action,
-                      None, None, None)
+                      None, None, None, None)
     if isinstance(event, ToolResult):
         usage = event.usage
         return head, (
@@ -301,9 +315,9 @@ def _values_at_rest(event: InputEvent) -> tuple[Any, ...]:
             event.unknown_tool,
             None if usage is None else (usage.input_tokens, usage.output_tokens,
                                         usage.total_tokens, usage.cost),
-            None,
+            None, None,
         )
-    return head, (None,) * 7
+    return head, (None,) * 8
 
 
 # -- an agent's config and rules, as the native fold reads them ----------------------

@@ -52,8 +52,8 @@ def judged_by(processor: SessionProcessor) -> str:
     if processor.native is not None:
         return f"sessions are judged by the native judge ({getattr(NATIVE, '__name__', '?')})"
     if NATIVE is not None:
-        return ("sessions are judged by the Python engine: the native judge leaves provider "
-                "send tools and payloads in loop events to it")
+        return ("sessions are judged by the Python engine: the native judge does not take "
+                f"this engine ({type(processor.engine).__name__})")
     return ("sessions are judged by the Python engine: no native judge here (pip install "
             "./native from the same checkout; docs/operations.md: The native judge)")
 

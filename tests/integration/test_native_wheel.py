@@ -46,7 +46,6 @@ assert module.__file__.startswith(sys.argv[3]), module.__file__
 from bench.engine import build_workload
 from loopfuse.schemas import parse_config
 from loopfuse.streams.engine import Engine
-from loopfuse.streams.engine.fingerprint import unknown_tool_name
 from loopfuse.streams.engine.native_step import native_for
 from loopfuse.streams.replay import _replay_native
 from loopfuse.streams.worker.processor import Limits
@@ -57,9 +56,7 @@ config = parse_config({"tools": {"loopDetection": {"enabled": True}}})
 limits = Limits()
 checkout = native_for(Engine(config))
 wheel = native_for(Engine(config))
-engine = wheel.engine
-wheel.judge = module.Judge(wheel._config_values, unknown_tool_name, engine.resolver.enforce,
-                           engine.max_parked, engine.max_parked_bytes, engine.gap_timeout_ms)
+wheel.judge = wheel.judge_from(module)
 assert type(wheel.judge) is not type(checkout.judge)
 got = list(_replay_native(iter(lines), wheel, DEFAULT_MAX_EVENT_BYTES, limits))
 want = list(_replay_native(iter(lines), checkout, DEFAULT_MAX_EVENT_BYTES, limits))

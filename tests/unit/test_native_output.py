@@ -14,7 +14,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+import msgspec
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loopfuse.schemas import LoopEvent, Verdict
 from loopfuse.schemas.decode import EventRejected
@@ -91,11 +95,45 @@ def test_hostile_strings_in_every_field(native: ModuleType, outputs: list[Any]) 
 
 
 def test_what_it_leaves_to_python(native: ModuleType, outputs: list[Any]) -> None:
-    """Raw args (payloads in loop events) and the fleet breaker's record are orjson's:
-    the writer says None for them, as it does for a config value of another type."""
+    """From a model's fields (this test's writer), raw args and the fleet breaker's
+    record are orjson's: it says None for them, as for a config value of another type.
+    (The fold writes args from the wire's value: test_payloads_as_orjson_writes_them.)"""
     event = next(o for o in outputs if isinstance(o, LoopEvent) and not _left_to_python(o))
     for update in ({"args": {"f": 1e-7}}, {"args": [1]},
                    {"config": {**event.config, "ratio": 0.5}}):
         assert native.output_json(event.model_copy(update=update).__dict__) is None
     shadowed = [o for o in outputs if _left_to_python(o)]
     assert shadowed, "the corpus's payload config puts args in some loop events"
+
+
+#: JSON values as a gateway sends them in args: every float, 64-bit integers, any text
+#: (no lone surrogates: orjson refuses them, and the native reader leaves them to Python).
+_ARGS = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_ARGS)
+def test_payloads_as_orjson_writes_them(native: ModuleType, value: Any) -> None:
+    """A loop event's args, written natively from the wire's value, are the bytes
+    ``LoopEvent.to_json`` writes for the value the Python decoder reads."""
+    wire = b'{"v":' + orjson.dumps(value) + b"}"
+    assert native.payload_json(wire) == orjson.dumps(orjson.loads(wire)["v"])
+
+
+@pytest.mark.parametrize("text", [
+    b"1E5", b"1.50", b"0.1e1", b"-0", b"-0.0", b"1e-400", b"2.5e-5", b"1e15", b"1e16",
+    b"123456789012345678.0", b"0.000001", b"1.7976931348623157e308", b"5e-324",
+    b'"\\u00e9\\ud83d\\ude00\\u2028\\/"', b'{"b":1,"a":[{}]}',
+])
+def test_payload_texts_as_the_decoder_reads_them(native: ModuleType, text: bytes) -> None:
+    """Other spellings of a number or a string (the gateway's, not orjson's) come out
+    as orjson writes what the decoder reads from them."""
+    wire = b'{"v":' + text + b"}"
+    assert native.payload_json(wire) == orjson.dumps(msgspec.json.decode(wire)["v"])
+

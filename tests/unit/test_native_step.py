@@ -18,6 +18,7 @@ Skips only where the module is not built.
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -50,6 +51,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # a send tool's outcome is its details without per-send ids (fingerprint.py)
     "send tools": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
                    "loopfuse": {"providerSendTools": ["process", "write", "notify"]}},
+    # a call's loop event carries its raw args, written natively as orjson writes them
+    "payloads": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+                 "loopfuse": {"includePayloadsInLoopEvents": True}},
 }
 #: Every opt-in rule (issue 14) but the fleet breaker (the worker's overlay, not the
 #: engine's), tight enough to fire on the generated sessions: enforced, only reported,
@@ -253,14 +257,54 @@ def test_argument_churn(native: ModuleType) -> None:
         assert _native(config, lines, restart_every=3) == python
 
 
-def test_native_for_leaves_payloads_to_python(native: ModuleType) -> None:
+def test_native_for_takes_every_config(native: ModuleType) -> None:
     for config in ({"tools": {"loopDetection": {"enabled": True}}},
                    {"loopfuse": {"rules": {"cycle": {}}}},
                    {"loopfuse": {"providerSendTools": ["notify"]}},
+                   {"loopfuse": {"includePayloadsInLoopEvents": True}},
                    {"agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {}}}}]}}):
         assert native_for(Engine(parse_config(config))) is not None, config
-    config = {"loopfuse": {"includePayloadsInLoopEvents": True}}
-    assert native_for(Engine(parse_config(config))) is None
+
+
+#: Args whose JSON orjson writes in forms of its own (floats' exponents, escapes), hostile
+#: strings, one over the loop event's bound (null there), and one the native reader
+#: leaves to Python (an integer past 64 bits): the same bytes in each call's loop event.
+_PAYLOADS: tuple[Any, ...] = (
+    {"f": [1e-7, 1e16, 1.5e300, 5e-324, 0.1, 123456789.125, -0.0, 1e15, 0.00001, 2.5e-5]},
+    {"\u0000 \u001f \"\\ \u2028 \u00e9 \U0001f600": ["\x1b[31m", "<@here>", "\x7f"]},
+    {"big": "x" * 70_000},
+    {"n": 2**70, "m": -(2**63), "k": 2**63 - 1},
+    [[], {}, None, True, False, ""],
+)
+
+
+def _wire(event: dict[str, Any]) -> bytes:
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def test_payloads_in_loop_events(native: ModuleType) -> None:
+    lines = []
+    for index, args in enumerate(_PAYLOADS):
+        for step in range(8):
+            common = {"session_key": f"s{index}", "call_id": f"c{step}", "tool_name": "exec",
+                      "args": args, "ts": 1_790_000_000_000 + step}
+            # the standard library's writer: orjson refuses integers past 64 bits
+            lines.append(_wire({**common, "type": "tool_call", "event_id": f"e{step}"}))
+            lines.append(_wire({**common, "type": "tool_result", "event_id": f"r{step}",
+                                "result": "same"}))
+    config = parse_config({"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
+                                                       "criticalThreshold": 5}},
+                           "loopfuse": {"includePayloadsInLoopEvents": True}})
+    python = _python(config, lines)
+    published = {orjson.loads(line)["session_key"]: orjson.loads(line)["args"]
+                 for line in python[0] if b'"loop_event"' in line}
+    # every session's blocks carry its args (the big integer as the decoder's float),
+    # but the one over the bound: null
+    assert published["s0"] == _PAYLOADS[0] and published["s1"] == _PAYLOADS[1], published
+    assert published["s2"] is None and published["s4"] == _PAYLOADS[4]
+    assert published["s3"] == {"n": float(2**70), "m": -(2**63), "k": 2**63 - 1}
+    assert _native(config, lines) == python
+    assert _native(config, lines, restart_every=3) == python
 
 
 def test_send_tools_outcomes_without_their_volatile_ids(native: ModuleType) -> None:
