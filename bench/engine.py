@@ -346,6 +346,21 @@ def codec_by_format(states: list[SessionState], rounds: int) -> str:
     return "; ".join(parts)
 
 
+def native_codec(native: Any, held: list[Any], rounds: int) -> str:
+    """Median bytes, and µs per state of the native fold's checkpoint (its state to the
+    bytes it writes: ``NativeEngine.checkpoint``) and of the read the worker does of
+    them (``NativeEngine.read``: natively, or through the Python reader)."""
+    cap = 1 << 20
+    blobs = [native.checkpoint(state, cap)[0] for state in held]
+    size = sorted(map(len, blobs))[len(blobs) // 2]
+    write_us = 1e6 / _median_rate(
+        len(held), rounds, lambda: [native.checkpoint(state, cap) for state in held])
+    read_us = 1e6 / _median_rate(
+        len(blobs), rounds,
+        lambda: [native.read(blob) for blob in blobs])
+    return f"{size} B, checkpoint {write_us:.1f} us + read {read_us:.1f} us per state"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=2000)
@@ -449,14 +464,18 @@ def main() -> None:
         keys = [decode_event(line).key for line in raw]
         timestamps = [decode_event(line).ts for line in raw]
 
+        held: dict[str, Any] = {}
+
         def fold_natively() -> None:
-            held: dict[str, Any] = {}
+            held.clear()
             for line, key, ts in zip(raw, keys, timestamps, strict=True):
                 held[key], _ = native.step(held.get(key), line, ts, None)
 
         fold_rate = _median_rate(len(raw), opts.rounds, fold_natively)
         print(f"native fold (decode, fingerprints, step, outputs as bytes): median "
               f"{fold_rate:,.0f} events/s")
+        print(f"native state codec (the worker's checkpoint and read of a native state): "
+              f"{native_codec(native, list(held.values()), opts.rounds)}")
     history_size = engine.resolve(None).history_size
     print(
         f"state bytes per session (history {history_size}): median {median_size}, "

@@ -797,6 +797,13 @@ impl NativeState {
         crate::state_bytes::v4_body(&self.state).map(|body| PyBytes::new(py, &body))
     }
 
+    /// A state read natively from its bytes (state_bytes.rs's `read_state`), or None
+    /// where the Python reader must read them (native_step.py's `NativeEngine.read`).
+    #[staticmethod]
+    fn read(data: &[u8]) -> Option<NativeState> {
+        crate::state_bytes::read_state(data).map(|state| NativeState { state, since_checkpoint: 0 })
+    }
+
     /// The state's plain values, in SessionState's field order (native_step.py).
     fn export<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let s = &self.state;

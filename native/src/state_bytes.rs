@@ -15,7 +15,7 @@
 use crate::decode::Usage;
 use crate::output::{write_int, write_str};
 use crate::session::{Body, Event, State};
-use crate::state_codec::{pack_array, pack_bin, pack_map, pack_sint, pack_str, pack_text, pack_uint};
+use crate::state_codec::{pack_array, pack_bin, pack_map, pack_sint, pack_str, pack_text, pack_uint, Pack};
 
 fn pair(out: &mut Vec<u8>, first: i64, second: i64) {
     pack_array(out, 2);
@@ -206,4 +206,154 @@ fn usage_field(out: &mut Vec<u8>, usage: &Usage) -> Option<()> {
     }
     out.push(b'}');
     Some(())
+}
+
+/// A state read natively from its bytes (format 4, or format 5 through its expansion to
+/// version 4's body): the state `NativeEngine.from_python(state_codec.decode(data))`
+/// builds, or None to leave the bytes to that route. It takes only what the Python
+/// reader takes (msgspec's typed body, `_state_of_body`'s checks) and fits the native
+/// state: any other form, a repeated map key (msgspec keeps the last), an event waiting
+/// (msgspec's JSON of an event is the Python decoder's to check), older formats, and
+/// corrupt bytes go to Python, which reads them or says why not.
+pub fn read_state(data: &[u8]) -> Option<State> {
+    const HEAD: usize = 17;
+    if data.len() < HEAD {
+        return None;
+    }
+    let expanded;
+    let body = match data[0] {
+        4 => &data[HEAD..],
+        5 => {
+            expanded = crate::state_codec::expand(data)?;
+            &expanded[..]
+        }
+        _ => return None,
+    };
+    let touched_ms = i64::from_le_bytes(data[1..9].try_into().ok()?);
+    let last_event_ms = i64::from_le_bytes(data[9..HEAD].try_into().ok()?);
+    let mut body = Pack { data: body, pos: 0 };
+    let state = read_body(&mut body, touched_ms, last_event_ms)?;
+    (body.pos == body.data.len()).then_some(state)
+}
+
+fn text<'a>(pack: &mut Pack<'a>) -> Option<&'a str> {
+    std::str::from_utf8(pack.str()?).ok()
+}
+
+fn optional_text(pack: &mut Pack<'_>) -> Option<Option<String>> {
+    if pack.nil() {
+        return Some(None);
+    }
+    Some(Some(text(pack)?.to_owned()))
+}
+
+/// An array of exactly `length` items (a msgspec tuple or array-like struct).
+fn tuple(pack: &mut Pack<'_>, length: usize) -> Option<()> {
+    (pack.array()? == length).then_some(())
+}
+
+fn int_pair(pack: &mut Pack<'_>) -> Option<(i64, i64)> {
+    tuple(pack, 2)?;
+    Some((pack.sint()?, pack.sint()?))
+}
+
+fn read_body(pack: &mut Pack<'_>, touched_ms: i64, last_event_ms: i64) -> Option<State> {
+    use std::sync::Arc;
+
+    use crate::engine::history::{History, Record};
+    use crate::engine::rules::RuleState;
+    use crate::session::{Decision, Guard, ACTIONS, DETECTORS};
+
+    tuple(pack, 13)?;
+    let next_seq = match pack.sint()? {
+        0 => None,
+        stored => Some(stored.checked_sub(1)?),
+    };
+    let verdict_floor = pack.sint()?;
+    let incarnation = pack.uint()?;
+    let count = pack.array()?;
+    let mut records = Vec::with_capacity(count.min(4096));
+    for _ in 0..count {
+        tuple(pack, 7)?;
+        let tool: Arc<str> = Arc::from(text(pack)?);
+        let sig = pack.uint()?;
+        let run = pack.uint()?;
+        let call = u32::try_from(pack.uint()?).ok()?;
+        let result = pack.uint()?;
+        let unknown = optional_text(pack)?.map(Arc::from);
+        records.push(Record { tool, sig, run, call, result, unknown, ts: pack.sint()? });
+    }
+    let mut guards: Vec<(u64, Guard)> = Vec::new();
+    for _ in 0..pack.map()? {
+        let run = pack.uint()?;
+        if guards.iter().any(|(seen, _)| *seen == run) {
+            return None;
+        }
+        tuple(pack, 4)?;
+        let window = pack.sint()?;
+        let remaining = pack.sint()?;
+        let first = if pack.nil() {
+            None
+        } else {
+            tuple(pack, 3)?;
+            Some((Arc::from(text(pack)?), pack.uint()?, pack.uint()?))
+        };
+        guards.push((run, Guard { window, remaining, first, broken: pack.bool()? }));
+    }
+    let mut warnings: Vec<(u64, (u64, i64))> = Vec::new();
+    for _ in 0..pack.map()? {
+        let key = pack.uint()?;
+        if warnings.iter().any(|(seen, _)| *seen == key) {
+            return None;
+        }
+        tuple(pack, 2)?;
+        warnings.push((key, (pack.uint()?, pack.sint()?)));
+    }
+    let mut seen_ids = Vec::new();
+    for _ in 0..pack.array()? {
+        seen_ids.push(pack.uint()?);
+    }
+    let mut decisions = Vec::new();
+    for _ in 0..pack.array()? {
+        tuple(pack, 6)?;
+        let event = u32::try_from(pack.uint()?).ok()?;
+        let action = u8::try_from(pack.uint()?).ok().filter(|a| usize::from(*a) < ACTIONS.len())?;
+        let detector = u8::try_from(pack.uint()?).ok().filter(|d| usize::from(*d) < DETECTORS.len())?;
+        let count = pack.sint()?;
+        let detail = optional_text(pack)?;
+        decisions.push(Decision { event, action, detector, count, detail, seq: pack.sint()? });
+    }
+    if pack.map()? != 0 {
+        return None; // parked events: Python reads them
+    }
+    let mut skipped = Vec::new();
+    for _ in 0..pack.array()? {
+        skipped.push(int_pair(pack)?);
+    }
+    let mut retired = Vec::new();
+    for _ in 0..pack.array()? {
+        tuple(pack, 2)?;
+        retired.push((pack.uint()?, pack.sint()?));
+    }
+    if pack.array()? != 0 {
+        return None; // pending events: as parked ones
+    }
+    let rules = RuleState::from_bytes(pack.bin()?)?;
+    Some(State {
+        history: History::from_records(records),
+        guards,
+        warnings,
+        next_seq,
+        parked: Vec::new(),
+        skipped,
+        seen_ids,
+        decisions,
+        verdict_floor,
+        touched_ms,
+        last_event_ms,
+        incarnation,
+        retired,
+        pending: Vec::new(),
+        rules,
+    })
 }

@@ -49,39 +49,39 @@ type Refs<K> = HashMap<K, u64, BuildHasherDefault<Mix>>;
 
 // -- MessagePack, the forms msgspec writes -------------------------------------------
 
-struct Pack<'a> {
-    data: &'a [u8],
-    pos: usize,
+pub(crate) struct Pack<'a> {
+    pub(crate) data: &'a [u8],
+    pub(crate) pos: usize,
 }
 
 impl<'a> Pack<'a> {
-    fn byte(&mut self) -> Option<u8> {
+    pub(crate) fn byte(&mut self) -> Option<u8> {
         let byte = *self.data.get(self.pos)?;
         self.pos += 1;
         Some(byte)
     }
 
-    fn take(&mut self, length: usize) -> Option<&'a [u8]> {
+    pub(crate) fn take(&mut self, length: usize) -> Option<&'a [u8]> {
         let end = self.pos.checked_add(length)?;
         let bytes = self.data.get(self.pos..end)?;
         self.pos = end;
         Some(bytes)
     }
 
-    fn be<const N: usize>(&mut self) -> Option<[u8; N]> {
+    pub(crate) fn be<const N: usize>(&mut self) -> Option<[u8; N]> {
         self.take(N)?.try_into().ok()
     }
 
-    fn be16(&mut self) -> Option<usize> {
+    pub(crate) fn be16(&mut self) -> Option<usize> {
         Some(usize::from(u16::from_be_bytes(self.be()?)))
     }
 
-    fn be32(&mut self) -> Option<usize> {
+    pub(crate) fn be32(&mut self) -> Option<usize> {
         usize::try_from(u32::from_be_bytes(self.be()?)).ok()
     }
 
     /// An unsigned integer of 64 bits or fewer (a negative one is not).
-    fn uint(&mut self) -> Option<u64> {
+    pub(crate) fn uint(&mut self) -> Option<u64> {
         let tag = self.byte()?;
         match tag {
             0x00..=0x7f => Some(u64::from(tag)),
@@ -99,7 +99,7 @@ impl<'a> Pack<'a> {
     }
 
     /// A signed integer of 64 bits.
-    fn sint(&mut self) -> Option<i64> {
+    pub(crate) fn sint(&mut self) -> Option<i64> {
         let tag = self.byte()?;
         match tag {
             0x00..=0x7f => Some(i64::from(tag)),
@@ -116,7 +116,7 @@ impl<'a> Pack<'a> {
         }
     }
 
-    fn array(&mut self) -> Option<usize> {
+    pub(crate) fn array(&mut self) -> Option<usize> {
         let tag = self.byte()?;
         Some(match tag {
             0x90..=0x9f => usize::from(tag & 0x0f),
@@ -126,7 +126,7 @@ impl<'a> Pack<'a> {
         })
     }
 
-    fn map(&mut self) -> Option<usize> {
+    pub(crate) fn map(&mut self) -> Option<usize> {
         let tag = self.byte()?;
         Some(match tag {
             0x80..=0x8f => usize::from(tag & 0x0f),
@@ -136,7 +136,7 @@ impl<'a> Pack<'a> {
         })
     }
 
-    fn nil(&mut self) -> bool {
+    pub(crate) fn nil(&mut self) -> bool {
         if self.data.get(self.pos) == Some(&0xc0) {
             self.pos += 1;
             return true;
@@ -144,7 +144,7 @@ impl<'a> Pack<'a> {
         false
     }
 
-    fn bool(&mut self) -> Option<bool> {
+    pub(crate) fn bool(&mut self) -> Option<bool> {
         match self.byte()? {
             0xc2 => Some(false),
             0xc3 => Some(true),
@@ -152,7 +152,7 @@ impl<'a> Pack<'a> {
         }
     }
 
-    fn str(&mut self) -> Option<&'a [u8]> {
+    pub(crate) fn str(&mut self) -> Option<&'a [u8]> {
         let tag = self.byte()?;
         let length = match tag {
             0xa0..=0xbf => usize::from(tag & 0x1f),
@@ -165,7 +165,7 @@ impl<'a> Pack<'a> {
         self.take(length)
     }
 
-    fn bin(&mut self) -> Option<&'a [u8]> {
+    pub(crate) fn bin(&mut self) -> Option<&'a [u8]> {
         let length = match self.byte()? {
             0xc4 => usize::from(self.byte()?),
             0xc5 => self.be16()?,
@@ -613,7 +613,7 @@ pub(crate) fn pack_text(out: &mut Vec<u8>, text: Option<&[u8]>) {
     }
 }
 
-fn expand(data: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn expand(data: &[u8]) -> Option<Vec<u8>> {
     if data.len() < HEAD || data[0] != 5 {
         return None;
     }

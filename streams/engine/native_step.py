@@ -180,6 +180,15 @@ class NativeEngine:
             return data, state  # nothing shed: the state goes on as it is
         return data, self.from_python(python)
 
+    def read(self, data: bytes) -> Any:
+        """A native state from its bytes, as ``from_python(state_codec.decode(data))``
+        builds it: read in Rust where they are format 4 or 5 with no event waiting in
+        them (``NativeState.read``), else through the Python reader. Raises ValueError
+        as ``decode`` does."""
+        assert NATIVE is not None
+        state = NATIVE.NativeState.read(data)
+        return self.from_python(state_codec.decode(data)) if state is None else state
+
     def release(self, state: Any, now_ms: int, watermark_ms: int | None) -> list[NativeOutput]:
         """Engine.release: what waits in ``state`` and may go now."""
         return self.judge.release(state, now_ms, watermark_ms)  # type: ignore[no-any-return]

@@ -627,7 +627,7 @@ class NativeSessionFold(_WayBack):
         return data, kept
 
     def _decode(self, data: bytes | None) -> Any:
-        return None if data is None else self.native.from_python(state_codec.decode(data))
+        return None if data is None else self.native.read(data)
 
     def _step(self, state: Any, step: _Applied) -> Any:
         native = self.native
