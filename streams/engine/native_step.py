@@ -15,8 +15,9 @@ Python decodes it and computes its tokens, and the fold takes those. A state wri
 its bytes natively, the events waiting in it included (:meth:`NativeEngine.checkpoint`:
 version 4's body from Rust, format 5 from that), and converts to the Python engine's
 ``SessionState`` and back (:meth:`NativeEngine.to_python`,
-:meth:`NativeEngine.from_python`) for the rest: a waiting event with a usage cost,
-shedding over the cap, and reading a state's bytes.
+:meth:`NativeEngine.from_python`) for the rest: a waiting event with a usage cost, and
+shedding over the cap. A state's bytes are read natively too (:meth:`NativeEngine.read`),
+but for an event waiting in them and older formats, which the Python reader reads.
 
 Where it runs: ``loopfuse replay`` (streams/replay.py), and the worker's session fold
 (processor.py's ``NativeSessionFold``: events read natively from their bytes,
@@ -185,9 +186,15 @@ class NativeEngine:
         builds it: read in Rust where they are format 4 or 5 with no event waiting in
         them (``NativeState.read``), else through the Python reader. Raises ValueError
         as ``decode`` does."""
-        assert NATIVE is not None
-        state = NATIVE.NativeState.read(data)
+        state = self.read_natively(data)
         return self.from_python(state_codec.decode(data)) if state is None else state
+
+    @staticmethod
+    def read_natively(data: bytes) -> Any:
+        """A native state from its bytes where Rust reads them (see :meth:`read`), else
+        None: the Python reader's to read or refuse."""
+        assert NATIVE is not None
+        return NATIVE.NativeState.read(data)
 
     def release(self, state: Any, now_ms: int, watermark_ms: int | None) -> list[NativeOutput]:
         """Engine.release: what waits in ``state`` and may go now."""

@@ -1038,6 +1038,11 @@ class SessionProcessor:
             return None
         if cached is not None and (cached[0] is raw or cached[0] == raw):
             return cached[1]
+        if self.native is not None:
+            # in Rust, where it can be (no event waiting in it): what the route below gives
+            native_state = self.native.read_natively(raw)
+            if native_state is not None:
+                return native_state
         try:
             state = state_codec.decode(raw)
         except Exception:
