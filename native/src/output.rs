@@ -6,9 +6,9 @@
 //! and `\" \\`, `\u00XX` with lowercase hex for the other control characters, every
 //! other character as its UTF-8, U+2028 and DEL included), `null` for a missing value,
 //! integers in decimal. A loop event's raw `args` (only with
-//! `includePayloadsInLoopEvents`) are the wire value written as orjson writes it, its
-//! floats in orjson's own form (`1e-7`, `1e+16`: `write_orjson_float`); a fleet
-//! breaker's own loop event (`fleet`) is the breaker's, written in Python.
+//! `includePayloadsInLoopEvents`) are the wire value written as orjson writes it (args
+//! holding a float are left to orjson: `write_payload`); a fleet breaker's own loop
+//! event (`fleet`) is the breaker's, written in Python.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString};
@@ -189,14 +189,15 @@ pub fn write_loop_event(out: &mut Vec<u8>, judgement: &Judgement<'_>, extras: &L
 
 /// A value read from the wire as orjson writes the Python value it decodes to (the
 /// Python engine's `orjson.dumps(event.args)`): no spaces, keys in wire order (the
-/// reader takes no key twice), strings escaped as orjson escapes them, floats as
-/// [`write_orjson_float`] writes them.
-pub fn write_payload(out: &mut Vec<u8>, value: &Value<'_>) {
+/// reader takes no key twice), strings escaped as orjson escapes them. False, the bytes
+/// then unfinished, where it holds a float: orjson's shortest digits are not always
+/// Rust's (562949953421312.2 against ...3), so such args are written by orjson.
+pub fn write_payload(out: &mut Vec<u8>, value: &Value<'_>) -> bool {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(flag) => out.extend_from_slice(if *flag { b"true" } else { b"false" }),
         Value::Int(number) => write_int(out, *number),
-        Value::Float(number) => write_orjson_float(out, *number),
+        Value::Float(_) => return false,
         Value::Str(text) => write_str(out, text),
         Value::Array(items) => {
             out.push(b'[');
@@ -204,7 +205,9 @@ pub fn write_payload(out: &mut Vec<u8>, value: &Value<'_>) {
                 if index > 0 {
                     out.push(b',');
                 }
-                write_payload(out, item);
+                if !write_payload(out, item) {
+                    return false;
+                }
             }
             out.push(b']');
         }
@@ -216,56 +219,14 @@ pub fn write_payload(out: &mut Vec<u8>, value: &Value<'_>) {
                 }
                 write_str(out, key);
                 out.push(b':');
-                write_payload(out, item);
+                if !write_payload(out, item) {
+                    return false;
+                }
             }
             out.push(b'}');
         }
     }
-}
-
-/// A finite float as orjson writes it: the shortest digits that read back to it, fixed
-/// notation for decimal exponents -5 to 15 (`1.0`, `0.00001`, `1000000000000000.0`),
-/// else `1e+16`, `1.5e-7` (tests/unit/test_native_output.py holds it to orjson).
-pub fn write_orjson_float(out: &mut Vec<u8>, number: f64) {
-    if number == 0.0 {
-        out.extend_from_slice(if number.is_sign_negative() { b"-0.0" } else { b"0.0" });
-        return;
-    }
-    // Rust's `{:e}` gives the shortest round-trip digits: "-1.2345e17", "5e-324"
-    let scientific = format!("{number:e}");
-    let (mantissa, exponent) = scientific.split_once('e').expect("an exponent");
-    let exponent: i32 = exponent.parse().expect("a decimal exponent");
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(rest) => ("-", rest),
-        None => ("", mantissa),
-    };
-    out.extend_from_slice(sign.as_bytes());
-    if !(-5..16).contains(&exponent) {
-        out.extend_from_slice(mantissa.as_bytes());
-        out.push(b'e');
-        if exponent > 0 {
-            out.push(b'+');
-        }
-        out.extend_from_slice(exponent.to_string().as_bytes());
-        return;
-    }
-    let digits: Vec<u8> = mantissa.bytes().filter(|b| *b != b'.').collect();
-    if exponent < 0 {
-        out.extend_from_slice(b"0.");
-        out.extend(std::iter::repeat_n(b'0', (-exponent - 1) as usize));
-        out.extend_from_slice(&digits);
-        return;
-    }
-    let whole = exponent as usize + 1;
-    if digits.len() <= whole {
-        out.extend_from_slice(&digits);
-        out.extend(std::iter::repeat_n(b'0', whole - digits.len()));
-        out.extend_from_slice(b".0");
-    } else {
-        out.extend_from_slice(&digits[..whole]);
-        out.push(b'.');
-        out.extend_from_slice(&digits[whole..]);
-    }
+    true
 }
 
 /// `write_payload`'s bytes of the value under "v" in a JSON object, or None where the
@@ -275,8 +236,7 @@ pub fn payload_json<'py>(py: Python<'py>, raw: &[u8]) -> Option<Bound<'py, PyByt
     let entries = crate::json::parse_object(raw, 64)?;
     let (_, parsed) = entries.iter().find(|(key, _)| key == "v")?;
     let mut out = Vec::new();
-    write_payload(&mut out, &parsed.value);
-    Some(PyBytes::new(py, &out))
+    write_payload(&mut out, &parsed.value).then(|| PyBytes::new(py, &out))
 }
 
 // -- for the tests: a model's fields (its __dict__) written by the functions above -----

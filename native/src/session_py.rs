@@ -279,7 +279,9 @@ impl Judge {
                 let payload = match (self.include_payloads, wire.args) {
                     (true, Some(args)) => {
                         let mut out = Vec::new();
-                        write_payload(&mut out, args);
+                        if !write_payload(&mut out, args) {
+                            return Ok(None); // a float: orjson writes these args (output.rs)
+                        }
                         (out.len() <= MAX_LOOP_EVENT_ARGS_BYTES).then_some(out)
                     }
                     _ => None,

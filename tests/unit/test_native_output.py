@@ -117,19 +117,31 @@ _ARGS = st.recursive(
 )
 
 
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, list):
+        return any(map(_has_float, value))
+    if isinstance(value, dict):
+        return any(map(_has_float, value.values()))
+    return False
+
+
 @settings(max_examples=1500, deadline=None)
 @given(_ARGS)
 def test_payloads_as_orjson_writes_them(native: ModuleType, value: Any) -> None:
     """A loop event's args, written natively from the wire's value, are the bytes
-    ``LoopEvent.to_json`` writes for the value the Python decoder reads."""
+    ``LoopEvent.to_json`` writes for the value the Python decoder reads; args with a
+    float are left to orjson (its shortest digits are not always Rust's)."""
     wire = b'{"v":' + orjson.dumps(value) + b"}"
-    assert native.payload_json(wire) == orjson.dumps(orjson.loads(wire)["v"])
+    got = native.payload_json(wire)
+    assert (got is None) == _has_float(value)
+    if got is not None:
+        assert got == orjson.dumps(orjson.loads(wire)["v"])
 
 
 @pytest.mark.parametrize("text", [
-    b"1E5", b"1.50", b"0.1e1", b"-0", b"-0.0", b"1e-400", b"2.5e-5", b"1e15", b"1e16",
-    b"123456789012345678.0", b"0.000001", b"1.7976931348623157e308", b"5e-324",
-    b'"\\u00e9\\ud83d\\ude00\\u2028\\/"', b'{"b":1,"a":[{}]}',
+    b"-0", b'"\\u00e9\\ud83d\\ude00\\u2028\\/"', b'{"b":1,"a":[{}]}', b"[1,-2,null,true]",
 ])
 def test_payload_texts_as_the_decoder_reads_them(native: ModuleType, text: bytes) -> None:
     """Other spellings of a number or a string (the gateway's, not orjson's) come out
@@ -137,3 +149,7 @@ def test_payload_texts_as_the_decoder_reads_them(native: ModuleType, text: bytes
     wire = b'{"v":' + text + b"}"
     assert native.payload_json(wire) == orjson.dumps(msgspec.json.decode(wire)["v"])
 
+
+@pytest.mark.parametrize("text", [b"562949953421312.2", b"1e-7", b'{"a":[1.5]}'])
+def test_payloads_with_a_float_are_left_to_orjson(native: ModuleType, text: bytes) -> None:
+    assert native.payload_json(b'{"v":' + text + b"}") is None
