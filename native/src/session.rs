@@ -21,7 +21,7 @@ use crate::decode::{hex128_digits, Kind, Usage};
 use crate::engine::config::ResolvedConfig;
 use crate::engine::detectors::{detect_in_run, guard_message, message_for, Detection, Detector, Level};
 use crate::engine::fingerprint::{hash32, hash64, is_known_poll, result_fingerprint, run_key, signature};
-use crate::engine::history::{History, Record};
+use crate::engine::history::{shared_name, History, Record};
 use crate::engine::rules::{self, Amount, Judgement as RulesJudgement, RuleState, Rules};
 use crate::output::{write_loop_event, write_verdict, Judgement, LoopEventExtras, Setting};
 
@@ -690,7 +690,7 @@ impl<P: Policies> Step<'_, P> {
         let critical = detection.as_ref().is_some_and(|d| d.level == Level::Critical);
         if config.recording_on() && !(critical && enforce) {
             let call_hash = if call_id.is_empty() { 0 } else { hash32(call_id) };
-            let record = Record { tool: Arc::from(tool.as_str()), sig, run: run_hash, call: call_hash, result: 0, unknown: None, ts: event.ts };
+            let record = Record { tool: shared_name(tool), sig, run: run_hash, call: call_hash, result: 0, unknown: None, ts: event.ts };
             state.history.append(record, config.history_size);
         }
         // what the detection says (the loop event's), and the verdict: it, when enforced
@@ -861,7 +861,7 @@ impl<P: Policies> Step<'_, P> {
                     });
                     return Ok(());
                 }
-                let record = Record { tool: Arc::from(tool.as_str()), sig, run: run_hash, call: 0, result, unknown, ts: event.ts };
+                let record = Record { tool: shared_name(tool), sig, run: run_hash, call: 0, result, unknown, ts: event.ts };
                 state.history.append(record, policy.config.history_size);
             }
         }
@@ -869,7 +869,7 @@ impl<P: Policies> Step<'_, P> {
         let guard = &mut state.guards[index].1;
         guard.remaining -= 1;
         match &guard.first {
-            None => guard.first = Some((Arc::from(tool.as_str()), sig, result)),
+            None => guard.first = Some((shared_name(tool), sig, result)),
             Some((first_tool, first_sig, first_result)) => {
                 if !(&**first_tool == tool.as_str() && *first_sig == sig && *first_result == result) {
                     guard.broken = true;

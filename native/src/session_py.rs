@@ -16,7 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::decode::{read_event, tokens, Kind, Usage, WireEvent, DEPTH_BOUNDS};
 use crate::engine::config::ResolvedConfig;
-use crate::engine::history::{History, Record};
+use crate::engine::history::{shared_name, History, Record};
 use crate::json::parse_object;
 use crate::output::write_payload;
 use crate::engine::rules::{Cap, RepeatedFailure, RuleState, Rules, RunCaps, RunEnding};
@@ -767,9 +767,7 @@ impl NativeState {
             return false;
         }
         self.since_checkpoint = 0;
-        // the head (17 bytes) and the body, as state_codec writes them
-        let fits = crate::state_bytes::v4_body(&self.state).is_some_and(|body| 17 + body.len() <= max_state_bytes);
-        !fits
+        !crate::state_bytes::fits(&self.state, max_state_bytes)
     }
 
     #[getter]
@@ -797,6 +795,14 @@ impl NativeState {
     /// None where a waiting event has a usage cost (left to Python).
     fn v4_body<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
         crate::state_bytes::v4_body(&self.state).map(|body| PyBytes::new(py, &body))
+    }
+
+    /// The state's bytes as `state_codec.fit` writes them, format 5 straight from the
+    /// native state (state_bytes.rs's `checkpoint`), or None where Python's checkpoint
+    /// must write them: over `cap` (held to version 4's size, as `fit` holds it), or a
+    /// waiting event with a usage cost.
+    fn checkpoint<'py>(&self, py: Python<'py>, cap: usize) -> Option<Bound<'py, PyBytes>> {
+        crate::state_bytes::checkpoint(&self.state, cap).map(|data| PyBytes::new(py, &data))
     }
 
     /// A state read natively from its bytes (state_bytes.rs's `read_state`), or None
@@ -848,7 +854,7 @@ impl NativeState {
         let records = history
             .into_iter()
             .map(|(tool, sig, run, call, result, unknown, ts)| Record {
-                tool: Arc::from(tool.as_str()),
+                tool: shared_name(&tool),
                 sig,
                 run,
                 call,
@@ -875,7 +881,7 @@ impl NativeState {
             guards: guards
                 .into_iter()
                 .map(|(run, window, remaining, first, broken)| {
-                    (run, Guard { window, remaining, first: first.map(|(t, a, b)| (Arc::from(t.as_str()), a, b)), broken })
+                    (run, Guard { window, remaining, first: first.map(|(t, a, b)| (shared_name(&t), a, b)), broken })
                 })
                 .collect(),
             warnings: warnings.into_iter().map(|(k, r, b)| (k, (r, b))).collect(),

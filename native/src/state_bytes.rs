@@ -15,101 +15,248 @@
 use crate::decode::Usage;
 use crate::output::{write_int, write_str};
 use crate::session::{Body, Event, State};
-use crate::state_codec::{pack_array, pack_bin, pack_map, pack_sint, pack_str, pack_text, pack_uint, Pack};
+use crate::state_codec::{pack_array, pack_bin, pack_map, pack_sint, pack_str, pack_text, pack_uint, Count, Pack, Sink, V5};
 
-fn pair(out: &mut Vec<u8>, first: i64, second: i64) {
+fn pair<S: Sink>(out: &mut S, first: i64, second: i64) {
     pack_array(out, 2);
     pack_sint(out, first);
     pack_sint(out, second);
 }
 
+/// What a state's bytes take besides its fields: the JSON of its waiting events, and
+/// its rules' trailer. None when a waiting event has a usage cost (left to Python, see
+/// above).
+struct Written {
+    parked: Vec<(i64, Vec<u8>)>,
+    pending: Vec<Vec<u8>>,
+    rules: Vec<u8>,
+}
+
+impl Written {
+    fn of(state: &State) -> Option<Written> {
+        let mut parked = Vec::with_capacity(state.parked.len());
+        for (seq, event) in &state.parked {
+            parked.push((*seq, event_json(event)?));
+        }
+        let mut pending = Vec::with_capacity(state.pending.len());
+        for event in &state.pending {
+            pending.push(event_json(event)?);
+        }
+        Some(Written { parked, pending, rules: state.rules.to_bytes() })
+    }
+}
+
+/// The head's size: version, touched_ms, last_event_ms.
+const HEAD: usize = 17;
+
 /// The state's format-4 body, or None when a waiting event has a usage cost (left to
 /// Python, see above).
 pub fn v4_body(state: &State) -> Option<Vec<u8>> {
-    let mut parked = Vec::with_capacity(state.parked.len());
-    for (seq, event) in &state.parked {
-        parked.push((*seq, event_json(event)?));
-    }
-    let mut pending = Vec::with_capacity(state.pending.len());
-    for event in &state.pending {
-        pending.push(event_json(event)?);
-    }
+    let written = Written::of(state)?;
     let mut out = Vec::with_capacity(64 + 48 * state.history.records().len());
-    pack_array(&mut out, 13);
-    pack_sint(&mut out, state.next_seq.map_or(0, |seq| seq + 1));
-    pack_sint(&mut out, state.verdict_floor);
-    pack_uint(&mut out, state.incarnation);
-    let records = state.history.records();
-    pack_array(&mut out, records.len());
-    for rec in records {
-        pack_array(&mut out, 7);
-        pack_str(&mut out, rec.tool.as_bytes());
-        pack_uint(&mut out, rec.sig);
-        pack_uint(&mut out, rec.run);
-        pack_uint(&mut out, u64::from(rec.call));
-        pack_uint(&mut out, rec.result);
-        pack_text(&mut out, rec.unknown.as_deref().map(str::as_bytes));
-        pack_sint(&mut out, rec.ts);
+    write_v4_body(&mut out, state, &written);
+    Some(out)
+}
+
+/// The state's bytes as `state_codec.fit` writes them when nothing need be shed
+/// (`encode_body` of its version-4 body): format 5, or version 4 where format 5 has no
+/// room for a value (none the engine makes). None where Python's checkpoint must
+/// write them: its version-4 bytes over `cap` (the cap is held to version 4's size,
+/// whichever format is written, so both engines shed at the same events), or a waiting
+/// event with a usage cost.
+pub fn checkpoint(state: &State, cap: usize) -> Option<Vec<u8>> {
+    let written = Written::of(state)?;
+    if !written.fit(state, cap) {
+        return None;
     }
-    pack_map(&mut out, state.guards.len());
+    Some(write_v5(state, &written).unwrap_or_else(|| {
+        let mut out = Vec::new();
+        out.push(4);
+        out.extend_from_slice(&state.touched_ms.to_le_bytes());
+        out.extend_from_slice(&state.last_event_ms.to_le_bytes());
+        write_v4_body(&mut out, state, &written);
+        out
+    }))
+}
+
+/// Whether the state's bytes fit `cap` as `checkpoint` measures them (false for a
+/// waiting event with a usage cost: Python's to measure).
+pub fn fits(state: &State, cap: usize) -> bool {
+    Written::of(state).is_some_and(|written| written.fit(state, cap))
+}
+
+impl Written {
+    /// Whether the state's version-4 bytes are `cap` or fewer: counted where a bound
+    /// of them, a few additions, is over it (a state is some 1.5 kB, its cap 64 kB).
+    fn fit(&self, state: &State, cap: usize) -> bool {
+        if v4_bound(state, self) <= cap {
+            return true;
+        }
+        let mut size = Count::default();
+        write_v4_body(&mut size, state, self);
+        HEAD + size.0 <= cap
+    }
+}
+
+/// At least the size of the state's version-4 bytes: each value at its widest
+/// MessagePack form (an int 9 bytes, a string's or a collection's header 5).
+fn v4_bound(state: &State, written: &Written) -> usize {
+    const INT: usize = 9;
+    const HEADER: usize = 5;
+    let text = |text: Option<&str>| HEADER + text.map_or(0, str::len);
+    let mut size = HEAD + HEADER + 3 * INT;
+    size += HEADER + state.history.records().iter().map(|rec| {
+        HEADER + text(Some(&rec.tool)) + 5 * INT + text(rec.unknown.as_deref())
+    }).sum::<usize>();
+    size += HEADER + state.guards.iter().map(|(_, guard)| {
+        5 * INT + 3 * HEADER + 1 + guard.first.as_ref().map_or(0, |(tool, _, _)| tool.len())
+    }).sum::<usize>();
+    size += HEADER + state.warnings.len() * (HEADER + 3 * INT);
+    size += HEADER + state.seen_ids.len() * INT;
+    size += HEADER + state.decisions.iter().map(|d| HEADER + 5 * INT + text(d.detail.as_deref())).sum::<usize>();
+    size += HEADER + written.parked.iter().map(|(_, json)| INT + HEADER + json.len()).sum::<usize>();
+    size += HEADER + state.skipped.len() * (HEADER + 2 * INT);
+    size += HEADER + state.retired.len() * (HEADER + 2 * INT);
+    size += HEADER + written.pending.iter().map(|json| HEADER + json.len()).sum::<usize>();
+    size + HEADER + written.rules.len()
+}
+
+/// Format 5 straight from the state, the bytes `compact` makes of its version-4 body;
+/// None where that gives None (a value format 5 has no room for).
+fn write_v5<'a>(state: &'a State, written: &'a Written) -> Option<Vec<u8>> {
+    let unsigned = |value: i64| u64::try_from(value).ok();
+    let next_seq = match state.next_seq {
+        Some(seq) => unsigned(seq.checked_add(1)?)?,
+        None => 0,
+    };
+    let records = state.history.records();
+    let mut out = V5::new(
+        state.touched_ms,
+        state.last_event_ms,
+        next_seq,
+        unsigned(state.verdict_floor)?,
+        state.incarnation,
+        64 + 24 * records.len() + written.rules.len(),
+        2 * records.len() + 3 * state.guards.len() + state.warnings.len() + 2,
+    );
+    out.count(records.len());
+    for rec in records {
+        let unknown = rec.unknown.as_deref().map(str::as_bytes);
+        out.record(rec.tool.as_bytes(), rec.sig, rec.run, u64::from(rec.call), rec.result, unknown, rec.ts)?;
+    }
+    out.count(state.guards.len());
     for (run, guard) in &state.guards {
-        pack_uint(&mut out, *run);
-        pack_array(&mut out, 4);
-        pack_sint(&mut out, guard.window);
-        pack_sint(&mut out, guard.remaining.max(0));
+        let first = guard.first.as_ref().map(|(tool, sig, result)| (tool.as_bytes(), *sig, *result));
+        out.guard(*run, unsigned(guard.window)?, unsigned(guard.remaining.max(0))?, first, guard.broken);
+    }
+    out.count(state.warnings.len());
+    for (key, (owner, bucket)) in &state.warnings {
+        out.warning(*key, *owner, unsigned(*bucket)?);
+    }
+    out.count(state.seen_ids.len());
+    for id in &state.seen_ids {
+        out.seen_id(*id);
+    }
+    out.count(state.decisions.len());
+    for d in &state.decisions {
+        let numbers = [u64::from(d.event), u64::from(d.action), u64::from(d.detector), unsigned(d.count)?];
+        out.decision(numbers, d.detail.as_deref().map(str::as_bytes), d.seq);
+    }
+    out.count(written.parked.len());
+    for (seq, json) in &written.parked {
+        out.waiting(Some(unsigned(*seq)?), json);
+    }
+    out.count(state.skipped.len());
+    for (first, last) in &state.skipped {
+        out.skipped(unsigned(*first)?, unsigned(*last)?);
+    }
+    out.count(state.retired.len());
+    for (incarnation, next_seq) in &state.retired {
+        out.retired(*incarnation, unsigned(*next_seq)?);
+    }
+    out.count(written.pending.len());
+    for json in &written.pending {
+        out.waiting(None, json);
+    }
+    Some(out.finish(&written.rules))
+}
+
+/// Version 4's body (msgspec's MessagePack of state_codec.py's `_Body`), written or counted.
+fn write_v4_body<S: Sink>(out: &mut S, state: &State, written: &Written) {
+    pack_array(out, 13);
+    pack_sint(out, state.next_seq.map_or(0, |seq| seq + 1));
+    pack_sint(out, state.verdict_floor);
+    pack_uint(out, state.incarnation);
+    let records = state.history.records();
+    pack_array(out, records.len());
+    for rec in records {
+        pack_array(out, 7);
+        pack_str(out, rec.tool.as_bytes());
+        pack_uint(out, rec.sig);
+        pack_uint(out, rec.run);
+        pack_uint(out, u64::from(rec.call));
+        pack_uint(out, rec.result);
+        pack_text(out, rec.unknown.as_deref().map(str::as_bytes));
+        pack_sint(out, rec.ts);
+    }
+    pack_map(out, state.guards.len());
+    for (run, guard) in &state.guards {
+        pack_uint(out, *run);
+        pack_array(out, 4);
+        pack_sint(out, guard.window);
+        pack_sint(out, guard.remaining.max(0));
         match &guard.first {
             Some((tool, sig, result)) => {
-                pack_array(&mut out, 3);
-                pack_str(&mut out, tool.as_bytes());
-                pack_uint(&mut out, *sig);
-                pack_uint(&mut out, *result);
+                pack_array(out, 3);
+                pack_str(out, tool.as_bytes());
+                pack_uint(out, *sig);
+                pack_uint(out, *result);
             }
             None => out.push(0xc0),
         }
         out.push(if guard.broken { 0xc3 } else { 0xc2 });
     }
-    pack_map(&mut out, state.warnings.len());
+    pack_map(out, state.warnings.len());
     for (key, (run, bucket)) in &state.warnings {
-        pack_uint(&mut out, *key);
-        pack_array(&mut out, 2);
-        pack_uint(&mut out, *run);
-        pack_sint(&mut out, *bucket);
+        pack_uint(out, *key);
+        pack_array(out, 2);
+        pack_uint(out, *run);
+        pack_sint(out, *bucket);
     }
-    pack_array(&mut out, state.seen_ids.len());
+    pack_array(out, state.seen_ids.len());
     for id in &state.seen_ids {
-        pack_uint(&mut out, *id);
+        pack_uint(out, *id);
     }
-    pack_array(&mut out, state.decisions.len());
+    pack_array(out, state.decisions.len());
     for decision in &state.decisions {
-        pack_array(&mut out, 6);
-        pack_uint(&mut out, u64::from(decision.event));
-        pack_uint(&mut out, u64::from(decision.action));
-        pack_uint(&mut out, u64::from(decision.detector));
-        pack_sint(&mut out, decision.count);
-        pack_text(&mut out, decision.detail.as_deref().map(str::as_bytes));
-        pack_sint(&mut out, decision.seq);
+        pack_array(out, 6);
+        pack_uint(out, u64::from(decision.event));
+        pack_uint(out, u64::from(decision.action));
+        pack_uint(out, u64::from(decision.detector));
+        pack_sint(out, decision.count);
+        pack_text(out, decision.detail.as_deref().map(str::as_bytes));
+        pack_sint(out, decision.seq);
     }
-    pack_map(&mut out, parked.len());
-    for (seq, json) in &parked {
-        pack_sint(&mut out, *seq);
-        pack_bin(&mut out, json);
+    pack_map(out, written.parked.len());
+    for (seq, json) in &written.parked {
+        pack_sint(out, *seq);
+        pack_bin(out, json);
     }
-    pack_array(&mut out, state.skipped.len());
+    pack_array(out, state.skipped.len());
     for (first, last) in &state.skipped {
-        pair(&mut out, *first, *last);
+        pair(out, *first, *last);
     }
-    pack_array(&mut out, state.retired.len());
+    pack_array(out, state.retired.len());
     for (incarnation, next_seq) in &state.retired {
-        pack_array(&mut out, 2);
-        pack_uint(&mut out, *incarnation);
-        pack_sint(&mut out, *next_seq);
+        pack_array(out, 2);
+        pack_uint(out, *incarnation);
+        pack_sint(out, *next_seq);
     }
-    pack_array(&mut out, pending.len());
-    for json in &pending {
-        pack_bin(&mut out, json);
+    pack_array(out, written.pending.len());
+    for json in &written.pending {
+        pack_bin(out, json);
     }
-    pack_bin(&mut out, &state.rules.to_bytes());
-    Some(out)
+    pack_bin(out, &written.rules);
 }
 
 /// A waiting event's JSON as msgspec writes the Python event at rest, or None for a
@@ -216,7 +363,6 @@ fn usage_field(out: &mut Vec<u8>, usage: &Usage) -> Option<()> {
 /// (msgspec's JSON of an event is the Python decoder's to check), older formats, and
 /// corrupt bytes go to Python, which reads them or says why not.
 pub fn read_state(data: &[u8]) -> Option<State> {
-    const HEAD: usize = 17;
     if data.len() < HEAD {
         return None;
     }
@@ -260,7 +406,7 @@ fn int_pair(pack: &mut Pack<'_>) -> Option<(i64, i64)> {
 fn read_body(pack: &mut Pack<'_>, touched_ms: i64, last_event_ms: i64) -> Option<State> {
     use std::sync::Arc;
 
-    use crate::engine::history::{History, Record};
+    use crate::engine::history::{shared_name, History, Record};
     use crate::engine::rules::RuleState;
     use crate::session::{Decision, Guard, ACTIONS, DETECTORS};
 
@@ -275,7 +421,7 @@ fn read_body(pack: &mut Pack<'_>, touched_ms: i64, last_event_ms: i64) -> Option
     let mut records = Vec::with_capacity(count.min(4096));
     for _ in 0..count {
         tuple(pack, 7)?;
-        let tool: Arc<str> = Arc::from(text(pack)?);
+        let tool = shared_name(text(pack)?);
         let sig = pack.uint()?;
         let run = pack.uint()?;
         let call = u32::try_from(pack.uint()?).ok()?;
@@ -296,7 +442,7 @@ fn read_body(pack: &mut Pack<'_>, touched_ms: i64, last_event_ms: i64) -> Option
             None
         } else {
             tuple(pack, 3)?;
-            Some((Arc::from(text(pack)?), pack.uint()?, pack.uint()?))
+            Some((shared_name(text(pack)?), pack.uint()?, pack.uint()?))
         };
         guards.push((run, Guard { window, remaining, first, broken: pack.bool()? }));
     }

@@ -176,7 +176,36 @@ impl<'a> Pack<'a> {
     }
 }
 
-pub(crate) fn pack_uint(out: &mut Vec<u8>, value: u64) {
+/// Where MessagePack is written: bytes, or only counted (`Count`: a state's version-4
+/// size, which its cap is held to, without writing version 4).
+pub(crate) trait Sink {
+    fn push(&mut self, byte: u8);
+    fn extend_from_slice(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn push(&mut self, byte: u8) {
+        Vec::push(self, byte);
+    }
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        Vec::extend_from_slice(self, bytes);
+    }
+}
+
+/// The bytes a writer would write.
+#[derive(Default)]
+pub(crate) struct Count(pub(crate) usize);
+
+impl Sink for Count {
+    fn push(&mut self, _: u8) {
+        self.0 += 1;
+    }
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.0 += bytes.len();
+    }
+}
+
+pub(crate) fn pack_uint<S: Sink>(out: &mut S, value: u64) {
     if value < 0x80 {
         out.push(value as u8);
     } else if value <= 0xff {
@@ -193,7 +222,7 @@ pub(crate) fn pack_uint(out: &mut Vec<u8>, value: u64) {
     }
 }
 
-pub(crate) fn pack_sint(out: &mut Vec<u8>, value: i64) {
+pub(crate) fn pack_sint<S: Sink>(out: &mut S, value: i64) {
     if value >= 0 {
         pack_uint(out, value as u64);
     } else if value >= -32 {
@@ -212,7 +241,7 @@ pub(crate) fn pack_sint(out: &mut Vec<u8>, value: i64) {
     }
 }
 
-fn pack_header(out: &mut Vec<u8>, length: usize, fix: u8, wide: u8) {
+fn pack_header<S: Sink>(out: &mut S, length: usize, fix: u8, wide: u8) {
     if length < 16 {
         out.push(fix | length as u8);
     } else if length <= 0xffff {
@@ -224,15 +253,15 @@ fn pack_header(out: &mut Vec<u8>, length: usize, fix: u8, wide: u8) {
     }
 }
 
-pub(crate) fn pack_array(out: &mut Vec<u8>, length: usize) {
+pub(crate) fn pack_array<S: Sink>(out: &mut S, length: usize) {
     pack_header(out, length, 0x90, 0xdc);
 }
 
-pub(crate) fn pack_map(out: &mut Vec<u8>, length: usize) {
+pub(crate) fn pack_map<S: Sink>(out: &mut S, length: usize) {
     pack_header(out, length, 0x80, 0xde);
 }
 
-pub(crate) fn pack_str(out: &mut Vec<u8>, text: &[u8]) {
+pub(crate) fn pack_str<S: Sink>(out: &mut S, text: &[u8]) {
     let length = text.len();
     if length < 32 {
         out.push(0xa0 | length as u8);
@@ -248,7 +277,7 @@ pub(crate) fn pack_str(out: &mut Vec<u8>, text: &[u8]) {
     out.extend_from_slice(text);
 }
 
-pub(crate) fn pack_bin(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(crate) fn pack_bin<S: Sink>(out: &mut S, bytes: &[u8]) {
     let length = bytes.len();
     if length <= 0xff {
         out.extend_from_slice(&[0xc4, length as u8]);
@@ -338,11 +367,119 @@ const RUN_CHANGES: u8 = 0x10;
 const HAS_CALL: u8 = 0x20;
 const HAS_UNKNOWN: u8 = 0x40;
 
+/// The words met so far and the order each was first met in: an open-addressing table
+/// (a state meets some 60 words, each a hash already: one multiply spreads them, and a
+/// lookup is a probe or two, where a general map's hashing cost a third of the writing).
+/// Word 0 is never kept (it is written as itself), so 0 marks an empty slot.
+struct Words {
+    slots: Vec<(u64, u64)>,
+    len: u64,
+}
+
+impl Words {
+    fn with_capacity(words: usize) -> Self {
+        Words { slots: vec![(0, 0); (words + words / 3 + 1).next_power_of_two().max(16)], len: 0 }
+    }
+
+    /// The order `word` (not 0) was first met in, and whether that is now.
+    fn order(&mut self, word: u64) -> (u64, bool) {
+        if 4 * self.len as usize >= 3 * self.slots.len() {
+            self.grow();
+        }
+        let mask = self.slots.len() - 1;
+        let mut index = Self::start(word, mask);
+        loop {
+            let (key, order) = self.slots[index];
+            if key == word {
+                return (order, false);
+            }
+            if key == 0 {
+                self.slots[index] = (word, self.len);
+                self.len += 1;
+                return (self.len - 1, true);
+            }
+            index = (index + 1) & mask;
+        }
+    }
+
+    fn start(word: u64, mask: usize) -> usize {
+        (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize & mask
+    }
+
+    fn grow(&mut self) {
+        let size = 2 * self.slots.len();
+        let old = std::mem::replace(&mut self.slots, vec![(0, 0); size]);
+        let mask = self.slots.len() - 1;
+        for (key, order) in old.into_iter().filter(|(key, _)| *key != 0) {
+            let mut index = Self::start(key, mask);
+            while self.slots[index].0 != 0 {
+                index = (index + 1) & mask;
+            }
+            self.slots[index] = (key, order);
+        }
+    }
+}
+
+/// The texts met so far, in the order first met: a list searched in order while short
+/// (a state holds a few tool names, most records sharing one, and its decisions'
+/// details), each with a tag (its length and first bytes) compared before its bytes;
+/// a map past that.
+struct Texts<'a> {
+    list: Vec<(u64, &'a [u8])>,
+    map: Option<Refs<&'a [u8]>>,
+}
+
+impl<'a> Texts<'a> {
+    const LISTED: usize = 16;
+
+    /// Its length and its first, middle and last bytes.
+    fn tag(text: &[u8]) -> u64 {
+        match text {
+            [] => 0,
+            [first, .., last] | [first @ last] => {
+                let middle = text[text.len() / 2];
+                text.len() as u64 | u64::from(*first) << 40 | u64::from(middle) << 48 | u64::from(*last) << 56
+            }
+        }
+    }
+
+    /// The order `text` was first met in, and whether that is now.
+    fn order(&mut self, text: &'a [u8]) -> (u64, bool) {
+        let next = self.list.len() as u64;
+        if let Some(map) = &mut self.map {
+            let order = *map.entry(text).or_insert(next);
+            if order == next {
+                self.list.push((0, text)); // no longer searched by tag
+            }
+            return (order, order == next);
+        }
+        // a record's tool name is shared (history.rs's `shared_name`): its pointer tells it
+        // without its bytes
+        let same = |seen: &[u8]| seen.as_ptr() == text.as_ptr() && seen.len() == text.len();
+        if let Some(order) = self.list.iter().position(|(_, seen)| same(seen)) {
+            return (order as u64, false);
+        }
+        let tag = Self::tag(text);
+        if let Some(order) = self.list.iter().position(|(seen_tag, seen)| *seen_tag == tag && *seen == text) {
+            return (order as u64, false);
+        }
+        self.list.push((tag, text));
+        if self.list.len() > Self::LISTED {
+            let mut map = Refs::with_capacity_and_hasher(2 * self.list.len(), Default::default());
+            for (order, (_, seen)) in self.list.iter().enumerate() {
+                map.insert(*seen, order as u64);
+            }
+            self.map = Some(map);
+        }
+        (next, true)
+    }
+}
+
 /// Words (64-bit values) and texts met so far: written in full the first time, as refs
 /// after, in the layout's order (the pure writer's order, so the bytes are the same).
 struct Seen<'a> {
-    strings: Refs<&'a [u8]>,
-    words: Refs<u64>,
+    strings: Texts<'a>,
+    words: Words,
 }
 
 impl<'a> Seen<'a> {
@@ -352,14 +489,13 @@ impl<'a> Seen<'a> {
             out.push(0);
             return;
         };
-        let next = self.strings.len() as u64;
-        let ref_ = *self.strings.entry(text).or_insert(next);
-        if ref_ == next {
-            out.push(1);
-            put(out, text.len() as u64);
-            out.extend_from_slice(text);
-        } else {
-            put(out, ref_ + 2);
+        match self.strings.order(text) {
+            (_, true) => {
+                out.push(1);
+                put(out, text.len() as u64);
+                out.extend_from_slice(text);
+            }
+            (order, false) => put(out, order + 2),
         }
     }
 
@@ -369,13 +505,12 @@ impl<'a> Seen<'a> {
             out.push(0);
             return;
         }
-        let next = self.words.len() as u64;
-        let ref_ = *self.words.entry(value).or_insert(next);
-        if ref_ == next {
-            out.push(1);
-            out.extend_from_slice(&value.to_le_bytes());
-        } else {
-            put(out, ref_ + 2);
+        match self.words.order(value) {
+            (_, true) => {
+                out.push(1);
+                out.extend_from_slice(&value.to_le_bytes());
+            }
+            (order, false) => put(out, order + 2),
         }
     }
 
@@ -384,40 +519,156 @@ impl<'a> Seen<'a> {
         if value == 0 {
             return 0;
         }
-        let next = self.words.len() as u64;
-        let ref_ = *self.words.entry(value).or_insert(next);
-        if ref_ == next {
-            out.extend_from_slice(&value.to_le_bytes());
-            1
-        } else {
-            put(out, ref_);
-            2
+        match self.words.order(value) {
+            (_, true) => {
+                out.extend_from_slice(&value.to_le_bytes());
+                1
+            }
+            (order, false) => {
+                put(out, order);
+                2
+            }
         }
+    }
+}
+
+/// Format 5 as it is written, part by part in the layout's order: from version 4's body
+/// (`compact`) or straight from a native state (state_bytes.rs's `write_v5`), so both
+/// give the same bytes for the same state. The caller writes each part's count, then
+/// its items.
+pub(crate) struct V5<'a> {
+    out: Vec<u8>,
+    seen: Seen<'a>,
+    previous_ts: i64,
+    previous_run: u64,
+}
+
+impl<'a> V5<'a> {
+    /// The head, then `next_seq + 1`, `verdict_floor` and the incarnation key; `words`:
+    /// about how many words the state holds (its table is sized for them).
+    pub(crate) fn new(touched_ms: i64, last_event_ms: i64, next_seq: u64, verdict_floor: u64, incarnation: u64, capacity: usize, words: usize) -> Self {
+        let mut out = Vec::with_capacity(capacity);
+        out.push(5);
+        out.extend_from_slice(&touched_ms.to_le_bytes());
+        out.extend_from_slice(&last_event_ms.to_le_bytes());
+        let mut writer = V5 {
+            out,
+            seen: Seen { strings: Texts { list: Vec::with_capacity(8), map: None }, words: Words::with_capacity(words) },
+            previous_ts: last_event_ms,
+            previous_run: 0,
+        };
+        put(&mut writer.out, next_seq);
+        put(&mut writer.out, verdict_floor);
+        writer.seen.word(&mut writer.out, incarnation);
+        writer
+    }
+
+    /// A part's count of items (or a length).
+    pub(crate) fn count(&mut self, count: usize) {
+        put(&mut self.out, count as u64);
+    }
+
+    /// A history record; None when its time is more than 64 bits from the previous one's.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record(&mut self, tool: &'a [u8], sig: u64, run: u64, call: u64, result: u64, unknown: Option<&'a [u8]>, ts: i64) -> Option<()> {
+        let delta = ts.checked_sub(self.previous_ts)?;
+        let (out, seen) = (&mut self.out, &mut self.seen);
+        let at = out.len();
+        out.push(0); // the record's flags, known once its fields are written
+        seen.text(out, Some(tool));
+        let mut flags = seen.field(out, sig);
+        if run != self.previous_run {
+            flags |= RUN_CHANGES;
+            seen.word(out, run);
+            self.previous_run = run;
+        }
+        flags |= seen.field(out, result) << 2;
+        if call != 0 {
+            flags |= HAS_CALL;
+            put(out, call);
+        }
+        if unknown.is_some() {
+            flags |= HAS_UNKNOWN;
+            seen.text(out, unknown);
+        }
+        put_signed(out, delta);
+        self.previous_ts = ts;
+        out[at] = flags;
+        Some(())
+    }
+
+    pub(crate) fn guard(&mut self, run: u64, window: u64, remaining: u64, first: Option<(&'a [u8], u64, u64)>, broken: bool) {
+        let (out, seen) = (&mut self.out, &mut self.seen);
+        seen.word(out, run);
+        put(out, window);
+        put(out, remaining);
+        out.push(u8::from(first.is_some()) | (u8::from(broken) << 1));
+        if let Some((tool, sig, result)) = first {
+            seen.text(out, Some(tool));
+            seen.word(out, sig);
+            seen.word(out, result);
+        }
+    }
+
+    pub(crate) fn warning(&mut self, key: u64, owner: u64, bucket: u64) {
+        self.out.extend_from_slice(&key.to_le_bytes());
+        self.seen.word(&mut self.out, owner);
+        put(&mut self.out, bucket);
+    }
+
+    pub(crate) fn seen_id(&mut self, id: u64) {
+        self.out.extend_from_slice(&id.to_le_bytes());
+    }
+
+    pub(crate) fn decision(&mut self, numbers: [u64; 4], detail: Option<&'a [u8]>, seq: i64) {
+        for value in numbers {
+            put(&mut self.out, value); // event, action, detector, count
+        }
+        self.seen.text(&mut self.out, detail);
+        put_signed(&mut self.out, seq);
+    }
+
+    /// A parked event (its seq, then its JSON), or a pending one (`seq` None).
+    pub(crate) fn waiting(&mut self, seq: Option<u64>, json: &[u8]) {
+        if let Some(seq) = seq {
+            put(&mut self.out, seq);
+        }
+        put(&mut self.out, json.len() as u64);
+        self.out.extend_from_slice(json);
+    }
+
+    /// A skipped seq range (first, last).
+    pub(crate) fn skipped(&mut self, first: u64, last: u64) {
+        put(&mut self.out, first);
+        put(&mut self.out, last);
+    }
+
+    /// A closed seq space: its incarnation key and next seq.
+    pub(crate) fn retired(&mut self, incarnation: u64, next_seq: u64) {
+        self.out.extend_from_slice(&incarnation.to_le_bytes());
+        put(&mut self.out, next_seq);
+    }
+
+    /// The rules' trailer, last: the state's bytes.
+    pub(crate) fn finish(mut self, rules: &[u8]) -> Vec<u8> {
+        put(&mut self.out, rules.len() as u64);
+        self.out.extend_from_slice(rules);
+        self.out
     }
 }
 
 fn compact(touched_ms: i64, last_event_ms: i64, body: &[u8]) -> Option<Vec<u8>> {
     let mut pack = Pack { data: body, pos: 0 };
-    // sized for a history of 30 or so (a table that grows rehashes: that was a third
-    // of the time)
-    let mut seen = Seen {
-        strings: Refs::with_capacity_and_hasher(16, Default::default()),
-        words: Refs::with_capacity_and_hasher(64, Default::default()),
-    };
-    let mut out = Vec::with_capacity(body.len() / 2 + 64);
-    out.push(5);
-    out.extend_from_slice(&touched_ms.to_le_bytes());
-    out.extend_from_slice(&last_event_ms.to_le_bytes());
     if pack.array()? != FIELDS {
         return None;
     }
-    put(&mut out, pack.uint()?); // next_seq + 1
-    put(&mut out, pack.uint()?); // verdict_floor
-    seen.word(&mut out, pack.uint()?); // incarnation
+    let (next_seq, verdict_floor, incarnation) = (pack.uint()?, pack.uint()?, pack.uint()?);
+    // a record takes 20 bytes or more of the body, and holds two words or fewer
+    let words = body.len() / 10 + 8;
+    let mut out = V5::new(touched_ms, last_event_ms, next_seq, verdict_floor, incarnation, body.len() / 2 + 64, words);
 
     let records = pack.array()?;
-    put(&mut out, records as u64);
-    let (mut previous_ts, mut previous_run) = (last_event_ms, 0u64);
+    out.count(records);
     for _ in 0..records {
         if pack.array()? != RECORD_FIELDS {
             return None;
@@ -428,32 +679,11 @@ fn compact(touched_ms: i64, last_event_ms: i64, body: &[u8]) -> Option<Vec<u8>> 
         let call = pack.uint()?;
         let result = pack.uint()?;
         let unknown = if pack.nil() { None } else { Some(pack.str()?) };
-        let ts = pack.sint()?;
-        let at = out.len();
-        out.push(0); // the record's flags, known once its fields are written
-        seen.text(&mut out, Some(tool));
-        let mut flags = seen.field(&mut out, sig);
-        if run != previous_run {
-            flags |= RUN_CHANGES;
-            seen.word(&mut out, run);
-            previous_run = run;
-        }
-        flags |= seen.field(&mut out, result) << 2;
-        if call != 0 {
-            flags |= HAS_CALL;
-            put(&mut out, call);
-        }
-        if unknown.is_some() {
-            flags |= HAS_UNKNOWN;
-            seen.text(&mut out, unknown);
-        }
-        put_signed(&mut out, ts.checked_sub(previous_ts)?);
-        previous_ts = ts;
-        out[at] = flags;
+        out.record(tool, sig, run, call, result, unknown, pack.sint()?)?;
     }
 
     let guards = pack.map()?;
-    put(&mut out, guards as u64);
+    out.count(guards);
     for _ in 0..guards {
         let run = pack.uint()?;
         if pack.array()? != 4 {
@@ -469,92 +699,68 @@ fn compact(touched_ms: i64, last_event_ms: i64, body: &[u8]) -> Option<Vec<u8>> 
             }
             Some((pack.str()?, pack.uint()?, pack.uint()?))
         };
-        let broken = pack.bool()?;
-        seen.word(&mut out, run);
-        put(&mut out, window);
-        put(&mut out, remaining);
-        out.push(u8::from(first.is_some()) | (u8::from(broken) << 1));
-        if let Some((tool, sig, result)) = first {
-            seen.text(&mut out, Some(tool));
-            seen.word(&mut out, sig);
-            seen.word(&mut out, result);
-        }
+        out.guard(run, window, remaining, first, pack.bool()?);
     }
 
     let warnings = pack.map()?;
-    put(&mut out, warnings as u64);
+    out.count(warnings);
     for _ in 0..warnings {
         let key = pack.uint()?;
         if pack.array()? != 2 {
             return None;
         }
-        let owner = pack.uint()?;
-        let bucket = pack.uint()?;
-        out.extend_from_slice(&key.to_le_bytes());
-        seen.word(&mut out, owner);
-        put(&mut out, bucket);
+        out.warning(key, pack.uint()?, pack.uint()?);
     }
 
     let seen_ids = pack.array()?;
-    put(&mut out, seen_ids as u64);
+    out.count(seen_ids);
     for _ in 0..seen_ids {
-        out.extend_from_slice(&pack.uint()?.to_le_bytes());
+        out.seen_id(pack.uint()?);
     }
 
     let decisions = pack.array()?;
-    put(&mut out, decisions as u64);
+    out.count(decisions);
     for _ in 0..decisions {
         if pack.array()? != 6 {
             return None;
         }
-        for _ in 0..4 {
-            put(&mut out, pack.uint()?); // event, action, detector, count
-        }
+        let numbers = [pack.uint()?, pack.uint()?, pack.uint()?, pack.uint()?];
         let detail = if pack.nil() { None } else { Some(pack.str()?) };
-        seen.text(&mut out, detail);
-        put_signed(&mut out, pack.sint()?);
+        out.decision(numbers, detail, pack.sint()?);
     }
 
     let parked = pack.map()?;
-    put(&mut out, parked as u64);
+    out.count(parked);
     for _ in 0..parked {
-        put(&mut out, pack.uint()?);
-        let json = pack.bin()?;
-        put(&mut out, json.len() as u64);
-        out.extend_from_slice(json);
+        let seq = pack.uint()?;
+        out.waiting(Some(seq), pack.bin()?);
     }
 
     let skipped = pack.array()?;
-    put(&mut out, skipped as u64);
+    out.count(skipped);
     for _ in 0..skipped {
         if pack.array()? != 2 {
             return None;
         }
-        put(&mut out, pack.uint()?); // first
-        put(&mut out, pack.uint()?); // last
+        out.skipped(pack.uint()?, pack.uint()?);
     }
 
     let retired = pack.array()?;
-    put(&mut out, retired as u64);
+    out.count(retired);
     for _ in 0..retired {
         if pack.array()? != 2 {
             return None;
         }
-        out.extend_from_slice(&pack.uint()?.to_le_bytes()); // incarnation key
-        put(&mut out, pack.uint()?); // its next seq
+        out.retired(pack.uint()?, pack.uint()?);
     }
 
     let pending = pack.array()?;
-    put(&mut out, pending as u64);
+    out.count(pending);
     for _ in 0..pending {
-        let json = pack.bin()?;
-        put(&mut out, json.len() as u64);
-        out.extend_from_slice(json);
+        out.waiting(None, pack.bin()?);
     }
     let rules = pack.bin()?;
-    put(&mut out, rules.len() as u64);
-    out.extend_from_slice(rules);
-    (pack.pos == body.len()).then_some(out)
+    (pack.pos == body.len()).then(|| out.finish(rules))
 }
 
 // -- format 5 -> version 4's body ------------------------------------------------------
@@ -606,7 +812,7 @@ impl<'a> Expand<'a> {
     }
 }
 
-pub(crate) fn pack_text(out: &mut Vec<u8>, text: Option<&[u8]>) {
+pub(crate) fn pack_text<S: Sink>(out: &mut S, text: Option<&[u8]>) {
     match text {
         Some(text) => pack_str(out, text),
         None => out.push(0xc0),

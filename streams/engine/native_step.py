@@ -13,7 +13,7 @@ An event goes in as its wire bytes; where the native decoder leaves an event to 
 Python decoder (an RFC 3339 ``ts``, a big integer, a lone surrogate, every rejection),
 Python decodes it and computes its tokens, and the fold takes those. A state writes
 its bytes natively, the events waiting in it included (:meth:`NativeEngine.checkpoint`:
-version 4's body from Rust, format 5 from that), and converts to the Python engine's
+format 5 straight from the native state), and converts to the Python engine's
 ``SessionState`` and back (:meth:`NativeEngine.to_python`,
 :meth:`NativeEngine.from_python`) for the rest: a waiting event with a usage cost, and
 shedding over the cap. A state's bytes are read natively too (:meth:`NativeEngine.read`),
@@ -168,9 +168,9 @@ class NativeEngine:
         """The state's bytes as the Python engine writes them (``state_codec.fit``), and
         the state to go on with: the same object, or, when it had to shed evidence to
         fit ``cap``, a new one with what is left. Raises StateTooLarge as ``fit`` does."""
-        body = state.v4_body()
-        if body is not None and 17 + len(body) <= cap:  # the cap holds version 4's bytes (fit)
-            return state_codec.encode_body(state.touched_ms, state.last_event_ms, body), state
+        data: bytes | None = state.checkpoint(cap)  # format 5 from Rust, if it fits (as fit)
+        if data is not None:
+            return data, state
         # a waiting event has a usage cost, or it is over its cap (rare): as the Python
         # engine's, which fit may shed from, and back (the round trip is exact:
         # tests/unit/test_native_step.py)

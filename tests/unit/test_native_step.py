@@ -434,20 +434,23 @@ def test_waiting_events_are_written_as_the_python_engine_writes_them(native: Mod
         for version in (4, 5):
             written = state_codec.encode_body(state.touched_ms, state.last_event_ms, body, version)
             assert written == state_codec.encode(python, version)
+        assert state.checkpoint(17 + len(body)) == written == state_codec._compact(python)
     assert len(python.parked) == 3 and len(python.pending) == 2
     assert state_codec.decode(written).parked == python.parked
     # a usage cost waiting: Python writes the state, and the checkpoint is its bytes
     costly = {**common, **events[1], "event_id": "e7", "seq": 5, "usage": {"cost": 1e-7}}
     state, _ = fold.step(state, orjson.dumps(costly), ts + 20_000, ts)
-    assert state.v4_body() is None
+    assert state.v4_body() is None and state.checkpoint(65_536) is None
     data, kept = fold.checkpoint(state, 65_536)
     assert kept is state
     assert data == state_codec.encode(NativeEngine.to_python(state))
 
 
 def test_a_native_state_writes_the_python_engines_bytes(native: ModuleType) -> None:
-    """A native checkpoint (native/src/state_bytes.rs: version 4's body, then format 5 from
-    it) is the bytes the Python engine writes for the same state, after every event."""
+    """A native state's bytes (native/src/state_bytes.rs: version 4's body, and format 5
+    from it or straight from the state, the checkpoint's) are the bytes the Python engine
+    writes for the same state, after every event; the checkpoint holds the cap to version
+    4's size, as ``state_codec.fit`` does."""
     from bench.engine import build_workload
 
     compared = waiting = 0
@@ -470,6 +473,8 @@ def test_a_native_state_writes_the_python_engines_bytes(native: ModuleType) -> N
                 written = state_codec.encode_body(state.touched_ms, state.last_event_ms, body,
                                                   version)
                 assert written == state_codec.encode(python, version)
+            assert state.checkpoint(17 + len(body)) == written == state_codec._compact(python)
+            assert state.checkpoint(16 + len(body)) is None
             compared += 1
             waiting += bool(python.parked or python.pending)
     assert compared > 3_000

@@ -5,11 +5,39 @@
 //! trim may have changed them; here they are counts kept exact on every change, so the
 //! views need only `&self` and a view can be held while the counts are read.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+/// Tool names kept (a fleet has some dozens; they come from the wire, so the set is
+/// cleared when it reaches this many, and names made after share again).
+const MAX_SHARED_NAMES: usize = 4_096;
+
+thread_local! {
+    static SHARED_NAMES: RefCell<HashSet<Arc<str>>> = RefCell::new(HashSet::new());
+}
+
+/// A tool name as records keep it: one `Arc` per name, shared by every record and
+/// session that names the tool. A state's checkpoint then tells a name met before by
+/// its pointer, without reading the bytes of each record's own copy (which, scattered
+/// over the heap, missed the cache for most records).
+pub fn shared_name(text: &str) -> Arc<str> {
+    SHARED_NAMES.with(|names| {
+        let mut names = names.borrow_mut();
+        if let Some(name) = names.get(text) {
+            return Arc::clone(name);
+        }
+        if names.len() >= MAX_SHARED_NAMES {
+            names.clear();
+        }
+        let name: Arc<str> = Arc::from(text);
+        names.insert(Arc::clone(&name));
+        name
+    })
+}
+
 /// Immutable like the Python one: a result replaces its call's record. Names are shared
-/// (`Arc<str>`): the record a result replaces and the one it becomes hold one tool name.
+/// (`Arc<str>`, `shared_name`): every record of a tool holds one tool name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub tool: Arc<str>,
