@@ -20,7 +20,7 @@ use pyo3::types::PyString;
 use crate::decode::{hex128_digits, Kind, Usage};
 use crate::engine::config::ResolvedConfig;
 use crate::engine::detectors::{detect_in_run, guard_message, message_for, Detection, Detector, Level};
-use crate::engine::fingerprint::{hash32, hash64, is_known_poll, result_fingerprint, run_key, signature};
+use crate::engine::fingerprint::{hash32, hash64, is_known_poll, result_fingerprint, run_key, signature, ERROR_PREFIX};
 use crate::engine::history::{shared_name, History, Record};
 use crate::engine::rules::{self, Amount, Judgement as RulesJudgement, RuleState, Rules};
 use crate::output::{write_loop_event, write_verdict, Judgement, LoopEventExtras, Setting};
@@ -64,6 +64,9 @@ pub enum Body {
         /// `ToolResult.error_text`, for the repeated-failure rule; None at rest (the
         /// Python engine's `_at_rest` drops the error too).
         error: Option<String>,
+        /// At rest only: the failure identity of the error the result carried
+        /// (state.py's `ResultAtRest.failure`), kept instead of its text.
+        failure: Option<u64>,
     },
     Compaction,
     RunEnded,
@@ -212,8 +215,9 @@ impl State {
         self.parked.iter().position(|(s, _)| *s == seq)
     }
 
+    /// `event`, at rest (`Step::at_rest`), waits for the seqs before it.
     fn park(&mut self, seq: i64, event: Event) {
-        self.parked.push((seq, at_rest(event)));
+        self.parked.push((seq, event));
     }
 
     fn unpark(&mut self, seq: i64) -> Event {
@@ -430,7 +434,7 @@ impl<P: Policies> Step<'_, P> {
         } else if seq > expected {
             state.next_seq = Some(expected);
             touch(state, &event, now_ms);
-            state.park(seq, event);
+            state.park(seq, self.at_rest(event)?);
             self.release_gaps(state, now_ms, watermark_ms)?;
         } else {
             self.apply(state, &event, now_ms)?;
@@ -482,7 +486,7 @@ impl<P: Policies> Step<'_, P> {
             return Ok(()); // the same early event again
         }
         touch(state, &event, now_ms);
-        state.pending.push(at_rest(event));
+        state.pending.push(self.at_rest(event)?);
         self.open_pending(state, now_ms, watermark_ms)
     }
 
@@ -591,6 +595,26 @@ impl<P: Policies> Step<'_, P> {
         self.out.push(Output::LoopEvent { bytes, detector: "sequence_gap", strike: None });
         state.next_seq = Some(first_parked);
         self.drain(state, now_ms)
+    }
+
+    /// An event as it waits in the state (`Engine._at_rest`): no raw args, and an error's
+    /// failure identity instead of its text.
+    fn at_rest(&self, mut event: Event) -> PyResult<Event> {
+        match &mut event.body {
+            Body::Result { error, failure, .. } => {
+                if let Some(text) = error.take() {
+                    *failure = Some(self.failure_identity(&text)?);
+                }
+            }
+            Body::Call { payload, .. } => *payload = None,
+            _ => {}
+        }
+        Ok(event)
+    }
+
+    /// rules.py's `failure_identity(error_text)`: its regular expressions are Python's.
+    fn failure_identity(&self, error: &str) -> PyResult<u64> {
+        self.settings.failure_identity.call1(self.py, (error,))?.extract(self.py)
     }
 
     fn redeliver(&mut self, state: &mut State, event: &Event, now_ms: i64, vouch_allow: bool) -> PyResult<()> {
@@ -796,7 +820,7 @@ impl<P: Policies> Step<'_, P> {
     }
 
     fn on_tool_result(&mut self, state: &mut State, event: &Event, now_ms: i64) -> PyResult<()> {
-        let Body::Result { call_id, tool_name: tool, token, outcome, unknown, usage, error } = &event.body else { unreachable!() };
+        let Body::Result { call_id, tool_name: tool, token, outcome, unknown, usage, error, failure } = &event.body else { unreachable!() };
         let policy = self.policies.policy(event.agent_id.as_deref())?;
         let run = run_scope(event.run_id.as_deref());
         let run_hash = run_key(run);
@@ -817,11 +841,16 @@ impl<P: Policies> Step<'_, P> {
             }
             if rules.repeated_failure.is_some() {
                 let key = (run_hash, hash64(tool));
-                match error {
-                    Some(error) => {
-                        let identity: u64 = self.settings.failure_identity.call1(self.py, (error.as_str(),))?.extract(self.py)?;
-                        state.rules.note_failure(key, identity);
-                    }
+                // rules.py's `failure_of`: from the error's text, from what was kept of it
+                // at rest, or from a gateway's hashed error token
+                let failure = match (error, failure, outcome) {
+                    (Some(error), _, _) => Some(self.failure_identity(error)?),
+                    (None, Some(identity), _) => Some(*identity),
+                    (None, None, Some(token)) if token.starts_with(ERROR_PREFIX) => Some(hash64(token)),
+                    _ => None,
+                };
+                match failure {
+                    Some(identity) => state.rules.note_failure(key, identity),
                     None if outcome.is_some() => state.rules.end_streak(key), // a success ends the streak
                     None => {}
                 }
@@ -1123,15 +1152,6 @@ fn redelivered_message(detector: &str, level: &str, tool: &str, count: i64, deta
     }
 }
 
-/// An event as it waits in the state: no error text, no raw args (`Engine._at_rest`).
-fn at_rest(mut event: Event) -> Event {
-    match &mut event.body {
-        Body::Result { error, .. } => *error = None,
-        Body::Call { payload, .. } => *payload = None,
-        _ => {}
-    }
-    event
-}
 
 /// state.py's `incarnation_key`.
 pub fn incarnation_key(incarnation: Option<&str>) -> u64 {

@@ -321,6 +321,7 @@ impl Judge {
                     unknown,
                     usage: wire.usage,
                     error: owned(wire.error_text),
+                    failure: None,
                 }
             }
             Kind::Compaction => Body::Compaction,
@@ -656,8 +657,9 @@ type EventHead = (
     Option<(String, i64, String)>,
 );
 /// (call_id, tool_name, args token, action (a call) or outcome (a result), unknown, usage,
-/// error text (a result), the args' JSON for the loop event (a call); the last two None
-/// at rest)
+/// error text (a result), the args' JSON for the loop event (a call), the failure
+/// identity at rest (a result); the text and the JSON None at rest, the identity None
+/// but at rest)
 type EventBody = (
     Option<String>,
     Option<String>,
@@ -667,6 +669,7 @@ type EventBody = (
     Option<(Option<i64>, Option<i64>, Option<i64>, Option<f64>)>,
     Option<String>,
     Option<Payload>,
+    Option<u64>,
 );
 type EventTuple = (EventHead, EventBody);
 
@@ -674,9 +677,9 @@ fn event_to_tuple(event: &Event) -> EventTuple {
     let (kind, body): (&str, EventBody) = match &event.body {
         Body::Call { call_id, tool_name, token, action, payload } => {
             let payload = payload.clone().map(Payload);
-            ("tool_call", (Some(call_id.clone()), Some(tool_name.clone()), Some(token.clone()), action.clone(), None, None, None, payload))
+            ("tool_call", (Some(call_id.clone()), Some(tool_name.clone()), Some(token.clone()), action.clone(), None, None, None, payload, None))
         }
-        Body::Result { call_id, tool_name, token, outcome, unknown, usage, error } => (
+        Body::Result { call_id, tool_name, token, outcome, unknown, usage, error, failure } => (
             "tool_result",
             (
                 Some(call_id.clone()),
@@ -687,10 +690,11 @@ fn event_to_tuple(event: &Event) -> EventTuple {
                 usage.map(|u| (u.input_tokens, u.output_tokens, u.total_tokens, u.cost)),
                 error.clone(),
                 None,
+                *failure,
             ),
         ),
-        Body::Compaction => ("compaction", (None, None, None, None, None, None, None, None)),
-        Body::RunEnded => ("run_ended", (None, None, None, None, None, None, None, None)),
+        Body::Compaction => ("compaction", (None, None, None, None, None, None, None, None, None)),
+        Body::RunEnded => ("run_ended", (None, None, None, None, None, None, None, None, None)),
     };
     let head = (
         kind.to_owned(),
@@ -729,6 +733,7 @@ fn event_from_tuple(tuple: &Bound<'_, PyAny>) -> PyResult<Event> {
                 cost,
             }),
             error: b.6,
+            failure: b.8,
         },
         "compaction" => Body::Compaction,
         "run_ended" => Body::RunEnded,

@@ -8,7 +8,8 @@
 //! JSON of the Python event at rest (`state.encode_event` of `native_step._at_rest`):
 //! the tag first, the fields in the struct's order (`__struct_fields__`: a subclass's own
 //! before the keyword-only common ones), those at their default left out,
-//! strings escaped as orjson escapes them (msgspec's are the same). A usage report's
+//! strings escaped as orjson escapes them (msgspec's are the same); a result's failure
+//! identity (`ResultAtRest.failure`) after the fields it inherits. A usage report's
 //! cost is a float, which msgspec writes in a form of its own (`1e16`): a state with
 //! one waiting is left to Python.
 
@@ -279,7 +280,7 @@ fn event_json(event: &Event) -> Option<Vec<u8>> {
             text_field(&mut out, "args_hash", Some(token));
             text_field(&mut out, "args_action", action.as_deref());
         }
-        Body::Result { call_id, tool_name, token, outcome, unknown, usage, .. } => {
+        Body::Result { call_id, tool_name, token, outcome, unknown, usage, failure, .. } => {
             text_field(&mut out, "call_id", Some(call_id));
             text_field(&mut out, "tool_name", Some(tool_name));
             text_field(&mut out, "args_hash", token.as_deref());
@@ -292,6 +293,10 @@ fn event_json(event: &Event) -> Option<Vec<u8>> {
             text_field(&mut out, "unknown_tool", unknown.as_deref());
             if let Some(usage) = usage {
                 usage_field(&mut out, usage)?;
+            }
+            if let Some(failure) = failure {
+                name(&mut out, "failure"); // state.py's ResultAtRest: after the fields it inherits
+                out.extend_from_slice(failure.to_string().as_bytes());
             }
         }
         Body::Compaction | Body::RunEnded => {}

@@ -58,7 +58,7 @@ from loopfuse.streams.engine.native import NATIVE
 from loopfuse.streams.engine.rule_config import ResolvedRules
 from loopfuse.streams.engine.rule_state import decode_rule_state
 from loopfuse.streams.engine.rules import _cap_detection, failure_identity
-from loopfuse.streams.engine.state import Decision, Guard, SessionState
+from loopfuse.streams.engine.state import Decision, Guard, ResultAtRest, SessionState
 from loopfuse.streams.engine.state_codec import ACTIONS, DETECTORS, _read_uvarint, _rules_bytes
 from loopfuse.streams.engine.step import Engine
 
@@ -213,7 +213,7 @@ class NativeEngine:
             body: tuple[Any, ...] = (
                 event.call_id, event.tool_name, engine._args_token(event),
                 action_of(event.args, event.args_action), None, None, None,
-                _payload_json(engine._payload(event)),
+                _payload_json(engine._payload(event)), None,
             )
         elif isinstance(event, ToolResult):
             outcome, unknown = engine._result_token(event)
@@ -223,10 +223,10 @@ class NativeEngine:
                 engine._args_token(event) if event.has_args else None, outcome, unknown,
                 None if usage is None else (usage.input_tokens, usage.output_tokens,
                                             usage.total_tokens, usage.cost),
-                event.error_text, None,
+                event.error_text, None, event.failure if type(event) is ResultAtRest else None,
             )
         else:
-            body = (None,) * 8
+            body = (None,) * 9
         return head, body
 
     # -- the state as the Python engine's ------------------------------------------------
@@ -292,15 +292,15 @@ def _at_rest(values: tuple[Any, ...]) -> InputEvent:
         "agent_id": agent_id, "incarnation": incarnation, "seq": seq, "ts": ts,
         "reply_to": None if reply is None else ReplyTo(*reply),
     }
-    call_id, tool_name, token, fourth, unknown, usage, _error, _args = body  # neither at rest
+    call_id, tool_name, token, fourth, unknown, usage, _error, _args, failure = body
     if kind == "tool_call":
         return ToolCall(**common, call_id=call_id, tool_name=tool_name, args_hash=token,
                         args_action=fourth)
     if kind == "tool_result":
-        return ToolResult(
+        return ResultAtRest(
             **common, call_id=call_id, tool_name=tool_name, args_hash=token,
             result=None if fourth is None else UNSET, result_hash=fourth, unknown_tool=unknown,
-            usage=None if usage is None else Usage(*usage),
+            usage=None if usage is None else Usage(*usage), failure=failure,
         )
     if kind == "compaction":
         return Compaction(**common)
@@ -323,7 +323,7 @@ def _values_at_rest(event: InputEvent) -> tuple[Any, ...]:
     )
     if isinstance(event, ToolCall):
         return head, (event.call_id, event.tool_name, event.args_hash, event.args_action,
-                      None, None, None, None)
+                      None, None, None, None, None)
     if isinstance(event, ToolResult):
         usage = event.usage
         return head, (
@@ -331,9 +331,9 @@ def _values_at_rest(event: InputEvent) -> tuple[Any, ...]:
             event.unknown_tool,
             None if usage is None else (usage.input_tokens, usage.output_tokens,
                                         usage.total_tokens, usage.cost),
-            None, None,
+            None, None, event.failure if type(event) is ResultAtRest else None,
         )
-    return head, (None,) * 8
+    return head, (None,) * 9
 
 
 # -- an agent's config and rules, as the native fold reads them ----------------------

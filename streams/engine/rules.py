@@ -20,10 +20,11 @@ from loopfuse.schemas.config import DetectionConfigFile
 from loopfuse.schemas.events import Detector, Level, ToolCall, ToolResult
 from loopfuse.streams.engine.config import ResolvedConfig
 from loopfuse.streams.engine.detectors import Detection
+from loopfuse.streams.engine.fingerprint import ERROR_PREFIX
 from loopfuse.streams.engine.history import Record
 from loopfuse.streams.engine.rule_config import ResolvedRules, RulesResolver, RunCaps
 from loopfuse.streams.engine.rule_state import RuleState, RunTally
-from loopfuse.streams.engine.state import SessionState, run_key
+from loopfuse.streams.engine.state import ResultAtRest, SessionState, run_key
 
 #: OpenClaw's TOOL_LOOP_RUN_ENDED_NOTICE, appended to the critical that ends a run.
 RUN_ENDED_NOTICE = (
@@ -187,12 +188,12 @@ class RuleBook:
         if tool in rules.exempt:
             return True
         if rules.repeated_failure is not None:
-            error = event.error_text
+            failure = failure_of(event)
             key = (run_key(run), _tool_hash(tool))
-            if error is not None:
+            if failure is not None:
                 if state.rules is None:
                     state.rules = RuleState()
-                state.rules.note_failure(key, failure_identity(error))
+                state.rules.note_failure(key, failure)
             elif state.rules is not None and recorded:
                 state.rules.failures.pop(key, None)  # a success ends the streak
         return False
@@ -223,6 +224,25 @@ def normalise_error(text: str) -> str:
 
 def failure_identity(text: str) -> int:
     return xxh3_64_intdigest(normalise_error(text).encode("utf-8", "surrogatepass"))
+
+
+def failure_of(event: ToolResult) -> int | None:
+    """The identity of the failure a result reports; None for a success.
+
+    From the error's text; from what the state kept of it while the result waited
+    (``ResultAtRest.failure``); else, for a gateway that hashes results locally and sent
+    an error's token (``error:...``, fingerprint.result_token), from the token: the same
+    text, exactly, is the same failure (without the text its nonces cannot be told).
+    """
+    error = event.error_text
+    if error is not None:
+        return failure_identity(error)
+    if type(event) is ResultAtRest and event.failure is not None:
+        return event.failure
+    token = event.result_hash
+    if token is not None and token.startswith(ERROR_PREFIX):
+        return xxh3_64_intdigest(token.encode("utf-8", "surrogatepass"))
+    return None
 
 
 def _tool_hash(tool: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Annotated
 
 import msgspec
 from xxhash import xxh3_64_intdigest
@@ -17,8 +18,12 @@ from xxhash import xxh3_64_intdigest
 from loopfuse.schemas.events import (
     IDENTIFIERS_OF,
     Action,
+    Compaction,
     Detector,
     InputEvent,
+    RunEnded,
+    ToolCall,
+    ToolResult,
 )
 from loopfuse.streams.engine.history import Record, array_header, encode_record
 from loopfuse.streams.engine.rule_state import RuleState
@@ -30,9 +35,23 @@ MAX_GUARDS = 32  # armed post-compaction guards (one per run), oldest dropped fi
 MAX_RETIRED_INCARNATIONS = 8  # closed seq spaces remembered to recognise their redeliveries
 
 
+class ResultAtRest(ToolResult, frozen=True, tag="tool_result"):
+    """A tool_result as it waits in the state (parked on a gap, or pending a restart):
+    raw args and outcome replaced by their tokens, and the error's text by ``failure``,
+    its failure identity (rules.failure_identity), which the repeated-failure rule counts
+    when the result is applied. Never on the wire: only the state's bytes hold it."""
+
+    # 64 bits (msgspec bounds no int past 63: state_codec refuses a wider one as corrupt)
+    failure: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+#: An event as it waits in the state: what the state's bytes hold (as JSON).
+EventAtRest = ToolCall | ResultAtRest | Compaction | RunEnded
+
 #: Identifier fields of a waiting event, which dominate what it takes in the state:
 #: read in one call.
 _REST_FIELDS = {cls: attrgetter(*names) for cls, names in IDENTIFIERS_OF.items()}
+_REST_FIELDS[ResultAtRest] = _REST_FIELDS[ToolResult]
 
 
 def rest_size(event: InputEvent) -> int:

@@ -55,7 +55,9 @@ msgspec in C (its fields: ``_Body`` below)::
 
 ``history`` holds one array per record (loopfuse.streams.engine.history.Record, its fields in
 order, the run as its 64-bit key); a decision's action and detector are indexes
-into ACTIONS and DETECTORS; parked and pending events are their JSON; ``rules`` is
+into ACTIONS and DETECTORS; parked and pending events are their JSON (as
+loopfuse.streams.engine.state keeps them at rest: a result's error as its ``failure``
+identity, a field an older writer left out and an older reader refuses); ``rules`` is
 loopfuse.streams.engine.rule_state's bytes. A state is one msgspec call each way. Version 3
 wrote the history column by column with a string table and varints: about half the
 bytes, but about a hundred calls each way in Python, which cost three times as much.
@@ -80,7 +82,15 @@ from loopfuse.schemas.events import Action, Detector, InputEvent
 from loopfuse.streams.engine.history import Record
 from loopfuse.streams.engine.native import NATIVE
 from loopfuse.streams.engine.rule_state import decode_rule_state, encode_rule_state
-from loopfuse.streams.engine.state import Decision, Guard, SessionState, encode_event, run_key
+from loopfuse.streams.engine.state import (
+    Decision,
+    EventAtRest,
+    Guard,
+    ResultAtRest,
+    SessionState,
+    encode_event,
+    run_key,
+)
 
 FORMAT_VERSION: Final = 5  # the newest format, read and written by both codecs
 #: The native codec, or None (the pure one): read at each call, so a test can take it away.
@@ -161,8 +171,9 @@ _Body = NamedTuple(  # noqa: UP014 - the functional form, see above
 
 _BODY_ENCODER: Final = msgspec.msgpack.Encoder()
 # Events at rest as JSON (loopfuse.streams.engine.state.encode_event; formats 1 to 3 kept JSON
-# too, written by the pydantic models then: the same fields, which this reads back).
-_EVENT_DECODER: Final = msgspec.json.Decoder(InputEvent)
+# too, written by the pydantic models then: the same fields, which this reads back; a
+# result without ``failure``, written before it was kept, reads as None).
+_EVENT_DECODER: Final = msgspec.json.Decoder(EventAtRest)
 _BODY_DECODER: Final = msgspec.msgpack.Decoder(_Body)
 
 
@@ -890,6 +901,8 @@ def _event_from_json(text: bytes) -> InputEvent:
         event: InputEvent = _EVENT_DECODER.decode(text)
     except msgspec.MsgspecError as exc:
         raise ValueError(f"corrupt session state: an event at rest: {exc}") from None
+    if type(event) is ResultAtRest and event.failure is not None and event.failure >> 64:
+        raise ValueError("corrupt session state: a failure identity beyond 64 bits")
     return event
 
 

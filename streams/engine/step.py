@@ -54,7 +54,7 @@ from loopfuse.streams.engine.outputs import (
     Verdict,
 )
 from loopfuse.streams.engine.rule_config import ResolvedRules
-from loopfuse.streams.engine.rules import Judgement, RuleBook
+from loopfuse.streams.engine.rules import Judgement, RuleBook, failure_identity
 from loopfuse.streams.engine.state import (
     MAX_DECISIONS,
     MAX_GUARDS,
@@ -63,6 +63,7 @@ from loopfuse.streams.engine.state import (
     MAX_WARNING_KEYS,
     Decision,
     Guard,
+    ResultAtRest,
     SessionState,
     incarnation_key,
     rest_size,
@@ -375,16 +376,27 @@ class Engine:
                 args_action=action_of(event.args, event.args_action),
             )
         if isinstance(event, ToolResult):
+            if type(event) is ResultAtRest:
+                return event
             token, unknown = self._result_token(event)
-            return replace(
-                event,
-                args=UNSET,
+            error = event.error_text
+            return ResultAtRest(
+                event_id=event.event_id,
+                session_key=event.session_key,
+                run_id=event.run_id,
+                agent_id=event.agent_id,
+                incarnation=event.incarnation,
+                seq=event.seq,
+                ts=event.ts,
+                reply_to=event.reply_to,
+                call_id=event.call_id,
+                tool_name=event.tool_name,
                 args_hash=self._args_token(event) if event.has_args else None,
-                args_action=None,
                 result=None if token is None else UNSET,
                 result_hash=token,
-                error=None,
                 unknown_tool=unknown,
+                usage=event.usage,
+                failure=None if error is None else failure_identity(error),
             )
         if isinstance(event, Compaction) and event.reason is not None:
             return replace(event, reason=None)
@@ -509,13 +521,13 @@ class Engine:
         _touch(state, event, now_ms)
         if type(event) is ToolCall:
             self._on_tool_call(state, event, now_ms, outputs)
-        elif type(event) is ToolResult:
-            self._on_tool_result(state, event, now_ms, outputs)
         elif type(event) is Compaction:
             self._on_compaction(state, event, outputs)
-        else:
-            assert type(event) is RunEnded
+        elif type(event) is RunEnded:
             self._on_run_ended(state, event)
+        else:
+            assert isinstance(event, ToolResult)  # as it came, or as it waited (ResultAtRest)
+            self._on_tool_result(state, event, now_ms, outputs)
 
     def _args_token(self, event: ToolCall | ToolResult) -> str:
         if event.args_hash is not None:

@@ -235,6 +235,44 @@ def test_run_ids_padded_with_what_str_strip_removes(native: ModuleType) -> None:
     assert _native(config, lines) == python
 
 
+def test_failures_waiting_and_hashed(native: ModuleType) -> None:
+    """Repeated failure over results that wait (a seq gap, a restarted gateway), across
+    restarts through the state's bytes, and errors sent as tokens: the same lines as
+    the Python fold, and the failures counted."""
+    from loopfuse.streams.engine.fingerprint import result_token
+
+    lines: list[bytes] = []
+    for session in range(6):
+        common = {"session_key": f"f{session}", "run_id": "r", "agent_id": "a"}
+        events: list[dict[str, Any]] = []
+        for step in range(8):
+            args = {"url": f"https://example.com/{step}"}
+            outcome: dict[str, Any] = (
+                {"result_hash": result_token("fetch", None, error="HTTP 503")}
+                if session % 2 else {"error": f"timeout (request id req_{step:04d}9f8e7d6c5b)"})
+            incarnation = "g1" if step < 4 else "g2"
+            seq = 2 * (step % 4)
+            events += [
+                {"type": "tool_call", "event_id": f"c{step}", "call_id": f"c{step}",
+                 "tool_name": "fetch", "args": args, "seq": seq, "incarnation": incarnation,
+                 "ts": 1_790_000_000_000 + 10 * step},
+                {"type": "tool_result", "event_id": f"r{step}", "call_id": f"c{step}",
+                 "tool_name": "fetch", "args": args, "seq": seq + 1, "incarnation": incarnation,
+                 "ts": 1_790_000_000_001 + 10 * step, **outcome}]
+        # each result before its call, and the restarted gateway's first events early
+        for index in range(0, len(events), 2):
+            events[index], events[index + 1] = events[index + 1], events[index]
+        events[6:10] = [*events[8:10], *events[6:8]]
+        lines += [orjson.dumps({**common, **event}) for event in events]
+    config = parse_config({"loopfuse": {"rules": {
+        "repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}}}})
+    python = _python(config, lines)
+    found = [line for line in python[0] if b'"repeated_failure"' in line]
+    assert len(found) > 6
+    assert _native(config, lines) == python
+    assert _native(config, lines, restart_every=2) == python
+
+
 def test_argument_churn(native: ModuleType) -> None:
     """One tool rotating through argument sets with one stable outcome (OpenClaw's
     no-progress argument churn), with the cycle rule off and on: the same lines."""

@@ -10,6 +10,7 @@ import pytest
 
 from loopfuse.schemas import ConfigError, parse_config
 from loopfuse.streams.engine import Engine, SessionState, state_codec
+from loopfuse.streams.engine.fingerprint import result_token
 from loopfuse.streams.engine.rules import RUN_ENDED_NOTICE, normalise_error
 from tests.unit.conftest import (
     LOOP_BLOCK_RESULT,
@@ -234,23 +235,77 @@ def test_repeated_failure_works_without_loop_detection() -> None:
     assert decided(outputs)[-1] == ("block", "repeated_failure", 5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known, not fixed: an event waiting in the state keeps no error text (nothing raw at "
-    "rest, Engine._at_rest), so a failing result parked on a seq gap counts as a success "
-    "when it is applied; fixing it needs a failure identity at rest (a state format change)"))
-def test_a_failure_waiting_on_a_gap_still_counts() -> None:
-    engine = rules_engine({"repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}})
+def failing_numbered(times: int, *, incarnation: str | None = None) -> list[Any]:
+    """``failing_fetch`` numbered by seq, each error with a request id of its own."""
     events: list[Any] = []
-    for n in range(4):
+    for n in range(times):
         args = {"url": f"https://example.com/{n}"}
+        error = f"upstream timeout after 30s (request id req_{n:04d}9f8e7d6c5b)"
         events += [call("fetch", args, call_id=f"c{n}", seq=2 * n, ts=1_000 + 10 * n),
                    result("fetch", args, call_id=f"c{n}", seq=2 * n + 1, ts=1_001 + 10 * n,
-                          error="upstream timeout after 30s")]
+                          error=error)]
+    if incarnation is not None:
+        events = [msgspec.structs.replace(e, incarnation=incarnation) for e in events]
+    return events
+
+
+def test_a_failure_waiting_on_a_gap_still_counts() -> None:
+    """A failing result that arrives before its call waits in the state without its
+    error's text (nothing raw at rest), and still counts as that failure once applied."""
+    engine = rules_engine({"repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}})
+    events = failing_numbered(4)
     in_order = decided(engine.replay(events))
     assert in_order[-2:] == [("warn", "repeated_failure", 2), ("block", "repeated_failure", 3)]
     # the second result before its call: it waits for seq 2, then applies
     disordered = [*events[:2], events[3], events[2], *events[4:]]
     assert decided(engine.replay(disordered)) == in_order
+
+
+def test_a_failure_waiting_in_the_states_bytes_still_counts() -> None:
+    """The same across a restart of the worker: the state written with the result
+    waiting, and read back."""
+    engine = rules_engine({"repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}})
+    events = failing_numbered(4)
+    disordered = [*events[:2], events[3], events[2], *events[4:]]
+    state, outputs = None, []
+    for event in disordered:
+        state, produced = engine.step(state, event, event.ts)
+        outputs += produced
+        if state.parked:
+            data = state_codec.encode(state)
+            assert b"upstream" not in data and b"req_" not in data  # nothing raw at rest
+            state = state_codec.decode(data)
+    assert decided(outputs) == decided(engine.replay(events))
+
+
+def test_a_failure_pending_a_restarted_gateway_still_counts() -> None:
+    """A restarted gateway's failing results wait until its seq space opens."""
+    engine = rules_engine({"repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}})
+    before = failing_numbered(1, incarnation="g1")
+    after = [msgspec.structs.replace(e, ts=e.ts + 100) for e in failing_numbered(3, incarnation="g2")]
+    state, outputs, waited = None, [], 0
+    for event in [*before[:1], *after, before[1]]:  # g1's last result comes late
+        state, produced = engine.step(state, event, event.ts, watermark_ms=0)
+        outputs += produced
+        waited = max(waited, len(state.pending))
+    assert waited == 6  # g2's events waited for g1's seq space to close
+    outputs += engine.release(state, 2_000, None)
+    assert [d for d in decided(outputs) if d[1]] == [("warn", "repeated_failure", 2),
+                                                     ("block", "repeated_failure", 3)]
+
+
+def test_a_hashed_error_counts_by_its_token() -> None:
+    """A gateway that hashes results locally sends an error as its token: the same
+    token is the same failure (and a failure, not a success that ends a streak)."""
+    engine = rules_engine({"repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}})
+    token = result_token("fetch", None, error="upstream timeout")
+    events = [event for n in range(3) for event in pair("fetch", {"n": n}, result_hash=token)]
+    assert decided(engine.replay([*events, call("fetch", {"n": 9})]))[-2:] == [
+        ("warn", "repeated_failure", 2), ("block", "repeated_failure", 3)]
+    other = result_token("fetch", None, error="upstream timeout (req 2)")
+    events[-1] = msgspec.structs.replace(events[-1], result_hash=other)
+    assert decided(engine.replay([*events, call("fetch", {"n": 9})]))[-1] == (
+        "allow", None, 0)
 
 
 def test_error_identity_drops_per_call_nonces_only() -> None:
