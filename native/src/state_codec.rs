@@ -370,18 +370,40 @@ const HAS_UNKNOWN: u8 = 0x40;
 /// The words met so far and the order each was first met in: an open-addressing table
 /// (a state meets some 60 words, each a hash already: one multiply spreads them, and a
 /// lookup is a probe or two, where a general map's hashing cost a third of the writing).
-/// Word 0 is never kept (it is written as itself), so 0 marks an empty slot.
+/// One table serves every state a thread writes (`Words::lend`): a slot is taken only
+/// in the current state's generation, so nothing is cleared between states, and the
+/// table stays in the cache (a new one, zeroed, missed it at every probe).
 struct Words {
+    /// (word, generation << 32 | order)
     slots: Vec<(u64, u64)>,
+    generation: u64,
     len: u64,
 }
 
+thread_local! {
+    static WORDS: std::cell::Cell<Option<Words>> = const { std::cell::Cell::new(None) };
+}
+
 impl Words {
-    fn with_capacity(words: usize) -> Self {
-        Words { slots: vec![(0, 0); (words + words / 3 + 1).next_power_of_two().max(16)], len: 0 }
+    /// The thread's table, for a state of about `words` words (`give_back` returns it).
+    fn lend(words: usize) -> Self {
+        let wanted = (words + words / 3 + 1).next_power_of_two().max(64);
+        let mut table = WORDS.take().unwrap_or(Words { slots: Vec::new(), generation: 0, len: 0 });
+        table.generation += 1;
+        table.len = 0;
+        // a fresh table where it is too small, or far too large after one big state
+        if table.slots.len() < wanted || table.slots.len() > 16 * wanted || table.generation > u64::from(u32::MAX) {
+            table.slots = vec![(0, 0); wanted];
+            table.generation = 1;
+        }
+        table
     }
 
-    /// The order `word` (not 0) was first met in, and whether that is now.
+    fn give_back(self) {
+        WORDS.set(Some(self));
+    }
+
+    /// The order `word` was first met in, and whether that is now.
     fn order(&mut self, word: u64) -> (u64, bool) {
         if 4 * self.len as usize >= 3 * self.slots.len() {
             self.grow();
@@ -389,14 +411,14 @@ impl Words {
         let mask = self.slots.len() - 1;
         let mut index = Self::start(word, mask);
         loop {
-            let (key, order) = self.slots[index];
-            if key == word {
-                return (order, false);
-            }
-            if key == 0 {
-                self.slots[index] = (word, self.len);
+            let (key, stamp) = self.slots[index];
+            if stamp >> 32 != self.generation {
+                self.slots[index] = (word, self.generation << 32 | self.len);
                 self.len += 1;
                 return (self.len - 1, true);
+            }
+            if key == word {
+                return (stamp & 0xffff_ffff, false);
             }
             index = (index + 1) & mask;
         }
@@ -406,16 +428,18 @@ impl Words {
         (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize & mask
     }
 
+    /// Twice the slots, this generation's words in them (a fresh table: generation 1).
     fn grow(&mut self) {
         let size = 2 * self.slots.len();
         let old = std::mem::replace(&mut self.slots, vec![(0, 0); size]);
-        let mask = self.slots.len() - 1;
-        for (key, order) in old.into_iter().filter(|(key, _)| *key != 0) {
+        let generation = std::mem::replace(&mut self.generation, 1);
+        let mask = size - 1;
+        for (key, stamp) in old.into_iter().filter(|(_, stamp)| stamp >> 32 == generation) {
             let mut index = Self::start(key, mask);
-            while self.slots[index].0 != 0 {
+            while self.slots[index].1 >> 32 == 1 {
                 index = (index + 1) & mask;
             }
-            self.slots[index] = (key, order);
+            self.slots[index] = (key, 1 << 32 | (stamp & 0xffff_ffff));
         }
     }
 }
@@ -553,7 +577,7 @@ impl<'a> V5<'a> {
         out.extend_from_slice(&last_event_ms.to_le_bytes());
         let mut writer = V5 {
             out,
-            seen: Seen { strings: Texts { list: Vec::with_capacity(8), map: None }, words: Words::with_capacity(words) },
+            seen: Seen { strings: Texts { list: Vec::with_capacity(8), map: None }, words: Words::lend(words) },
             previous_ts: last_event_ms,
             previous_run: 0,
         };
@@ -653,6 +677,7 @@ impl<'a> V5<'a> {
     pub(crate) fn finish(mut self, rules: &[u8]) -> Vec<u8> {
         put(&mut self.out, rules.len() as u64);
         self.out.extend_from_slice(rules);
+        self.seen.words.give_back();
         self.out
     }
 }
