@@ -340,6 +340,34 @@ impl Judge {
         }))
     }
 
+    /// One of replay's lines (`replay_step`): (its session key, outputs, whether its
+    /// state needs Python's checkpoint now), or None for a line left to Python.
+    fn replay_one<'py>(
+        &mut self,
+        py: Python<'py>,
+        states: &Bound<'py, PyDict>,
+        raw: &[u8],
+        limits: &ReplayLimits,
+    ) -> PyResult<Option<(Bound<'py, PyString>, Vec<Output>, bool)>> {
+        let Some(event) = self.wire_event(py, raw, limits.max_bytes, limits.max_depth, limits.max_identifier_bytes)? else {
+            return Ok(None);
+        };
+        let key = PyString::new(py, event.key());
+        let state: Bound<'py, NativeState> = match states.get_item(&key)? {
+            Some(state) => state.downcast_into::<NativeState>()?,
+            None => {
+                let state = Bound::new(py, NativeState::default())?;
+                states.set_item(&key, &state)?;
+                state
+            }
+        };
+        let ts = event.ts;
+        let mut held = state.borrow_mut();
+        let outputs = self.run(py, &mut held.state, Some(event), ts, None)?;
+        let due = held.counted(limits.checkpoint_every, limits.max_state_bytes);
+        Ok(Some((key, outputs, due)))
+    }
+
     fn run(
         &mut self,
         py: Python<'_>,
@@ -402,6 +430,21 @@ fn action_of(wire: &WireEvent<'_, '_>) -> Option<String> {
         Some(args @ crate::json::Value::Object(_)) => args.get("action").and_then(|a| a.as_str()).map(str::to_owned),
         _ => wire.args_action.map(str::to_owned),
     }
+}
+
+/// Why `Judge.replay_lines` stopped (streams/replay.py reads these).
+const REPLAY_DONE: u8 = 0;
+const REPLAY_LEFT: u8 = 1;
+const REPLAY_FAILED: u8 = 2;
+const REPLAY_CHECKPOINT: u8 = 3;
+
+/// The bounds replay judges lines within (`Judge.replay_step`'s arguments).
+struct ReplayLimits {
+    max_bytes: usize,
+    max_depth: usize,
+    max_identifier_bytes: usize,
+    checkpoint_every: usize,
+    max_state_bytes: usize,
 }
 
 type StepResult<'py> = Option<(Py<NativeState>, Bound<'py, PyList>)>;
@@ -514,23 +557,63 @@ impl Judge {
         checkpoint_every: usize,
         max_state_bytes: usize,
     ) -> PyResult<Option<ReplayStep<'py>>> {
-        let Some(event) = self.wire_event(py, raw, max_bytes, max_depth, max_identifier_bytes)? else {
+        let limits = ReplayLimits { max_bytes, max_depth, max_identifier_bytes, checkpoint_every, max_state_bytes };
+        let Some((key, outputs, due)) = self.replay_one(py, states, raw, &limits)? else {
             return Ok(None);
         };
-        let key = PyString::new(py, event.key());
-        let state: Bound<'py, NativeState> = match states.get_item(&key)? {
-            Some(state) => state.downcast_into::<NativeState>()?,
-            None => {
-                let state = Bound::new(py, NativeState::default())?;
-                states.set_item(&key, &state)?;
-                state
-            }
-        };
-        let ts = event.ts;
-        let mut held = state.borrow_mut();
-        let outputs = self.run(py, &mut held.state, Some(event), ts, None)?;
-        let due = held.counted(checkpoint_every, max_state_bytes);
         Ok(Some((key, outputs_as(py, outputs, Shape::Bare, &[])?, due)))
+    }
+
+    /// Replay's steps over lines of a file (streams/replay.py), from `lines[start]` on,
+    /// each line's trailing CRs and LFs left out, as `replay_step` takes them one by one
+    /// but without a call from Python for each (that call and its loop were a third of
+    /// the offline path). (outputs, next, stop, value): verdicts and loop events as
+    /// their bytes, notices as `replay_step` gives them, a rejection as ("rejection",
+    /// code, reason, the line's index); then why it stopped at `lines[next]`: `DONE`
+    /// (no line left), `LEFT` (a line the Python decoder must read: not stepped),
+    /// `FAILED` (its step raised `value`: the session as the step left it),
+    /// `CHECKPOINT` (`lines[next - 1]`'s session, `value` its key, needs Python's
+    /// checkpoint before the next step).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (states, lines, start, max_bytes, max_depth, max_identifier_bytes, checkpoint_every, max_state_bytes))]
+    fn replay_lines<'py>(
+        &mut self,
+        py: Python<'py>,
+        states: &Bound<'py, PyDict>,
+        lines: &Bound<'py, PyList>,
+        start: usize,
+        max_bytes: usize,
+        max_depth: usize,
+        max_identifier_bytes: usize,
+        checkpoint_every: usize,
+        max_state_bytes: usize,
+    ) -> PyResult<(Bound<'py, PyList>, usize, u8, Option<PyObject>)> {
+        let limits = ReplayLimits { max_bytes, max_depth, max_identifier_bytes, checkpoint_every, max_state_bytes };
+        let out = PyList::empty(py);
+        for index in start..lines.len() {
+            let line = lines.get_item(index)?;
+            let raw = line.downcast::<PyBytes>()?.as_bytes();
+            let end = raw.iter().rposition(|b| !matches!(b, b'\r' | b'\n')).map_or(0, |last| last + 1);
+            let (key, outputs, due) = match self.replay_one(py, states, &raw[..end], &limits) {
+                Ok(Some(stepped)) => stepped,
+                Ok(None) => return Ok((out, index, REPLAY_LEFT, None)),
+                Err(error) => return Ok((out, index, REPLAY_FAILED, Some(error.into_value(py).into_any()))),
+            };
+            for output in outputs {
+                let item = match output {
+                    Output::Verdict { bytes, .. } | Output::LoopEvent { bytes, .. } => PyBytes::new(py, &bytes).into_any(),
+                    Output::Notice { level, message, session_key, run_id } => {
+                        ("notice", level, message, session_key, run_id).into_pyobject(py)?.into_any()
+                    }
+                    Output::Rejection { code, reason, .. } => ("rejection", code, reason, index).into_pyobject(py)?.into_any(),
+                };
+                out.append(item)?;
+            }
+            if due {
+                return Ok((out, index + 1, REPLAY_CHECKPOINT, Some(key.into_any().unbind())));
+            }
+        }
+        Ok((out, lines.len(), REPLAY_DONE, None))
     }
 
     /// One event Python decoded (`step_raw` left it to Python), as native_step.py's

@@ -28,6 +28,7 @@ with the strike each makes).
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Any
 
 import orjson
@@ -61,6 +62,16 @@ from loopfuse.streams.engine.rules import _cap_detection, failure_identity
 from loopfuse.streams.engine.state import Decision, Guard, ResultAtRest, SessionState
 from loopfuse.streams.engine.state_codec import ACTIONS, DETECTORS, _read_uvarint, _rules_bytes
 from loopfuse.streams.engine.step import Engine
+
+
+class ReplayStop(IntEnum):
+    """Why ``Judge.replay_lines`` stopped (native/src/session_py.rs's REPLAY_*)."""
+
+    DONE = 0
+    LEFT = 1
+    FAILED = 2
+    CHECKPOINT = 3
+
 
 #: One output of a native step: ("verdict" | "loop_event", its JSON) or
 #: ("notice", level, message, session key, run id) or ("rejection", code, reason,
@@ -138,6 +149,23 @@ class NativeEngine:
         return self.judge.step_event(  # type: ignore[no-any-return]
             state, self._event_values(event), now_ms, watermark_ms
         )
+
+    def replay_lines(
+        self, states: dict[str, Any], lines: list[bytes], start: int, *, max_bytes: int,
+        max_depth: int, max_identifier_bytes: int, checkpoint_every: int, max_state_bytes: int,
+    ) -> tuple[list[Any], int, ReplayStop, Any]:
+        """Replay's steps over ``lines[start:]`` (``replay_step``'s, each line's trailing
+        CRs and LFs left out) in one call, until a line needs Python: (outputs, next,
+        why it stopped at ``lines[next]``, a value). Outputs as ``replay_step`` gives
+        them, but a rejection's last field is its line's index. ``ReplayStop.LEFT``:
+        that line is the Python decoder's (not stepped: ``replay_step`` it);
+        ``FAILED``: its step raised the value (its dead letter, then go on past it);
+        ``CHECKPOINT``: the previous line's session (the value, its key) needs
+        :meth:`checkpoint` first; ``DONE``: no line left."""
+        outputs, next_line, stop, value = self.judge.replay_lines(
+            states, lines, start, max_bytes, max_depth, max_identifier_bytes, checkpoint_every,
+            max_state_bytes)
+        return outputs, next_line, ReplayStop(stop), value
 
     def replay_step(
         self, states: dict[str, Any], raw: bytes, *, max_bytes: int, max_depth: int,

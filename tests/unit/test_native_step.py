@@ -377,7 +377,17 @@ def test_replay_gives_the_python_folds_lines(native: ModuleType,
     from bench.engine import build_workload
     from loopfuse.streams import replay
 
+    fixtures = (ROOT / "tests" / "fixtures" / "polling_loop.jsonl").read_bytes().splitlines()
+    orphan = orjson.dumps({"type": "tool_result", "session_key": "o", "event_id": "o1",
+                           "call_id": "never", "tool_name": "read", "result": "x", "ts": 5})
     lines = generated_lines(303, sessions=60, events=50) + build_workload(60, 30, 9)
+    # across batches: lines ending CRLF, blank ones, RFC 3339 times (the Python
+    # decoder's to read), a rejection by the step (its dead letter names its line)
+    for at, extra in ((7, b"\r\n"), (300, b""), (301, b"  "), (520, orphan), (777, orphan)):
+        lines.insert(at, extra)
+    lines[10] += b"\r\n"
+    lines[600:600] = fixtures
+    assert len(lines) > 8 * replay.BATCH_LINES
     for name in ("enabled", "tight", "not set"):
         config = parse_config(CONFIGS[name])
         native_lines = list(replay.replay_lines(iter(lines), Engine(config)))
@@ -386,7 +396,33 @@ def test_replay_gives_the_python_folds_lines(native: ModuleType,
             python_lines = list(replay.replay_lines(iter(lines), Engine(config)))
         assert len(python_lines) > 2_500
         assert any(b'"dead_letter"' in line or b"invalid_event" in line for line in python_lines)
+        assert sum(b'"orphan_result"' in line for line in python_lines) > 2
         assert native_lines == python_lines, name
+
+
+def test_replay_says_which_line_a_native_step_failed_on(
+        native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A native step that raises (the Python it asks failed) makes its line's dead
+    letter; the lines after it are judged as ever."""
+    from loopfuse.streams import replay
+    from loopfuse.streams.engine import native_step
+
+    def failing(text: str) -> int:
+        raise RuntimeError("the identity of a failure could not be taken")
+
+    config = parse_config({"loopfuse": {"rules": {"repeatedFailure": {}}}})
+    lines = [orjson.dumps({"type": "tool_call", "session_key": "s", "event_id": f"c{n}",
+                           "call_id": f"c{n}", "tool_name": "read", "args": {"n": n},
+                           "ts": 10 + n}) for n in range(600)]
+    lines.insert(400, orjson.dumps({"type": "tool_result", "session_key": "s", "event_id": "r",
+                                    "call_id": "c1", "tool_name": "read", "args": {"n": 1},
+                                    "error": "boom", "ts": 500}))
+    monkeypatch.setattr(native_step, "failure_identity", failing)
+    out = [orjson.loads(line) for line in replay.replay_lines(iter(lines), Engine(config))]
+    letters = [line for line in out if line["type"] == "dead_letter"]
+    assert [(d["error_code"], d["line"]) for d in letters] == [("engine_error", 401)]
+    assert "could not be taken" in letters[0]["reason"]
+    assert sum(line["type"] == "verdict" for line in out) == 600
 
 
 def test_replay_sheds_a_state_over_its_cap_as_the_python_fold_does(
