@@ -348,7 +348,7 @@ impl Judge {
         states: &Bound<'py, PyDict>,
         raw: &[u8],
         limits: &ReplayLimits,
-    ) -> PyResult<Option<(Bound<'py, PyString>, Vec<Output>, bool)>> {
+    ) -> PyResult<Option<Replayed<'py>>> {
         let Some(event) = self.wire_event(py, raw, limits.max_bytes, limits.max_depth, limits.max_identifier_bytes)? else {
             return Ok(None);
         };
@@ -437,6 +437,9 @@ const REPLAY_DONE: u8 = 0;
 const REPLAY_LEFT: u8 = 1;
 const REPLAY_FAILED: u8 = 2;
 const REPLAY_CHECKPOINT: u8 = 3;
+
+/// A replayed line: its session key, its outputs, whether its state needs Python's checkpoint.
+type Replayed<'py> = (Bound<'py, PyString>, Vec<Output>, bool);
 
 /// The bounds replay judges lines within (`Judge.replay_step`'s arguments).
 struct ReplayLimits {
