@@ -3,8 +3,7 @@
 One call judged on a run's history of 30 looping records (the default historySize),
 three ways, each the median of ``--rounds`` passes of ``--number`` calls:
 
-* ``detectors.detect`` as the engine imports it (the compiled module when
-  ``./dev build-engine`` built it, else the pure one);
+* ``detectors.detect``, the Python engine's;
 * the native core (native/src/engine/detectors.rs) on records it holds, timed inside
   Rust (``_native.time_detect_history``: the records converted once, then only the core);
 * the native core through its test-only PyO3 entry point (``_native.detect_history``):
@@ -28,7 +27,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from loopfuse.streams.engine import COMPILED
 from loopfuse.streams.engine.config import ResolvedConfig
 from loopfuse.streams.engine.detectors import detect
 from loopfuse.streams.engine.fingerprint import result_fingerprint, signature
@@ -72,7 +70,6 @@ def main() -> None:
     opts = parser.parse_args()
     if NATIVE is None:
         sys.exit("the native engine is not built (python -m loopfuse.streams.local.native_engine)")
-    print(f"detectors.detect: {'compiled' if COMPILED else 'pure'}")
     figures: list[tuple[float, float, float]] = []
     for name, history, call in _loops():
         found = detect(history, *call)

@@ -23,15 +23,14 @@ ping-pong, unknown tool, loop after compaction); args of realistic sizes and som
 alone (e.g. every opt-in rule); OpenClaw's detector on V8 has none of the rules, so
 beside a rules config its figure is a reference, not a like-for-like baseline.
 
-The engine measured is the one the process imports: the compiled one when
-``./dev build-engine`` built it, else the pure one. With a build, the pure engine's
-figures (``LOOPFUSE_PURE_ENGINE=1``, in a subprocess) are printed too.
+The offline path is the native judge's where it is built (issue 27), and then the pure
+engine's figures (``LOOPFUSE_PURE_ENGINE=1``, in a subprocess) are printed too; "engine
+step" is always the Python ``Engine.step``, "native fold" the native one. "decode +
+fingerprints" is the work the native decoder does in one pass (the pure engine: the
+decoder, then the args and result tokens as the step computes them).
 
 The last line is ``engine_events_per_s=<float> state_bytes_per_session=<int>
-ratio_to_orjson=<float> engine=<compiled|pure>[+native]``. With the native judge built
-(issue 27), the pure engine is measured beside it the same way; "decode + fingerprints"
-is the work its stage 2 does in one pass (the pure engine: the decoder, then the args and
-result tokens as the step computes them).
+ratio_to_orjson=<float> engine=<pure|pure+native>``.
 """
 
 from __future__ import annotations
@@ -55,10 +54,9 @@ import orjson
 from loopfuse.schemas import decode_event, parse_config
 from loopfuse.schemas.config import load_config
 from loopfuse.schemas.events import InputEvent, ToolCall, ToolResult
-from loopfuse.streams.engine import COMPILED, Engine, SessionState, state_codec
-from loopfuse.streams.engine.compiled import PURE_ENV
+from loopfuse.streams.engine import Engine, SessionState, state_codec
 from loopfuse.streams.engine.fingerprint import args_hash, result_token
-from loopfuse.streams.engine.native import NATIVE
+from loopfuse.streams.engine.native import NATIVE, PURE_ENV
 from loopfuse.streams.engine.native_step import native_for
 from loopfuse.streams.engine.wire import decode_fingerprinted
 from loopfuse.streams.replay import replay_lines
@@ -373,7 +371,7 @@ def main() -> None:
                         help="a detection config file (default: the detectors enabled)")
     opts = parser.parse_args()
 
-    kind = ("compiled" if COMPILED else "pure") + ("+native" if NATIVE is not None else "")
+    kind = "pure" + ("+native" if NATIVE is not None else "")
     print(f"engine: {kind}")
     config = (parse_config({"tools": {"loopDetection": {"enabled": True}}})
               if opts.config is None else load_config(opts.config))
@@ -483,7 +481,7 @@ def main() -> None:
         f"(the first encode after a decode {first_us:.1f} us)"
     )
     print(f"state codec by format (median bytes, encode + decode per state): {by_format}")
-    if COMPILED or NATIVE is not None:  # the pure engine on the same workload, for comparison
+    if NATIVE is not None:  # the pure engine on the same workload, for comparison
         pure = subprocess.run(
             [sys.executable, *sys.argv], env={**os.environ, PURE_ENV: "1"},
             capture_output=True, text=True, check=True,

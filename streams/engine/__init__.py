@@ -5,22 +5,17 @@ the state it is given in place (and returns it; a new one for None). Determinist
 the same events and clocks give the same states and outputs, which is what lets the
 session processor go back to a state by applying its events again.
 
-Its modules may be compiled with mypyc (``./dev build-engine``, see
-loopfuse.streams.local.compiled_engine); ``COMPILED`` says whether this process runs that build.
+Where the native judge is built (native/, loopfuse.streams.engine.native), it folds the
+same events to the same bytes; this Python engine is the reference and the fallback.
 """
 
-from loopfuse.streams.engine.compiled import select as _select
-
-COMPILED: bool = _select()  # before any engine module is imported
-
-from loopfuse.streams.engine.config import ConfigResolver, ResolvedConfig, resolve_config  # noqa: E402
-from loopfuse.streams.engine.history import Record  # noqa: E402
-from loopfuse.streams.engine.outputs import LoopEvent, Notice, Output, Rejection, Verdict  # noqa: E402
-from loopfuse.streams.engine.state import SessionState  # noqa: E402
-from loopfuse.streams.engine.step import Engine  # noqa: E402
+from loopfuse.streams.engine.config import ConfigResolver, ResolvedConfig, resolve_config
+from loopfuse.streams.engine.history import Record
+from loopfuse.streams.engine.outputs import LoopEvent, Notice, Output, Rejection, Verdict
+from loopfuse.streams.engine.state import SessionState
+from loopfuse.streams.engine.step import Engine
 
 __all__ = [
-    "COMPILED",
     "ConfigResolver",
     "Engine",
     "LoopEvent",

@@ -1,9 +1,7 @@
 """One call of a session's history (and, once known, its outcome): :class:`Record`.
 
 A msgspec Struct, so that the state codec writes and reads a whole history in C (an
-array per record) and the detectors read its fields as slots. This module is never
-compiled: mypyc builds a Struct subclass without its class options (``array_like``
-was lost, and the records became maps), so the compiled engine imports it as Python.
+array per record) and the detectors read its fields as slots.
 """
 
 from __future__ import annotations

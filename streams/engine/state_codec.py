@@ -143,31 +143,26 @@ _TS_INT32 = 2  # time deltas of 4 bytes (else 2, or 8 with _TS_INT64)
 _TS_INT64 = 4
 
 
-# Version 4's body, one MessagePack array: the state but its head, as msgspec writes
-# and reads it in C. Typed, so that a field of another type is refused as the bytes
-# are read, not met by the engine later. Its types are values, not annotations: a
-# mypyc build keeps values but erases annotations (``str | None`` became ``type``),
-# and msgspec reads the types from them.
-_Body = NamedTuple(  # noqa: UP014 - the functional form, see above
-    "_Body",
-    [
-        ("next_seq", int),  # + 1; 0 for None
-        ("verdict_floor", int),
-        ("incarnation", int),
-        ("history", list[Record]),
-        # run key -> (window, remaining, (tool, sig, result) of the first result, broken)
-        ("guards", dict[int, tuple[int, int, tuple[str, int, int] | None, bool]]),
-        ("warnings", dict[int, tuple[int, int]]),
-        ("seen_ids", list[int]),
-        # (event, ACTIONS index, DETECTORS index, count, detail, seq)
-        ("decisions", list[tuple[int, int, int, int, str | None, int]]),
-        ("parked", dict[int, bytes]),  # seq -> the event's JSON
-        ("skipped", list[tuple[int, int]]),
-        ("retired", list[tuple[int, int]]),
-        ("pending", list[bytes]),  # the events' JSON
-        ("rules", bytes),  # loopfuse.streams.engine.rule_state's bytes; empty: no rule touched it
-    ],
-)
+class _Body(NamedTuple):
+    """Version 4's body, one MessagePack array: the state but its head, as msgspec writes
+    and reads it in C. Typed, so that a field of another type is refused as the bytes
+    are read, not met by the engine later."""
+
+    next_seq: int  # + 1; 0 for None
+    verdict_floor: int
+    incarnation: int
+    history: list[Record]
+    # run key -> (window, remaining, (tool, sig, result) of the first result, broken)
+    guards: dict[int, tuple[int, int, tuple[str, int, int] | None, bool]]
+    warnings: dict[int, tuple[int, int]]
+    seen_ids: list[int]
+    # (event, ACTIONS index, DETECTORS index, count, detail, seq)
+    decisions: list[tuple[int, int, int, int, str | None, int]]
+    parked: dict[int, bytes]  # seq -> the event's JSON
+    skipped: list[tuple[int, int]]
+    retired: list[tuple[int, int]]
+    pending: list[bytes]  # the events' JSON
+    rules: bytes  # loopfuse.streams.engine.rule_state's bytes; empty: no rule touched it
 
 _BODY_ENCODER: Final = msgspec.msgpack.Encoder()
 # Events at rest as JSON (loopfuse.streams.engine.state.encode_event; formats 1 to 3 kept JSON

@@ -1,4 +1,4 @@
-"""Everything the engine produces on a fixed corpus, as lines: the compiled-vs-pure check.
+"""Everything the engine produces on a fixed corpus, as lines: the native-vs-pure check.
 
     python -m tests.support.engine_corpus OUT
 
@@ -6,8 +6,8 @@ Writes to OUT, one line each: which engine ran, then per corpus every output of 
 step (verdicts and loop events as their published JSON, rejections and notices as
 their fields), every session's final state bytes and those bytes decoded and encoded
 again, in both formats (5 is the native codec's where it is built, the pure one's
-where not: the same bytes). tests/unit/test_compiled_engine.py and
-test_native_identity.py run it under two engines and compare.
+where not: the same bytes). tests/unit/test_native_identity.py runs it under two
+engines and compares.
 
 The corpus: the examples (each with its config), the test fixtures, the
 benchmark's workload with deliveries out of order, duplicated and lost, so that
@@ -30,7 +30,6 @@ from bench.engine import build_workload
 from loopfuse.schemas import DetectionConfigFile, load_config, parse_config
 from loopfuse.schemas.decode import EventRejected, decode_event
 from loopfuse.streams.engine import (
-    COMPILED,
     Engine,
     LoopEvent,
     Notice,
@@ -197,7 +196,7 @@ def _run_native(native: NativeEngine, lines: list[bytes]) -> list[bytes]:
 
 
 def main() -> None:
-    lines = [b"compiled" if COMPILED else b"pure"]
+    lines: list[bytes] = []
     for name, config, events in corpora():
         lines.append(orjson.dumps(["corpus", name, len(events)]))
         lines.extend(run(events, config))

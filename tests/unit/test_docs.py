@@ -246,9 +246,6 @@ def command_problems(tokens: list[str]) -> list[str]:
             return [f"./dev has no command {rest[:1]}"]
         if rest[0] == "demo":  # ./dev demo runs loopfuse demo "$@"
             return loopfuse_problems(rest)
-        if rest[0] == "build-engine":
-            script = ROOT / "streams" / "local" / "compiled_engine.py"
-            return flag_problems(rest[1:], set(script_flags(script)))
         return path_problems(rest[1:])  # ./dev test: pytest's arguments
     if program in {"python", "python3"}:
         if rest[:1] == ["-m"]:

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopfuse.streams.engine import COMPILED, step
+from loopfuse.streams.engine import step
 from loopfuse.streams.engine.config import ResolvedConfig, resolve_config
 from loopfuse.streams.engine.detectors import Detection, detect, guard_message
 from loopfuse.streams.engine.fingerprint import (
@@ -209,7 +209,6 @@ def _engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Record], C
     return seen
 
 
-@pytest.mark.skipif(COMPILED, reason="the compiled step calls detect directly: nothing to record")
 def test_every_call_of_the_engine_corpus(native: ModuleType,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     judged_calls = _engine_calls(monkeypatch)

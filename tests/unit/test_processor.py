@@ -127,8 +127,8 @@ def test_an_event_under_another_sessions_key_is_dead_lettered_and_the_rest_judge
 class FlakyEngine:
     """The real engine, except that it fails (half-way through) on marked events.
 
-    A wrapper, not a subclass: the engine may be compiled (mypyc), and Python classes
-    cannot inherit from compiled ones.
+    A wrapper, not a subclass: the processor takes the native fold for an ``Engine``
+    (native_step.native_for), and a wrapper keeps its own step.
     """
 
     def __init__(self, engine: Engine) -> None:
