@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from loopfuse.streams.engine import (
     Engine,
     LoopEvent,
     Notice,
+    Output,
     Rejection,
     SessionState,
     Verdict,
@@ -119,6 +121,25 @@ _GENERATED_CONFIGS: dict[str, dict[str, Any]] = {
             "warningThreshold": 2}}}]},
     },
 }
+
+
+def corpus_steps() -> Iterator[tuple[SessionState, list[Output]]]:
+    """The corpora stepped by the Python engine (each with its config, the parking
+    bounds the differential tests use): each step's session state and outputs, then,
+    once a corpus is read, each session's release (its state, and what went)."""
+    for _, config, lines in corpora():
+        engine = Engine(config, max_parked=16, gap_timeout_ms=5_000)
+        states: dict[str, SessionState] = {}
+        for raw in lines:
+            try:
+                event, fingerprints = decode_fingerprinted(raw)
+            except EventRejected:
+                continue
+            states[event.key], outputs = engine.step(
+                states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints)
+            yield states[event.key], outputs
+        for state in states.values():
+            yield state, engine.release(state, state.touched_ms + 60_000, None)
 
 
 def _line(output: Any) -> bytes:

@@ -21,11 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopfuse.schemas import LoopEvent, Verdict
-from loopfuse.schemas.decode import EventRejected
-from loopfuse.streams.engine import Engine, SessionState
-from loopfuse.streams.engine.wire import decode_fingerprinted
 from tests.fixtures.hostile_strings import HOSTILE
-from tests.support.engine_corpus import corpora
+from tests.support.engine_corpus import corpus_steps
 
 _STRING_FIELDS = ("session_key", "run_id", "agent_id", "call_id", "incarnation", "tool_name",
                   "message", "args_hash", "paired_tool_name")
@@ -36,22 +33,8 @@ _TEXTS = [text for name, text in HOSTILE.items() if name != "lone_surrogate"] + 
 
 
 def _outputs() -> list[Verdict | LoopEvent]:
-    found: list[Verdict | LoopEvent] = []
-    for _, config, lines in corpora():
-        engine = Engine(config, max_parked=16, gap_timeout_ms=5_000)
-        states: dict[str, SessionState] = {}
-        for raw in lines:
-            try:
-                event, fingerprints = decode_fingerprinted(raw)
-            except EventRejected:
-                continue
-            states[event.key], outputs = engine.step(
-                states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints)
-            found.extend(o for o in outputs if isinstance(o, Verdict | LoopEvent))
-        for state in states.values():
-            found.extend(o for o in engine.release(state, state.touched_ms + 60_000, None)
-                         if isinstance(o, Verdict | LoopEvent))
-    return found
+    return [output for _, outputs in corpus_steps() for output in outputs
+            if isinstance(output, Verdict | LoopEvent)]
 
 
 @pytest.fixture(scope="module")

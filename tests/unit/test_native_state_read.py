@@ -18,28 +18,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from loopfuse.schemas.decode import EventRejected
-from loopfuse.streams.engine import Engine, SessionState, state_codec
+from loopfuse.streams.engine import SessionState, state_codec
 from loopfuse.streams.engine.native_step import NativeEngine
-from loopfuse.streams.engine.wire import decode_fingerprinted
-from tests.support.engine_corpus import corpora
+from tests.support.engine_corpus import corpus_steps
 
 
 def _corpus_states() -> list[bytes]:
     """Each session's state after each event, both formats, without repeats."""
     found: dict[bytes, None] = {}
-    for _, config, lines in corpora():
-        engine = Engine(config, max_parked=16, gap_timeout_ms=5_000)
-        states: dict[str, SessionState] = {}
-        for raw in lines:
-            try:
-                event, fingerprints = decode_fingerprinted(raw)
-            except EventRejected:
-                continue
-            states[event.key], _ = engine.step(
-                states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints)
-            for version in (4, 5):
-                found[state_codec.encode(states[event.key], version)] = None
+    for state, _ in corpus_steps():
+        for version in (4, 5):
+            found[state_codec.encode(state, version)] = None
     return list(found)
 
 
