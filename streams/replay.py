@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import IO, Any
 
@@ -124,17 +124,10 @@ def _replay_native(
     first_line = 1  # the line number of batch[0]
     while batch := list(islice(lines, BATCH_LINES)):
         start = 0
+        source_of = _batch_source(batch, first_line)
         while start < len(batch):
             outputs, start, stop, value = judge_lines(states, batch, start, **bounds)
-            for output in outputs:
-                if type(output) is bytes:  # a verdict or a loop event, as published
-                    yield output
-                elif output[0] == "rejection":
-                    raw = batch[output[3]].rstrip(b"\r\n")
-                    source = Source(line=first_line + output[3], value=raw)
-                    yield dead_letter(source, output[1], output[2], limits).value
-                else:
-                    log.info("%s (session %s, run %s)", output[2], output[3], output[4])
+            yield from _written(outputs, limits, source_of)
             if stop == ReplayStop.CHECKPOINT:
                 _, states[value] = native.checkpoint(states[value], limits.max_state_bytes)
             elif stop == ReplayStop.FAILED:
@@ -164,15 +157,28 @@ def _replay_alone(states: dict[str, Any], line: bytes, line_no: int, native: Nat
         source = Source(line=line_no, value=raw)
         yield dead_letter(source, "engine_error", f"engine error: {exc!r}", limits).value
         return
-    for output in outputs:
-        if type(output) is bytes:
-            yield output
-        elif output[0] == "rejection":
-            yield dead_letter(Source(line=line_no, value=raw), output[1], output[2], limits).value
-        else:
-            log.info("%s (session %s, run %s)", output[2], output[3], output[4])
+    yield from _written(outputs, limits, lambda _: Source(line=line_no, value=raw))
     if due:
         _, states[key] = native.checkpoint(states[key], limits.max_state_bytes)
+
+
+def _batch_source(batch: list[bytes], first_line: int) -> Callable[[tuple[Any, ...]], Source]:
+    """The dead letter's source of a batch's rejection (its line's index last)."""
+    return lambda rejection: Source(
+        line=first_line + rejection[3], value=batch[rejection[3]].rstrip(b"\r\n"))
+
+
+def _written(outputs: list[Any], limits: Limits,
+             source_of: Callable[[tuple[Any, ...]], Source]) -> Iterator[bytes]:
+    """A native step's outputs as replay writes them: verdicts and loop events as they
+    are, a rejection as the dead letter of its line (``source_of`` it), notices logged."""
+    for output in outputs:
+        if type(output) is bytes:  # a verdict or a loop event, as published
+            yield output
+        elif output[0] == "rejection":
+            yield dead_letter(source_of(output), output[1], output[2], limits).value
+        else:
+            log.info("%s (session %s, run %s)", output[2], output[3], output[4])
 
 
 def _progress_lines(stream: IO[bytes], total: int | None) -> Iterator[bytes]:

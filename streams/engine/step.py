@@ -376,8 +376,6 @@ class Engine:
                 args_action=action_of(event.args, event.args_action),
             )
         if isinstance(event, ToolResult):
-            if type(event) is ResultAtRest:
-                return event
             token, unknown = self._result_token(event)
             error = event.error_text
             return ResultAtRest(
