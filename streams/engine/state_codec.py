@@ -35,16 +35,19 @@ previous record's (the first's previous is 0: so a history of one run writes its
 once), 0x20 a call hash follows (else 0), 0x40 an unknown-tool name follows (else
 None); 0x80 is never set. The words and texts are met in this order, so equal states give equal bytes,
 whichever codec writes them. Any value wider than its field (none the engine makes)
-is written in version 4 instead. The native codec transcodes: msgspec writes version
-4's body in C, Rust makes it format 5; Rust makes format 5 version 4's body, msgspec
-reads it in C (building Python objects through PyO3 costs more than msgspec does).
+is written in version 4 instead. For a Python ``SessionState`` the native codec
+transcodes: msgspec writes version 4's body in C, Rust makes it format 5; Rust makes
+format 5 version 4's body, msgspec reads it in C (building Python objects through PyO3
+costs more than msgspec does). The native fold writes format 5 straight from its own
+state and reads it into one (native/src/state_bytes.rs), the same bytes.
 
 On ``bench/engine.py --sessions 500 --calls 50`` (history 30; docs/benchmarks.md has
 the runs) a median state is 692 B in format 5, 1,461 B in version 4 (699 B in version
 3). Encode + decode per state: version 4 about 2 + 8 µs, format 5 native 4 + 9 µs,
-format 5 in Python 40 + 41 µs. So where the native codec is, format 5 is written (half
-the bytes for about 2 µs more each way); without it, version 4 (format 5's writer in
-Python costs some 20 times msgspec's; ``encode(state, 5)`` still writes it).
+format 5 in Python 40 + 41 µs, and the native fold's own checkpoint + read 2.3 + 7.7 µs
+(issue 27's end). So where the native codec is, format 5 is written (half the bytes);
+without it, version 4 (format 5's writer in Python costs some 20 times msgspec's;
+``encode(state, 5)`` still writes it).
 
 Layout of version 4: a fixed head, then one MessagePack array written and read by
 msgspec in C (its fields: ``_Body`` below)::
