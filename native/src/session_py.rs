@@ -600,7 +600,12 @@ impl Judge {
             let (key, outputs, due) = match self.replay_one(py, states, &raw[..end], &limits) {
                 Ok(Some(stepped)) => stepped,
                 Ok(None) => return Ok((out, index, REPLAY_LEFT, None)),
-                Err(error) => return Ok((out, index, REPLAY_FAILED, Some(error.into_value(py).into_any()))),
+                // an Exception is the line's (its dead letter); anything else (a
+                // KeyboardInterrupt) stops the replay, as it would any Python code
+                Err(error) if error.is_instance_of::<pyo3::exceptions::PyException>(py) => {
+                    return Ok((out, index, REPLAY_FAILED, Some(error.into_value(py).into_any())));
+                }
+                Err(error) => return Err(error),
             };
             for output in outputs {
                 let item = match output {

@@ -424,6 +424,13 @@ def test_replay_says_which_line_a_native_step_failed_on(
     assert "could not be taken" in letters[0]["reason"]
     assert sum(line["type"] == "verdict" for line in out) == 600
 
+    def interrupted(text: str) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(native_step, "failure_identity", interrupted)
+    with pytest.raises(KeyboardInterrupt):  # not a line's failure: it stops the replay
+        list(replay.replay_lines(iter(lines), Engine(config)))
+
 
 def test_replay_sheds_a_state_over_its_cap_as_the_python_fold_does(
         native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
