@@ -49,9 +49,12 @@ def _loops() -> list[tuple[str, list[Record], tuple[Any, ...]]]:
     repeat = [Record("read", read, run, 0, same, None, i) for i in range(30)]
     write = signature("write", TOKEN)
     # read, write, read, write...: the ping-pong tail is the whole history
-    pong = [Record("read", read, run, 0, same, None, i) if i % 2 == 0
-            else Record("write", write, run, 0, result_fingerprint("w"), None, i)
-            for i in range(30)]
+    pong = [
+        Record("read", read, run, 0, same, None, i)
+        if i % 2 == 0
+        else Record("write", write, run, 0, result_fingerprint("w"), None, i)
+        for i in range(30)
+    ]
     return [
         ("generic repeat", repeat, ("read", read, TOKEN, False, config, RUN, 30)),
         ("ping-pong", pong, ("read", read, TOKEN, False, config, RUN, 15)),
@@ -76,15 +79,19 @@ def main() -> None:
         native = NATIVE.detect_history(history, *call)
         assert found is not None and native[1] == found.detector, (native, found)
         python_ns = _median_ns(partial(detect, history, *call), opts.number, opts.rounds)
-        pyo3_ns = _median_ns(partial(NATIVE.detect_history, history, *call), opts.number,
-                             opts.rounds)
+        pyo3_ns = _median_ns(
+            partial(NATIVE.detect_history, history, *call), opts.number, opts.rounds
+        )
         core_ns = statistics.median(
-            NATIVE.time_detect_history(history, *call, opts.number) for _ in range(opts.rounds))
+            NATIVE.time_detect_history(history, *call, opts.number) for _ in range(opts.rounds)
+        )
         figures.append((python_ns, core_ns, pyo3_ns))
-        print(f"{name} ({len(history)} records, {found.level} {found.detector}): "
-              f"Python {python_ns:,.0f} ns/call, native core {core_ns:,.0f} ns/call "
-              f"({python_ns / core_ns:.1f}x), through PyO3 {pyo3_ns:,.0f} ns/call "
-              f"({python_ns / pyo3_ns:.1f}x)")
+        print(
+            f"{name} ({len(history)} records, {found.level} {found.detector}): "
+            f"Python {python_ns:,.0f} ns/call, native core {core_ns:,.0f} ns/call "
+            f"({python_ns / core_ns:.1f}x), through PyO3 {pyo3_ns:,.0f} ns/call "
+            f"({python_ns / pyo3_ns:.1f}x)"
+        )
     python_ns, core_ns, pyo3_ns = figures[0]
     print(f"python_ns={python_ns:.0f} native_core_ns={core_ns:.0f} native_pyo3_ns={pyo3_ns:.0f}")
 

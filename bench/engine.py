@@ -240,8 +240,13 @@ def _decode_and_fingerprint(raw: bytes) -> InputEvent:
         elif type(event) is ToolResult:
             if event.has_args and event.args_hash is None:
                 args_hash(event.args)
-            result_token(event.tool_name, event.args, result=event.result,
-                         error=event.error_text, args_action=event.args_action)
+            result_token(
+                event.tool_name,
+                event.args,
+                result=event.result,
+                error=event.error_text,
+                args_action=event.args_action,
+            )
     return event
 
 
@@ -304,7 +309,9 @@ def openclaw_on_v8(raw: list[bytes], rounds: int) -> float | None:
         for _ in range(rounds):
             run = subprocess.run(
                 [node, str(script), "--quiet", events.name],
-                capture_output=True, text=True, check=True,
+                capture_output=True,
+                text=True,
+                check=True,
             )
             last = run.stderr.strip().splitlines()[-1]  # openclaw_v8_events_per_s=… calls=…
             rates.append(float(last.split()[0].split("=")[1]))
@@ -326,7 +333,8 @@ def codec_by_format(states: list[SessionState], rounds: int) -> str:
             blobs = [state_codec.encode(state, version) for state in states]
             size = sorted(map(len, blobs))[len(blobs) // 2]
             encode_us = 1e6 / _median_rate(
-                len(states), rounds,
+                len(states),
+                rounds,
                 lambda v=version: [state_codec.encode(state, v) for state in states],
             )
             decode_us = 1e6 / _median_rate(
@@ -334,11 +342,13 @@ def codec_by_format(states: list[SessionState], rounds: int) -> str:
             )
             fresh = [[state_codec.decode(blob) for blob in blobs] for _ in range(rounds)]
             first_us = 1e6 / _median_rate(
-                len(blobs), rounds,
+                len(blobs),
+                rounds,
                 lambda v=version, f=fresh: [state_codec.encode(state, v) for state in f.pop()],
             )
-            parts.append(f"{name} {size} B, {encode_us:.1f} + {decode_us:.1f} us "
-                         f"(first {first_us:.1f})")
+            parts.append(
+                f"{name} {size} B, {encode_us:.1f} + {decode_us:.1f} us (first {first_us:.1f})"
+            )
     finally:
         state_codec._NATIVE_CODEC = kept
     return "; ".join(parts)
@@ -352,10 +362,9 @@ def native_codec(native: Any, held: list[Any], rounds: int) -> str:
     blobs = [native.checkpoint(state, cap)[0] for state in held]
     size = sorted(map(len, blobs))[len(blobs) // 2]
     write_us = 1e6 / _median_rate(
-        len(held), rounds, lambda: [native.checkpoint(state, cap) for state in held])
-    read_us = 1e6 / _median_rate(
-        len(blobs), rounds,
-        lambda: [native.read(blob) for blob in blobs])
+        len(held), rounds, lambda: [native.checkpoint(state, cap) for state in held]
+    )
+    read_us = 1e6 / _median_rate(len(blobs), rounds, lambda: [native.read(blob) for blob in blobs])
     return f"{size} B, checkpoint {write_us:.1f} us + read {read_us:.1f} us per state"
 
 
@@ -367,14 +376,21 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="timed passes; the median is reported"
     )
-    parser.add_argument("--config", type=Path, default=None,
-                        help="a detection config file (default: the detectors enabled)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="a detection config file (default: the detectors enabled)",
+    )
     opts = parser.parse_args()
 
     kind = "pure" + ("+native" if NATIVE is not None else "")
     print(f"engine: {kind}")
-    config = (parse_config({"tools": {"loopDetection": {"enabled": True}}})
-              if opts.config is None else load_config(opts.config))
+    config = (
+        parse_config({"tools": {"loopDetection": {"enabled": True}}})
+        if opts.config is None
+        else load_config(opts.config)
+    )
     print(f"config: {opts.config or 'the detectors enabled'}")
     raw = build_workload(opts.sessions, opts.calls, opts.seed)
     mean_size = statistics.fmean(len(line) for line in raw)
@@ -397,7 +413,9 @@ def main() -> None:
     route_rate = _median_rate(
         len(raw), opts.rounds, lambda: deque(map(_decode_and_fingerprint, raw), 0)
     )
-    print(f"decode+validate+fingerprints (args and result tokens): median {route_rate:,.0f} events/s")
+    print(
+        f"decode+validate+fingerprints (args and result tokens): median {route_rate:,.0f} events/s"
+    )
     # canonical JSON + xxh3-128 of every payload (call args, result outcomes): the
     # part of the step the native judge's stage 1 took over
     payloads = [event.args for event in events if isinstance(event, ToolCall)]
@@ -470,10 +488,14 @@ def main() -> None:
                 held[key], _ = native.step(held.get(key), line, ts, None)
 
         fold_rate = _median_rate(len(raw), opts.rounds, fold_natively)
-        print(f"native fold (decode, fingerprints, step, outputs as bytes): median "
-              f"{fold_rate:,.0f} events/s")
-        print(f"native state codec (the worker's checkpoint and read of a native state): "
-              f"{native_codec(native, list(held.values()), opts.rounds)}")
+        print(
+            f"native fold (decode, fingerprints, step, outputs as bytes): median "
+            f"{fold_rate:,.0f} events/s"
+        )
+        print(
+            f"native state codec (the worker's checkpoint and read of a native state): "
+            f"{native_codec(native, list(held.values()), opts.rounds)}"
+        )
     history_size = engine.resolve(None).history_size
     print(
         f"state bytes per session (history {history_size}): median {median_size}, "
@@ -483,11 +505,22 @@ def main() -> None:
     print(f"state codec by format (median bytes, encode + decode per state): {by_format}")
     if NATIVE is not None:  # the pure engine on the same workload, for comparison
         pure = subprocess.run(
-            [sys.executable, *sys.argv], env={**os.environ, PURE_ENV: "1"},
-            capture_output=True, text=True, check=True,
+            [sys.executable, *sys.argv],
+            env={**os.environ, PURE_ENV: "1"},
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.splitlines()
-        summaries = ("offline path", "OpenClaw's", "decode+validate", "args fingerprint",
-                     "engine step", "state bytes", "state codec", "engine_")
+        summaries = (
+            "offline path",
+            "OpenClaw's",
+            "decode+validate",
+            "args fingerprint",
+            "engine step",
+            "state bytes",
+            "state codec",
+            "engine_",
+        )
         for line in pure:
             if line.startswith(summaries):
                 print(f"pure engine: {line}")

@@ -70,22 +70,34 @@ async def _gateway_calls(
 
 
 async def measure(
-    bootstrap: str, topics: Topics, mode: str, gateways: int, sessions: int, calls: int,
+    bootstrap: str,
+    topics: Topics,
+    mode: str,
+    gateways: int,
+    sessions: int,
+    calls: int,
     fetch_wait_ms: int,
 ) -> Figures:
     clients = [
-        GatewayClient(bootstrap, topics=topics, timeout=60, verdict_fetch_wait_ms=fetch_wait_ms,
-                      idempotent=fetch_wait_ms != 5)  # 5 ms: the embedded broker, no idempotence
+        GatewayClient(
+            bootstrap,
+            topics=topics,
+            timeout=60,
+            verdict_fetch_wait_ms=fetch_wait_ms,
+            idempotent=fetch_wait_ms != 5,
+        )  # 5 ms: the embedded broker, no idempotence
         for _ in range(gateways)
     ]
     for client in clients:
         await client.start()
     latencies: list[float] = []
     try:
-        await asyncio.gather(*(
-            _gateway_calls(c, f"{mode}-{i}-{uuid.uuid4().hex[:6]}", sessions, calls, latencies)
-            for i, c in enumerate(clients)
-        ))
+        await asyncio.gather(
+            *(
+                _gateway_calls(c, f"{mode}-{i}-{uuid.uuid4().hex[:6]}", sessions, calls, latencies)
+                for i, c in enumerate(clients)
+            )
+        )
         await asyncio.sleep(2.0)  # the readers catch up with what the others' calls caused
     finally:
         for client in clients:
@@ -95,11 +107,15 @@ async def measure(
     read = sum(c.stats.records_read for c in clients)
     latencies.sort()
     return Figures(
-        mode, gateways, sum(c.stats.verdicts for c in clients),
-        statistics.median(per_own), max(per_own),
+        mode,
+        gateways,
+        sum(c.stats.verdicts for c in clients),
+        statistics.median(per_own),
+        max(per_own),
         sum(c.stats.foreign_records for c in clients) / max(read, 1),
         sum(c.stats.bytes_read for c in clients),
-        statistics.median(latencies), latencies[int(len(latencies) * 0.99) - 1],
+        statistics.median(latencies),
+        latencies[int(len(latencies) * 0.99) - 1],
         sum(c.stats.timeouts for c in clients),
     )
 
@@ -109,23 +125,34 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
     replies = f"bench-replies-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="loopfuse-fanout-") as tmp:
         settings = worker_settings(
-            bootstrap, "tansu" if embedded else "kafka", roles, f"fanout-{uuid.uuid4().hex[:8]}",
-            Path(tmp) / "data", reply_topics=replies, reply_partitions=args.reply_partitions,
+            bootstrap,
+            "tansu" if embedded else "kafka",
+            roles,
+            f"fanout-{uuid.uuid4().hex[:8]}",
+            Path(tmp) / "data",
+            reply_topics=replies,
+            reply_partitions=args.reply_partitions,
             partitions=4,
         )
         worker = WorkerProcess(settings, log_path=Path(tmp) / "worker.log").start()
         try:
             await asyncio.to_thread(worker.wait_ready, 120)
-            routed = Topics(roles["tool_calls"], roles["tool_results"], roles["compactions"],
-                            roles["verdicts"], replies)
+            routed = Topics(
+                roles["tool_calls"],
+                roles["tool_results"],
+                roles["compactions"],
+                roles["verdicts"],
+                replies,
+            )
             v1 = dataclasses.replace(routed, replies=None)
             wait = 5 if embedded else 500
             # warm-up: the worker's first batches, the clients' first metadata
             await measure(bootstrap, routed, "warmup", 2, 1, 5, wait)
             lines = []
             for mode, topics in (("v1", v1), ("routed", routed)):
-                figures = await measure(bootstrap, topics, mode, args.gateways, args.sessions,
-                                        args.calls, wait)
+                figures = await measure(
+                    bootstrap, topics, mode, args.gateways, args.sessions, args.calls, wait
+                )
                 lines.append(figures.line())
                 print(lines[-1], flush=True)
         finally:

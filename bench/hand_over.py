@@ -45,8 +45,7 @@ async def measure(bootstrap: str, records: int, size: int, keys: int, rounds: in
         await producer.start()
         try:
             await (await producer.send(topic, b"warm", b"up", None, None, None))
-            batch = [(f"agent:1:session:{n % keys}".encode(), b"v" * size)
-                     for n in range(records)]
+            batch = [(f"agent:1:session:{n % keys}".encode(), b"v" * size) for n in range(records)]
             figures: dict[str, list[tuple[float, float, float]]] = {way: [] for way in WAYS}
             for _ in range(rounds):
                 for way in WAYS:
@@ -63,20 +62,28 @@ async def measure(bootstrap: str, records: int, size: int, keys: int, rounds: in
                     handed_cpu = time.process_time()
                     await asyncio.gather(*futures)
                     done_cpu, done = time.process_time(), time.perf_counter()
-                    figure = ((handed_cpu - start_cpu) / records * 1e6,
-                              (done_cpu - start_cpu) / records * 1e6,
-                              records / (done - start))
+                    figure = (
+                        (handed_cpu - start_cpu) / records * 1e6,
+                        (done_cpu - start_cpu) / records * 1e6,
+                        records / (done - start),
+                    )
                     figures[way].append(figure)
-                    print(f"{way:14s} hand-over {figure[0]:5.2f} µs CPU/record, with delivery "
-                          f"{figure[1]:5.2f} µs, {figure[2]:8,.0f} records/s", flush=True)
+                    print(
+                        f"{way:14s} hand-over {figure[0]:5.2f} µs CPU/record, with delivery "
+                        f"{figure[1]:5.2f} µs, {figure[2]:8,.0f} records/s",
+                        flush=True,
+                    )
         finally:
             await producer.stop()
-    medians = {way: [statistics.median(f[i] for f in figures[way]) for i in range(3)]
-               for way in WAYS}
-    print(" ".join(
-        f"{way}_handover_us={m[0]:.2f} {way}_delivered_us={m[1]:.2f} {way}_records_per_s={m[2]:.0f}"
-        for way, m in medians.items()
-    ))
+    medians = {
+        way: [statistics.median(f[i] for f in figures[way]) for i in range(3)] for way in WAYS
+    }
+    print(
+        " ".join(
+            f"{way}_handover_us={m[0]:.2f} {way}_delivered_us={m[1]:.2f} {way}_records_per_s={m[2]:.0f}"
+            for way, m in medians.items()
+        )
+    )
 
 
 def main() -> None:

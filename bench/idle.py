@@ -49,14 +49,19 @@ def main() -> int:
     choice = choose(args.broker)
     print(describe(choice), flush=True)
     results = []
-    with tempfile.TemporaryDirectory(prefix="loopfuse-bench-idle-") as tmp, started(
-        choice, Path(tmp) / "broker"
-    ) as broker:
+    with (
+        tempfile.TemporaryDirectory(prefix="loopfuse-bench-idle-") as tmp,
+        started(choice, Path(tmp) / "broker") as broker,
+    ):
         broker_pid = broker.process.pid if broker.process is not None else None
         for wait in args.waits.split(","):
             settings = worker_settings(
-                broker.bootstrap, broker.kind, new_topics(), unique("idle"),
-                Path(tmp) / f"data-{wait}", fetch_max_wait_ms=wait,
+                broker.bootstrap,
+                broker.kind,
+                new_topics(),
+                unique("idle"),
+                Path(tmp) / f"data-{wait}",
+                fetch_max_wait_ms=wait,
             )
             worker = WorkerProcess(settings, log_path=Path(tmp) / f"worker-{wait}.log").start()
             try:
@@ -66,14 +71,15 @@ def main() -> int:
                 t0 = time.monotonic()
                 time.sleep(args.seconds)
                 elapsed = time.monotonic() - t0
-                used = {pid: 100.0 * (cpu_seconds(pid) - before[pid]) / elapsed
-                        for pid in before}
+                used = {pid: 100.0 * (cpu_seconds(pid) - before[pid]) / elapsed for pid in before}
             finally:
                 worker.stop()
             time.sleep(3)
             alone = share(broker_pid, min(args.seconds, 10.0))
-            line = (f"wait={wait} worker={used[worker.pid]:.1f}% "
-                    f"broker={used[broker_pid]:.1f}% alone={alone:.1f}%")
+            line = (
+                f"wait={wait} worker={used[worker.pid]:.1f}% "
+                f"broker={used[broker_pid]:.1f}% alone={alone:.1f}%"
+            )
             print(f"fetch wait {wait} ms, idle {args.seconds:.0f} s: {line}", flush=True)
             results.append(line)
     print("idle_cpu " + " ".join(results), flush=True)

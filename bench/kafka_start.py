@@ -41,9 +41,12 @@ def main() -> int:
         finally:
             kafka.close()
         print(f"kafka start: {seconds[-1]:.2f} s to answering, RSS {rss[-1]:.0f} MiB", flush=True)
-    print(f"kafka_start runs={args.runs} median_s={statistics.median(seconds):.2f} "
-          f"min_s={min(seconds):.2f} max_s={max(seconds):.2f} "
-          f"rss_mib={min(rss):.0f}-{max(rss):.0f}", flush=True)
+    print(
+        f"kafka_start runs={args.runs} median_s={statistics.median(seconds):.2f} "
+        f"min_s={min(seconds):.2f} max_s={max(seconds):.2f} "
+        f"rss_mib={min(rss):.0f}-{max(rss):.0f}",
+        flush=True,
+    )
     return 0
 
 

@@ -51,14 +51,25 @@ def state_values(count: int = 64) -> list[bytes]:
         state = None
         for i in range(2 + n % 12):
             looping = n % 4 == 0
-            common = {"session_key": "template", "run_id": "run-1", "agent_id": "bench",
-                      "call_id": f"c{i}", "tool_name": "process" if looping else "read",
-                      "args": {"action": "poll"} if looping else {"path": f"/src/{n}-{i}.py"},
-                      "ts": 1_780_000_000_000 + i}
-            for event in ({**common, "type": "tool_call", "seq": 2 * i, "event_id": f"e{2 * i}"},
-                          {**common, "type": "tool_result", "seq": 2 * i + 1,
-                           "event_id": f"e{2 * i + 1}",
-                           "result": "running" if looping else f"content {n} {i}"}):
+            common = {
+                "session_key": "template",
+                "run_id": "run-1",
+                "agent_id": "bench",
+                "call_id": f"c{i}",
+                "tool_name": "process" if looping else "read",
+                "args": {"action": "poll"} if looping else {"path": f"/src/{n}-{i}.py"},
+                "ts": 1_780_000_000_000 + i,
+            }
+            for event in (
+                {**common, "type": "tool_call", "seq": 2 * i, "event_id": f"e{2 * i}"},
+                {
+                    **common,
+                    "type": "tool_result",
+                    "seq": 2 * i + 1,
+                    "event_id": f"e{2 * i + 1}",
+                    "result": "running" if looping else f"content {n} {i}",
+                },
+            ):
                 state, _ = engine.step(state, decode_event(orjson.dumps(event)), 0)
         assert state is not None
         values.append(state_codec.encode(state))
@@ -69,8 +80,9 @@ async def write_changelog(bootstrap: str, topic: str, sessions: int) -> int:
     """``sessions`` states under distinct keys; the producer's default partitioner
     places them where Faust's table writes would go."""
     values = state_values()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5,
-                                max_batch_size=1_048_576, acks=1)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=1_048_576, acks=1
+    )
     await producer.start()
     written = 0
     try:
@@ -86,8 +98,12 @@ async def write_changelog(bootstrap: str, topic: str, sessions: int) -> int:
 
 async def raw_read(bootstrap: str, topic: str, partitions: int) -> tuple[float, int]:
     """Seconds for a plain consumer to read ``topic`` from the start to its end."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                fetch_max_wait_ms=CLIENT_FETCH_WAIT_MS, max_poll_records=10_000)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=CLIENT_FETCH_WAIT_MS,
+        max_poll_records=10_000,
+    )
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
@@ -108,10 +124,12 @@ async def raw_read(bootstrap: str, topic: str, partitions: int) -> tuple[float, 
         await consumer.stop()
 
 
-def timed_ready(settings: dict[str, str], log: Path, timeout: float = 300.0,
-                profile: str | None = None) -> float:
-    worker = WorkerProcess(settings, log_path=log,
-                           python_options=["-m", "cProfile", "-o", profile] if profile else ())
+def timed_ready(
+    settings: dict[str, str], log: Path, timeout: float = 300.0, profile: str | None = None
+) -> float:
+    worker = WorkerProcess(
+        settings, log_path=log, python_options=["-m", "cProfile", "-o", profile] if profile else ()
+    )
     t0 = time.monotonic()
     worker.start()
     try:
@@ -128,9 +146,13 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
     with tempfile.TemporaryDirectory(prefix="loopfuse-bench-") as scratch:
         tmp = args.workdir or scratch
         settings = {
-            "bootstrap_servers": bootstrap, "embedded_broker": str(embedded).lower(),
-            "app_id": app_id, "partitions": str(args.partitions), "store": args.store,
-            "broker_session_timeout": "6", "broker_heartbeat_interval": "1",
+            "bootstrap_servers": bootstrap,
+            "embedded_broker": str(embedded).lower(),
+            "app_id": app_id,
+            "partitions": str(args.partitions),
+            "store": args.store,
+            "broker_session_timeout": "6",
+            "broker_heartbeat_interval": "1",
             **topic_settings(topics),
         }
         logs = Path(tmp)
@@ -139,36 +161,55 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
         print(f"empty start-up: ready after {empty:.1f} s", flush=True)
         t0 = time.monotonic()
         size = await write_changelog(bootstrap, changelog, args.sessions)
-        print(f"wrote {args.sessions:,} states ({size / 1e6:.1f} MB) into {changelog} in "
-              f"{time.monotonic() - t0:.1f} s", flush=True)
+        print(
+            f"wrote {args.sessions:,} states ({size / 1e6:.1f} MB) into {changelog} in "
+            f"{time.monotonic() - t0:.1f} s",
+            flush=True,
+        )
         raw_s, raw_records = await raw_read(bootstrap, changelog, args.partitions)
-        print(f"raw aiokafka read of the changelog: {raw_records:,} records in {raw_s:.2f} s "
-              f"({raw_records / raw_s:,.0f}/s)", flush=True)
+        print(
+            f"raw aiokafka read of the changelog: {raw_records:,} records in {raw_s:.2f} s "
+            f"({raw_records / raw_s:,.0f}/s)",
+            flush=True,
+        )
         try:
-            full = timed_ready({**settings, "data_dir": str(logs / "b")}, logs / "full.log",
-                               profile=args.profile)
+            full = timed_ready(
+                {**settings, "data_dir": str(logs / "b")}, logs / "full.log", profile=args.profile
+            )
         except BaseException:
             print((logs / "full.log").read_text(errors="replace")[-3000:], file=sys.stderr)
             raise
-    print(f"restart onto {args.sessions:,} sessions: ready after {full:.1f} s, "
-          f"{full - empty:.1f} s beyond the empty start-up (goal <= 10 s)", flush=True)
-    return (f"ready_empty_s={empty:.2f} ready_recovered_s={full:.2f} "
-            f"beyond_empty_s={full - empty:.2f} raw_changelog_read_s={raw_s:.2f} "
-            f"sessions={args.sessions} changelog_bytes={size} store={args.store}")
+    print(
+        f"restart onto {args.sessions:,} sessions: ready after {full:.1f} s, "
+        f"{full - empty:.1f} s beyond the empty start-up (goal <= 10 s)",
+        flush=True,
+    )
+    return (
+        f"ready_empty_s={empty:.2f} ready_recovered_s={full:.2f} "
+        f"beyond_empty_s={full - empty:.2f} raw_changelog_read_s={raw_s:.2f} "
+        f"sessions={args.sessions} changelog_bytes={size} store={args.store}"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--broker", default=None, metavar="kafka|embedded|HOST:PORT",
+        "--broker",
+        default=None,
+        metavar="kafka|embedded|HOST:PORT",
         help="Apache Kafka, one local KRaft node (default); the embedded Tansu; or a "
-             "running broker (LOOPFUSE_TEST_BROKER_KIND=tansu if it is the embedded one)")
+        "running broker (LOOPFUSE_TEST_BROKER_KIND=tansu if it is the embedded one)",
+    )
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--store", default="memory://", choices=["memory://", "rocksdb://"],
-                        help="the workers' table store; with rocksdb:// the restarted worker "
-                             "has an empty data folder, so it restores every session into "
-                             "RocksDB from the changelog (a new node)")
+    parser.add_argument(
+        "--store",
+        default="memory://",
+        choices=["memory://", "rocksdb://"],
+        help="the workers' table store; with rocksdb:// the restarted worker "
+        "has an empty data folder, so it restores every session into "
+        "RocksDB from the changelog (a new node)",
+    )
     parser.add_argument("--profile", metavar="PATH", help="cProfile the recovering worker")
     parser.add_argument("--workdir", type=Path, help="keep the workers' logs here")
     args = parser.parse_args()

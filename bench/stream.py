@@ -84,13 +84,27 @@ def workload(n_events: int, n_sessions: int, seed: int = 7) -> list[dict[str, An
                 tool = rng.choice(["read", "exec", "web_search", "write"])
                 args = {"path": f"/src/{rng.randrange(10_000)}.py", "n": i}
                 result = f"content {rng.random()}"
-            common = {"session_key": key, "run_id": "run-1", "agent_id": "bench",
-                      "call_id": f"{key}-c{i}", "tool_name": tool, "args": args,
-                      "ts": 1_780_000_000_000 + i}
-            events.append({**common, "type": "tool_call", "event_id": f"{key}-{2 * i}",
-                           "seq": 2 * i})
-            events.append({**common, "type": "tool_result", "event_id": f"{key}-{2 * i + 1}",
-                           "seq": 2 * i + 1, "result": {"content": result}})
+            common = {
+                "session_key": key,
+                "run_id": "run-1",
+                "agent_id": "bench",
+                "call_id": f"{key}-c{i}",
+                "tool_name": tool,
+                "args": args,
+                "ts": 1_780_000_000_000 + i,
+            }
+            events.append(
+                {**common, "type": "tool_call", "event_id": f"{key}-{2 * i}", "seq": 2 * i}
+            )
+            events.append(
+                {
+                    **common,
+                    "type": "tool_result",
+                    "event_id": f"{key}-{2 * i + 1}",
+                    "seq": 2 * i + 1,
+                    "result": {"content": result},
+                }
+            )
         streams.append(events)
     out = [e for group in zip(*streams, strict=True) for e in group]
     return out[:n_events]
@@ -143,8 +157,15 @@ async def produce_all(bootstrap: str, messages: list[tuple[str, bytes, bytes]]) 
 class BenchWorker(WorkerProcess):
     """The worker under test, on topics of its own."""
 
-    def __init__(self, bootstrap: str, embedded: bool, partitions: int, tmp: Path,
-                 extra_env: dict[str, str], profile: str | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        embedded: bool,
+        partitions: int,
+        tmp: Path,
+        extra_env: dict[str, str],
+        profile: str | None = None,
+    ) -> None:
         self.topics = unique_topics("bench")
         self.partitions = partitions
         super().__init__(
@@ -168,9 +189,11 @@ class BenchWorker(WorkerProcess):
 
     def twin(self) -> WorkerProcess:
         """Another worker of the same group on the same topics (its own web port)."""
-        settings = {key.removeprefix("LOOPFUSE_").lower(): value
-                    for key, value in self.env.items()
-                    if key.startswith("LOOPFUSE_") and key != "LOOPFUSE_WEB_PORT"}
+        settings = {
+            key.removeprefix("LOOPFUSE_").lower(): value
+            for key, value in self.env.items()
+            if key.startswith("LOOPFUSE_") and key != "LOOPFUSE_WEB_PORT"
+        }
         assert self.log_path is not None
         return WorkerProcess(settings, log_path=self.log_path.with_name("twin.log"))
 
@@ -181,8 +204,9 @@ class BenchWorker(WorkerProcess):
 # -- (a) throughput -------------------------------------------------------------------
 
 
-async def worker_throughput(bootstrap: str, worker: BenchWorker,
-                            events: list[dict[str, Any]], spy: str | None = None) -> float:
+async def worker_throughput(
+    bootstrap: str, worker: BenchWorker, events: list[dict[str, Any]], spy: str | None = None
+) -> float:
     messages = [(worker.topic_for(e), e["session_key"].encode(), orjson.dumps(e)) for e in events]
     expected = sum(1 for e in events if e["type"] == "tool_call")
     # The backlog waits on topics the worker will find (Apache Kafka creates none on demand).
@@ -214,9 +238,21 @@ def start_sampling(worker: BenchWorker, path: str) -> subprocess.Popen[bytes]:
     if not Path(spy).exists():
         raise SystemExit("--spy needs py-spy (pip install py-spy)")
     return subprocess.Popen(
-        [spy, "record", "--pid", str(worker.pid), "--rate", "200", "--threads",
-         "--format", "raw", "--output", path],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            spy,
+            "record",
+            "--pid",
+            str(worker.pid),
+            "--rate",
+            "200",
+            "--threads",
+            "--format",
+            "raw",
+            "--output",
+            path,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -234,8 +270,9 @@ def print_profile(path: str, top: int = 25) -> None:
             under[(thread, name)] = under.get((thread, name), 0) + samples
     for thread, total in sorted(totals.items(), key=lambda item: -item[1]):
         print(f"profile of {thread} ({total} samples):")
-        ranked = sorted(((n, c) for (t, n), c in under.items() if t == thread),
-                        key=lambda item: -item[1])
+        ranked = sorted(
+            ((n, c) for (t, n), c in under.items() if t == thread), key=lambda item: -item[1]
+        )
         for name, samples in ranked[:top]:
             print(f"  {100 * samples / total:5.1f}%  {name}")
 
@@ -256,14 +293,16 @@ async def decision_span(cons: AIOKafkaConsumer, expected: int, hint: str) -> flo
     return max((last - first) / 1000.0, 1e-3)
 
 
-async def raw_pipe_throughput(bootstrap: str, events: list[dict[str, Any]],
-                              partitions: int) -> float:
+async def raw_pipe_throughput(
+    bootstrap: str, events: list[dict[str, Any]], partitions: int
+) -> float:
     """aiokafka consume -> produce (one message out per message in), same input shape."""
     suffix = uuid.uuid4().hex[:8]
     source, sink = f"raw-in-{suffix}", f"raw-out-{suffix}"
     await create_topics(bootstrap, [source, sink], partitions)
-    await produce_all(bootstrap, [(source, e["session_key"].encode(), orjson.dumps(e))
-                                  for e in events])
+    await produce_all(
+        bootstrap, [(source, e["session_key"].encode(), orjson.dumps(e)) for e in events]
+    )
     cons = consumer(bootstrap, source, group=f"raw-{suffix}")
     prod = producer(bootstrap)
     await cons.start()
@@ -291,8 +330,15 @@ async def raw_pipe_throughput(bootstrap: str, events: list[dict[str, Any]],
 # -- (b) latency ----------------------------------------------------------------------
 
 
-async def paced_round_trips(bootstrap: str, send_topic: str, reply_topic: str, rate: float,
-                            seconds: float, make: Any, reply_id: Any) -> list[float]:
+async def paced_round_trips(
+    bootstrap: str,
+    send_topic: str,
+    reply_topic: str,
+    rate: float,
+    seconds: float,
+    make: Any,
+    reply_id: Any,
+) -> list[float]:
     """Send at ``rate``/s for ``seconds``; return send -> reply latencies in ms."""
     sent: dict[str, float] = {}
     latencies: list[float] = []
@@ -339,19 +385,33 @@ def tool_call_maker(prefix: str, sessions: int) -> Any:
     def make(i: int) -> tuple[bytes, bytes, str]:
         key = f"{prefix}:{i % sessions}"
         call_id = f"{prefix}-{i}"
-        event = {"type": "tool_call", "event_id": call_id, "session_key": key, "run_id": "r",
-                 "call_id": call_id, "tool_name": "read", "args": {"path": f"/f{i}"},
-                 "ts": 1_780_000_000_000 + i}
+        event = {
+            "type": "tool_call",
+            "event_id": call_id,
+            "session_key": key,
+            "run_id": "r",
+            "call_id": call_id,
+            "tool_name": "read",
+            "args": {"path": f"/f{i}"},
+            "ts": 1_780_000_000_000 + i,
+        }
         return key.encode(), orjson.dumps(event), call_id
+
     return make
 
 
-async def worker_latency(bootstrap: str, worker: BenchWorker, rate: float,
-                         seconds: float) -> list[float]:
+async def worker_latency(
+    bootstrap: str, worker: BenchWorker, rate: float, seconds: float
+) -> list[float]:
     prefix = f"lat-{uuid.uuid4().hex[:6]}"
     return await paced_round_trips(
-        bootstrap, worker.topics["tool_calls"], worker.topics["verdicts"], rate, seconds,
-        tool_call_maker(prefix, 200), lambda value: orjson.loads(value)["call_id"],
+        bootstrap,
+        worker.topics["tool_calls"],
+        worker.topics["verdicts"],
+        rate,
+        seconds,
+        tool_call_maker(prefix, 200),
+        lambda value: orjson.loads(value)["call_id"],
     )
 
 
@@ -376,7 +436,12 @@ async def raw_latency(bootstrap: str, rate: float, seconds: float, partitions: i
     echo_task = asyncio.create_task(echo())
     try:
         return await paced_round_trips(
-            bootstrap, source, sink, rate, seconds, tool_call_maker("rtt", 200),
+            bootstrap,
+            source,
+            sink,
+            rate,
+            seconds,
+            tool_call_maker("rtt", 200),
             lambda value: orjson.loads(value)["call_id"],
         )
     finally:
@@ -387,8 +452,12 @@ async def raw_latency(bootstrap: str, rate: float, seconds: float, partitions: i
         await echo_cons.stop()
 
 
-async def group_throughput(bootstrap: str, workers: list[WorkerProcess], topics: dict[str, str],
-                           events: list[dict[str, Any]]) -> float:
+async def group_throughput(
+    bootstrap: str,
+    workers: list[WorkerProcess],
+    topics: dict[str, str],
+    events: list[dict[str, Any]],
+) -> float:
     """Events/s through ``workers`` (one group), all started and assigned beforehand."""
     for worker in workers:
         worker.start()
@@ -397,8 +466,9 @@ async def group_throughput(bootstrap: str, workers: list[WorkerProcess], topics:
     await asyncio.sleep(8)  # let the group settle (a later join would rebalance mid-run)
     for worker in workers:
         await asyncio.to_thread(worker.wait_ready, 120)
-    messages = [(input_topic_for(topics, e), e["session_key"].encode(), orjson.dumps(e))
-                for e in events]
+    messages = [
+        (input_topic_for(topics, e), e["session_key"].encode(), orjson.dumps(e)) for e in events
+    ]
     expected = sum(1 for e in events if e["type"] == "tool_call")
     cons = consumer(bootstrap, topics["verdicts"])
     await cons.start()
@@ -411,8 +481,14 @@ async def group_throughput(bootstrap: str, workers: list[WorkerProcess], topics:
     return len(events) / elapsed
 
 
-async def scale_out(bootstrap: str, embedded: bool, partitions: int, tmp: Path,
-                    extra: dict[str, str], events: list[dict[str, Any]]) -> tuple[float, float]:
+async def scale_out(
+    bootstrap: str,
+    embedded: bool,
+    partitions: int,
+    tmp: Path,
+    extra: dict[str, str],
+    events: list[dict[str, Any]],
+) -> tuple[float, float]:
     rates = []
     for count in (1, 2):
         (tmp / f"group{count}").mkdir()
@@ -423,13 +499,15 @@ async def scale_out(bootstrap: str, embedded: bool, partitions: int, tmp: Path,
         finally:
             for worker in workers:
                 worker.stop()
-        print(f"{count} worker(s) on {partitions} partitions: {rates[-1]:,.0f} events/s",
-              flush=True)
+        print(
+            f"{count} worker(s) on {partitions} partitions: {rates[-1]:,.0f} events/s", flush=True
+        )
     return rates[0], rates[1]
 
 
-async def latency_curve(bootstrap: str, worker: BenchWorker, top: float, seconds: float,
-                        partitions: int) -> tuple[float, list[str]]:
+async def latency_curve(
+    bootstrap: str, worker: BenchWorker, top: float, seconds: float, partitions: int
+) -> tuple[float, list[str]]:
     """Verdict p99 beside the raw echo's p99 at paced rates from 250/s, doubling, up to
     ``top`` (the backlog maximum); the highest rate at which the verdict's p99 stays
     within 3x the echo's (0 when none does), and a line per rate."""
@@ -439,8 +517,11 @@ async def latency_curve(bootstrap: str, worker: BenchWorker, top: float, seconds
         rate *= 2
     rates.append(top)
     best, lines = 0.0, []
-    settings = {key.removeprefix("LOOPFUSE_").lower(): value
-                for key, value in worker.env.items() if key.startswith("LOOPFUSE_")}
+    settings = {
+        key.removeprefix("LOOPFUSE_").lower(): value
+        for key, value in worker.env.items()
+        if key.startswith("LOOPFUSE_")
+    }
     for rate in rates:
         # Each rate from a caught-up worker: what the last one left unjudged is not
         # this one's latency.
@@ -450,8 +531,10 @@ async def latency_curve(bootstrap: str, worker: BenchWorker, top: float, seconds
         within = verdict <= 3 * echo
         if within:
             best = max(best, rate)
-        lines.append(f"curve: {rate:,.0f}/s verdict p99={verdict:.1f} ms echo p99={echo:.1f} ms "
-                     f"ratio={verdict / echo:.1f}{'' if within else ' (over 3x)'}")
+        lines.append(
+            f"curve: {rate:,.0f}/s verdict p99={verdict:.1f} ms echo p99={echo:.1f} ms "
+            f"ratio={verdict / echo:.1f}{'' if within else ' (over 3x)'}"
+        )
         print(lines[-1], flush=True)
     return best, lines
 
@@ -472,31 +555,40 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
     events = workload(args.events, args.sessions)
     with tempfile.TemporaryDirectory(prefix="loopfuse-bench-") as tmp:
         extra = dict(kv.split("=", 1) for kv in args.worker_env)
-        worker = BenchWorker(bootstrap, embedded, args.partitions, Path(tmp), extra,
-                             args.profile)
+        worker = BenchWorker(bootstrap, embedded, args.partitions, Path(tmp), extra, args.profile)
         try:
             worker_rate = await worker_throughput(bootstrap, worker, events, args.spy)
-            print(f"worker throughput: {worker_rate:,.0f} events/s ({len(events)} events)",
-                  flush=True)
+            print(
+                f"worker throughput: {worker_rate:,.0f} events/s ({len(events)} events)", flush=True
+            )
             await worker.ready()
             verdict_ms = await worker_latency(bootstrap, worker, args.rate, args.seconds)
             best_rate = float("nan")
             if args.curve:
-                best_rate, _ = await latency_curve(bootstrap, worker, worker_rate,
-                                                   args.seconds, args.partitions)
+                best_rate, _ = await latency_curve(
+                    bootstrap, worker, worker_rate, args.seconds, args.partitions
+                )
             rate80 = 0.8 * worker_rate
-            await worker_committed(bootstrap, {
-                key.removeprefix("LOOPFUSE_").lower(): value
-                for key, value in worker.env.items() if key.startswith("LOOPFUSE_")
-            }, timeout=300)
+            await worker_committed(
+                bootstrap,
+                {
+                    key.removeprefix("LOOPFUSE_").lower(): value
+                    for key, value in worker.env.items()
+                    if key.startswith("LOOPFUSE_")
+                },
+                timeout=300,
+            )
             verdict80_ms = await worker_latency(bootstrap, worker, rate80, args.seconds)
         except BaseException:
             print(worker.tail(3000), file=sys.stderr)
             raise
         finally:
             worker.stop()
-        one, two = (await scale_out(bootstrap, embedded, args.partitions, Path(tmp), extra,
-                                    events) if args.scale_out else (float("nan"),) * 2)
+        one, two = (
+            await scale_out(bootstrap, embedded, args.partitions, Path(tmp), extra, events)
+            if args.scale_out
+            else (float("nan"),) * 2
+        )
     raw_rate = await raw_pipe_throughput(bootstrap, events, args.partitions)
     print(f"raw aiokafka pipe:  {raw_rate:,.0f} events/s", flush=True)
     rtt_ms = await raw_latency(bootstrap, args.rate, args.seconds, args.partitions)
@@ -504,47 +596,74 @@ async def run(args: argparse.Namespace, bootstrap: str, embedded: bool) -> str:
     v50, v99 = percentile(verdict_ms, 50), percentile(verdict_ms, 99)
     r50, r99 = percentile(rtt_ms, 50), percentile(rtt_ms, 99)
     v80, r80 = percentile(verdict80_ms, 99), percentile(rtt80_ms, 99)
-    print(f"verdict latency at {args.rate:g}/s: p50={v50:.2f} ms p99={v99:.2f} ms "
-          f"(n={len(verdict_ms)}, mean={statistics.fmean(verdict_ms):.2f})")
+    print(
+        f"verdict latency at {args.rate:g}/s: p50={v50:.2f} ms p99={v99:.2f} ms "
+        f"(n={len(verdict_ms)}, mean={statistics.fmean(verdict_ms):.2f})"
+    )
     print(f"raw echo round trip:      p50={r50:.2f} ms p99={r99:.2f} ms (n={len(rtt_ms)})")
-    print(f"at 80% of the worker's max ({rate80:,.0f}/s): verdict p50="
-          f"{percentile(verdict80_ms, 50):.2f} ms p99={v80:.2f} ms; raw echo p50="
-          f"{percentile(rtt80_ms, 50):.2f} ms p99={r80:.2f} ms")
-    print(f"ratio={worker_rate / raw_rate:.3f} (target >= 0.25); "
-          f"verdict p50 / raw p50 = {v50 / r50:.1f} (target <= 3); "
-          f"verdict p99 / raw p99 = {v99 / r99:.1f} (target <= 10); "
-          f"two workers / one = {two / one:.2f} (target >= 1.6 where the cores allow)")
-    return (f"worker_events_per_s={worker_rate:.1f} raw_pipe_events_per_s={raw_rate:.1f} "
-            f"ratio={worker_rate / raw_rate:.4f} verdict_p99_ms={v99:.3f} raw_rtt_p99_ms={r99:.3f}"
-            f" verdict_p50_ms={v50:.3f} raw_rtt_p50_ms={r50:.3f}"
-            f" verdict_p99_at_80pct_ms={v80:.3f} raw_rtt_p99_at_80pct_ms={r80:.3f}"
-            f" one_worker_events_per_s={one:.1f} two_workers_events_per_s={two:.1f}"
-            f" two_worker_speedup={two / one:.3f}"
-            f" max_rate_p99_within_3x_echo={best_rate:.0f}")
+    print(
+        f"at 80% of the worker's max ({rate80:,.0f}/s): verdict p50="
+        f"{percentile(verdict80_ms, 50):.2f} ms p99={v80:.2f} ms; raw echo p50="
+        f"{percentile(rtt80_ms, 50):.2f} ms p99={r80:.2f} ms"
+    )
+    print(
+        f"ratio={worker_rate / raw_rate:.3f} (target >= 0.25); "
+        f"verdict p50 / raw p50 = {v50 / r50:.1f} (target <= 3); "
+        f"verdict p99 / raw p99 = {v99 / r99:.1f} (target <= 10); "
+        f"two workers / one = {two / one:.2f} (target >= 1.6 where the cores allow)"
+    )
+    return (
+        f"worker_events_per_s={worker_rate:.1f} raw_pipe_events_per_s={raw_rate:.1f} "
+        f"ratio={worker_rate / raw_rate:.4f} verdict_p99_ms={v99:.3f} raw_rtt_p99_ms={r99:.3f}"
+        f" verdict_p50_ms={v50:.3f} raw_rtt_p50_ms={r50:.3f}"
+        f" verdict_p99_at_80pct_ms={v80:.3f} raw_rtt_p99_at_80pct_ms={r80:.3f}"
+        f" one_worker_events_per_s={one:.1f} two_workers_events_per_s={two:.1f}"
+        f" two_worker_speedup={two / one:.3f}"
+        f" max_rate_p99_within_3x_echo={best_rate:.0f}"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--broker", default=None, metavar="kafka|embedded|HOST:PORT",
+        "--broker",
+        default=None,
+        metavar="kafka|embedded|HOST:PORT",
         help="Apache Kafka, one local KRaft node (default); the embedded Tansu; or a "
-             "running broker (LOOPFUSE_TEST_BROKER_KIND=tansu if it is the embedded one)")
+        "running broker (LOOPFUSE_TEST_BROKER_KIND=tansu if it is the embedded one)",
+    )
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rate", type=float, default=1_000.0, help="latency phase, events/s")
     parser.add_argument("--seconds", type=float, default=3.0, help="latency phase duration")
-    parser.add_argument("--worker-env", action="append", default=[], metavar="LOOPFUSE_X=V",
-                        help="extra worker setting (repeatable), e.g. LOOPFUSE_BATCH_MAX=1000")
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="LOOPFUSE_X=V",
+        help="extra worker setting (repeatable), e.g. LOOPFUSE_BATCH_MAX=1000",
+    )
     parser.add_argument("--profile", metavar="PATH", help="cProfile the worker into PATH")
-    parser.add_argument("--spy", metavar="PATH",
-                        help="sample the worker with py-spy during (a) into PATH (raw "
-                             "stacks) and print where its threads spend their time")
-    parser.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True,
-                        help="also the latency-throughput curve: verdict p99 beside the raw "
-                             "echo's at paced rates from 250/s doubling to the backlog max")
-    parser.add_argument("--scale-out", action=argparse.BooleanOptionalAction, default=True,
-                        help="also measure one vs two workers (c)")
+    parser.add_argument(
+        "--spy",
+        metavar="PATH",
+        help="sample the worker with py-spy during (a) into PATH (raw "
+        "stacks) and print where its threads spend their time",
+    )
+    parser.add_argument(
+        "--curve",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the latency-throughput curve: verdict p99 beside the raw "
+        "echo's at paced rates from 250/s doubling to the backlog max",
+    )
+    parser.add_argument(
+        "--scale-out",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure one vs two workers (c)",
+    )
     args = parser.parse_args()
     line = run_on(args.broker, lambda b, e: run(args, b, embedded=e))
     print(line, flush=True)

@@ -74,9 +74,16 @@ def _calls(n: int, incarnation: str) -> list[_Record]:
     for i in range(n):
         session = f"agent:main:{i % 100}"
         event = {
-            "type": "tool_call", "event_id": f"{incarnation}:{i}", "session_key": session,
-            "run_id": "run-1", "agent_id": "main", "incarnation": incarnation, "seq": i // 100,
-            "ts": 1_780_000_000_000 + i, "call_id": f"call-{i}", "tool_name": "read",
+            "type": "tool_call",
+            "event_id": f"{incarnation}:{i}",
+            "session_key": session,
+            "run_id": "run-1",
+            "agent_id": "main",
+            "incarnation": incarnation,
+            "seq": i // 100,
+            "ts": 1_780_000_000_000 + i,
+            "call_id": f"call-{i}",
+            "tool_name": "read",
             "args": {"path": f"/src/module_{i}.py"},
             "reply_to": {"topic": REPLIES, "partition": 3, "requester": incarnation},
         }
@@ -96,18 +103,25 @@ def worker(n: int, rounds: int) -> tuple[float, float, int]:
 
     def judge() -> list[Any]:
         processor = SessionProcessor(
-            Engine(parse_config(CONFIG)), ("agent.tool-calls", "agent.tool-results",
-                                           "agent.compactions"),
-            OutputTopics("loopfuse.verdicts", "loopfuse.loop-events", "loopfuse.dead-letters",
-                         replies={REPLIES: 8}),
-            DictStore(), _Offsets(), clock=lambda: 1_780_000_100_000,
+            Engine(parse_config(CONFIG)),
+            ("agent.tool-calls", "agent.tool-results", "agent.compactions"),
+            OutputTopics(
+                "loopfuse.verdicts",
+                "loopfuse.loop-events",
+                "loopfuse.dead-letters",
+                replies={REPLIES: 8},
+            ),
+            DictStore(),
+            _Offsets(),
+            clock=lambda: 1_780_000_100_000,
         )
         return processor.process(calls)
 
     messages = judge()
     assert sum(1 for m in messages if m[0] == REPLIES) == n, "every call answered on its reply"
-    signing = VerdictSigning(VerdictSigner(parse_verdict_keys(KEY)[0]),
-                             ("loopfuse.verdicts", REPLIES))
+    signing = VerdictSigning(
+        VerdictSigner(parse_verdict_keys(KEY)[0]), ("loopfuse.verdicts", REPLIES)
+    )
 
     def sign() -> None:
         headers = signing.headers
@@ -141,18 +155,33 @@ async def _read_once(n: int, key: str | None) -> float:
     records = []
     waiting = []
     for i in range(n):
-        value = orjson.dumps({
-            "type": "verdict", "verdict_id": f"v{i}", "session_key": f"s{i % 100}",
-            "run_id": "run-1", "agent_id": "main", "call_id": f"call-{i}", "seq": i,
-            "incarnation": client.incarnation, "tool_name": "read", "action": "allow",
-            "level": "none", "detector": None, "count": 0, "message": None,
-            "args_hash": "3f2a9c1e5b7d4f60", "event_ts": 1, "decided_ts": 2,
-        })
+        value = orjson.dumps(
+            {
+                "type": "verdict",
+                "verdict_id": f"v{i}",
+                "session_key": f"s{i % 100}",
+                "run_id": "run-1",
+                "agent_id": "main",
+                "call_id": f"call-{i}",
+                "seq": i,
+                "incarnation": client.incarnation,
+                "tool_name": "read",
+                "action": "allow",
+                "level": "none",
+                "detector": None,
+                "count": 0,
+                "message": None,
+                "args_hash": "3f2a9c1e5b7d4f60",
+                "event_ts": 1,
+                "decided_ts": 2,
+            }
+        )
         headers = [signer.header(mine, value)] if key else []
         records.append(_Record(REPLIES, 3, i, mine, value, headers))
         future: asyncio.Future[Any] = loop.create_future()
         client._pending[(f"s{i % 100}", f"call-{i}")] = _Pending(
-            future, i, client.incarnation, "3f2a9c1e5b7d4f60")
+            future, i, client.incarnation, "3f2a9c1e5b7d4f60"
+        )
         waiting.append(future)
 
     # The reader's per-record work, as _read_verdicts does it (its key compared, the
@@ -179,11 +208,15 @@ def main() -> int:
     args = parser.parse_args()
     n, rounds = args.verdicts, args.rounds
     judged, signed, header_bytes = worker(n, rounds)
-    print(f"worker:  judging {judged:.2f} µs/event; signing +{signed:.2f} µs/verdict "
-          f"(+{signed / judged:.1%}); header {HEADER}: +{header_bytes} bytes/record")
+    print(
+        f"worker:  judging {judged:.2f} µs/event; signing +{signed:.2f} µs/verdict "
+        f"(+{signed / judged:.1%}); header {HEADER}: +{header_bytes} bytes/record"
+    )
     plain, keyed = gateway(n, rounds)
-    print(f"gateway: reader without a key {plain:.2f} µs/verdict; with a key {keyed:.2f} "
-          f"µs/verdict (+{keyed - plain:.2f} µs, +{(keyed - plain) / plain:.1%})")
+    print(
+        f"gateway: reader without a key {plain:.2f} µs/verdict; with a key {keyed:.2f} "
+        f"µs/verdict (+{keyed - plain:.2f} µs, +{(keyed - plain) / plain:.1%})"
+    )
     print(f"({n} verdicts, median of {rounds} rounds, Python {sys.version.split()[0]})")
     return 0
 

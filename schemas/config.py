@@ -100,7 +100,8 @@ class LoopfuseSection(BaseModel):
         default=False, description="copy raw tool args into loop events (off: hashes only)"
     )
     rules: RulesConfig | None = Field(
-        default=None, description="opt-in rules beyond OpenClaw's detector (docs/configuration.md: Rules)"
+        default=None,
+        description="opt-in rules beyond OpenClaw's detector (docs/configuration.md: Rules)",
     )
 
 

@@ -90,9 +90,7 @@ def check_identifiers(event: InputEvent, limit: int) -> None:
     for name in IDENTIFIERS_OF[type(event)]:
         value = getattr(event, name)
         if value is not None and len(value) > quick and (size := utf8_size(value)) > limit:
-            raise EventRejected(
-                "invalid_event", f"{name} is {size} bytes, the limit is {limit}"
-            )
+            raise EventRejected("invalid_event", f"{name} is {size} bytes, the limit is {limit}")
 
 
 def decode_event(
@@ -156,8 +154,8 @@ def _as_the_models_would(event: InputEvent) -> bool:
         return args is UNSET or _orjson_writes(args)
     if isinstance(event, ToolResult):
         args, result = event.args, event.result
-        outcomes = (result is not UNSET) + (event.result_hash is not None) + (
-            event.error is not None
+        outcomes = (
+            (result is not UNSET) + (event.result_hash is not None) + (event.error is not None)
         )
         if outcomes != 1 or (args is not UNSET and event.args_hash is not None):
             return False
@@ -197,7 +195,9 @@ def _nested_deeper(event: InputEvent, limit: int) -> bool | None:
 
 def _may_hide_nesting(event: InputEvent) -> bool:
     """Whether the event holds an object that ignores unknown fields (usage, an error)."""
-    return type(event) is ToolResult and (event.usage is not None or type(event.error) is ErrorDetail)
+    return type(event) is ToolResult and (
+        event.usage is not None or type(event.error) is ErrorDetail
+    )
 
 
 def _deeper(value: Any, limit: int) -> bool:

@@ -88,6 +88,8 @@ EpochMs = Annotated[
     BeforeValidator(_to_epoch_ms),
     Field(json_schema_extra={"minimum": 0, "maximum": MAX_EVENT_TS}),
 ]
+
+
 class ReplyTo(BaseModel):
     """Where the event's verdicts go instead of the shared verdicts topic.
 

@@ -242,9 +242,7 @@ _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
-def unvalidated(
-    cls: type[_Model], values: dict[str, Any], fields_set: Iterable[str]
-) -> _Model:
+def unvalidated(cls: type[_Model], values: dict[str, Any], fields_set: Iterable[str]) -> _Model:
     """A model of ``values`` that the caller has checked, built without validation.
 
     ``values`` holds every field of ``cls``, in its order. Like ``model_construct``

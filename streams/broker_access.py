@@ -52,13 +52,21 @@ class SettingNames:
 
 #: The worker's, the operator commands' and the Hermes plugin's: environment variables.
 ENV_NAMES = SettingNames(
-    "LOOPFUSE_BOOTSTRAP_SERVERS", "LOOPFUSE_SECURITY_PROTOCOL", "LOOPFUSE_SASL_MECHANISM",
-    "LOOPFUSE_SASL_USERNAME", "LOOPFUSE_SASL_PASSWORD", "LOOPFUSE_SSL_CAFILE",
+    "LOOPFUSE_BOOTSTRAP_SERVERS",
+    "LOOPFUSE_SECURITY_PROTOCOL",
+    "LOOPFUSE_SASL_MECHANISM",
+    "LOOPFUSE_SASL_USERNAME",
+    "LOOPFUSE_SASL_PASSWORD",
+    "LOOPFUSE_SSL_CAFILE",
 )
 #: :class:`~loopfuse.streams.gateway.client.GatewayClient`'s: aiokafka's keyword arguments.
 CLIENT_NAMES = SettingNames(
-    "bootstrap_servers", "security_protocol", "sasl_mechanism", "sasl_plain_username",
-    "sasl_plain_password", "ssl_context",
+    "bootstrap_servers",
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_plain_username",
+    "sasl_plain_password",
+    "ssl_context",
 )
 
 
@@ -67,8 +75,11 @@ class _ExplainedHere(logging.Filter):
     refused password, an untrusted certificate, a topic the ACLs hide), so that a
     command's error is that line, not three."""
 
-    _NOISE = ("SaslAuthenticationFailed", "CERTIFICATE_VERIFY_FAILED",
-              "is not authorized for this client")
+    _NOISE = (
+        "SaslAuthenticationFailed",
+        "CERTIFICATE_VERIFY_FAILED",
+        "is not authorized for this client",
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -134,9 +145,7 @@ async def _one(
     await _close(writer)
     if protocol.endswith("SSL") and isinstance(context, ssl.SSLContext):
         try:
-            _, writer = await asyncio.open_connection(
-                host, port, ssl=context, server_hostname=host
-            )
+            _, writer = await asyncio.open_connection(host, port, ssl=context, server_hostname=host)
         except ssl.SSLCertVerificationError as exc:
             return Diagnosis(
                 f"the broker at {host}:{port} presented a certificate that {names.cafile} "
@@ -153,7 +162,9 @@ async def _one(
         await _close(writer)
     try:
         conn = await create_conn(
-            host, port, request_timeout_ms=5_000,
+            host,
+            port,
+            request_timeout_ms=5_000,
             **{k: v for k, v in options.items() if k in _CONNECTION_OPTIONS},
         )
     except kafka_errors.SaslAuthenticationFailed:
@@ -204,11 +215,19 @@ def explain(
 
 
 #: What :func:`aiokafka.conn.create_conn` takes of a client's options.
-_CONNECTION_OPTIONS = frozenset({
-    "security_protocol", "ssl_context", "sasl_mechanism", "sasl_plain_username",
-    "sasl_plain_password", "sasl_kerberos_service_name", "sasl_kerberos_domain_name",
-    "sasl_oauth_token_provider", "client_id",
-})
+_CONNECTION_OPTIONS = frozenset(
+    {
+        "security_protocol",
+        "ssl_context",
+        "sasl_mechanism",
+        "sasl_plain_username",
+        "sasl_plain_password",
+        "sasl_kerberos_service_name",
+        "sasl_kerberos_domain_name",
+        "sasl_oauth_token_provider",
+        "client_id",
+    }
+)
 
 
 def _addresses(bootstrap: str) -> list[tuple[str, int]]:

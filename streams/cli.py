@@ -23,7 +23,7 @@ def _worker_missing(command: str) -> int | None:
     if importlib.util.find_spec("faust") is not None:
         return None
     print(
-        f'loopfuse {command}: needs the worker\'s dependencies (Faust, RocksDB): '
+        f"loopfuse {command}: needs the worker's dependencies (Faust, RocksDB): "
         'pip install "loopfuse[worker]"',
         file=sys.stderr,
     )
@@ -68,23 +68,32 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     from loopfuse.streams.local.broker import run_broker_cli
 
     if args.nodes > 1 and not args.kafka:
-        print("loopfuse broker: --nodes needs --kafka (the embedded broker is one process)",
-              file=sys.stderr)
+        print(
+            "loopfuse broker: --nodes needs --kafka (the embedded broker is one process)",
+            file=sys.stderr,
+        )
         return 2
     if args.nodes > 1 and args.port is not None:
-        print("loopfuse broker: --port is for one node; a cluster's ports are free ones",
-              file=sys.stderr)
+        print(
+            "loopfuse broker: --port is for one node; a cluster's ports are free ones",
+            file=sys.stderr,
+        )
         return 2
     if args.nodes == 2:
-        print("loopfuse broker: --nodes is 1, or 3 or more (a quorum that survives a node)",
-              file=sys.stderr)
+        print(
+            "loopfuse broker: --nodes is 1, or 3 or more (a quorum that survives a node)",
+            file=sys.stderr,
+        )
         return 2
     if args.secure and not args.kafka:
-        print("loopfuse broker: --secure needs --kafka (the embedded broker has no TLS or ACLs)",
-              file=sys.stderr)
+        print(
+            "loopfuse broker: --secure needs --kafka (the embedded broker has no TLS or ACLs)",
+            file=sys.stderr,
+        )
         return 2
-    return run_broker_cli(args.port, kafka=args.kafka, data_dir=args.data_dir, nodes=args.nodes,
-                          secure=args.secure)
+    return run_broker_cli(
+        args.port, kafka=args.kafka, data_dir=args.data_dir, nodes=args.nodes, secure=args.secure
+    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -175,13 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir", help="with --kafka: keep the node's data here (default: temporary)"
     )
     broker.add_argument(
-        "--nodes", type=int, default=1,
+        "--nodes",
+        type=int,
+        default=1,
         help="with --kafka: KRaft nodes (3: a cluster, replication 3, min.insync.replicas 2)",
     )
     broker.add_argument(
-        "--secure", action="store_true",
+        "--secure",
+        action="store_true",
         help="with --kafka: TLS listeners, SASL_SSL clients (SCRAM-SHA-512), ACLs per role "
-             "(prints security=DIR: the CA and each role's LOOPFUSE_* variables)",
+        "(prints security=DIR: the CA and each role's LOOPFUSE_* variables)",
     )
     broker.set_defaults(handler=_cmd_broker)
 
@@ -228,18 +240,23 @@ def build_parser() -> argparse.ArgumentParser:
     notify.add_argument("--bootstrap", help="Kafka bootstrap servers (LOOPFUSE_BOOTSTRAP_SERVERS)")
     notify.add_argument("--topic", help="loop-events topic (default LOOPFUSE_TOPIC_LOOP_EVENTS)")
     notify.add_argument(
-        "--group", default="loopfuse-notify",
+        "--group",
+        default="loopfuse-notify",
         help="consumer group: it resumes from the group's commits (loopfuse-notify)",
     )
     # Refused with a reason (a URL in argv is visible in ps), and defined so that argparse
     # does not take --webhook as an abbreviation of --webhook-file.
     notify.add_argument("--webhook", help=argparse.SUPPRESS)
     notify.add_argument(
-        "--webhook-file", type=Path, metavar="FILE",
+        "--webhook-file",
+        type=Path,
+        metavar="FILE",
         help="file holding the webhook URL (else LOOPFUSE_NOTIFY_WEBHOOK_URL)",
     )
     notify.add_argument(
-        "--dead-letter-file", type=Path, metavar="FILE",
+        "--dead-letter-file",
+        type=Path,
+        metavar="FILE",
         help="JSON lines of given-up loop events (LOOPFUSE_NOTIFY_DEAD_LETTER_FILE, "
         "default loopfuse-notify-dead-letters.jsonl)",
     )
@@ -254,26 +271,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     notify.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout per attempt (s)")
     notify.add_argument(
-        "--give-up-after", type=float, default=3600.0,
+        "--give-up-after",
+        type=float,
+        default=3600.0,
         help="s after the first attempt: then the dead-letter file (3600)",
     )
     notify.add_argument("--concurrency", type=int, default=4, help="posts in flight (4)")
     notify.add_argument(
-        "--coalesce-seconds", type=float, default=60.0,
+        "--coalesce-seconds",
+        type=float,
+        default=60.0,
         help="repeats of one loop within this after a post go as one post with a count (60)",
     )
     notify.add_argument("--rate", type=float, default=1.0, help="posts per second (1; 0: no limit)")
     notify.add_argument("--burst", type=int, default=5, help="posts at once above --rate (5)")
     notify.add_argument(
-        "--max-pending", type=int, default=10_000,
+        "--max-pending",
+        type=int,
+        default=10_000,
         help="records held before reading pauses (10000)",
     )
     notify.add_argument(
-        "--drain-seconds", type=float, default=10.0,
+        "--drain-seconds",
+        type=float,
+        default=10.0,
         help="on SIGTERM, s to finish posts in flight before stopping (10)",
     )
     notify.add_argument(
-        "--include-args", action="store_true",
+        "--include-args",
+        action="store_true",
         help="also post the call's args (only there with includePayloadsInLoopEvents)",
     )
     notify.set_defaults(handler=_cmd_notify)

@@ -13,7 +13,6 @@ pinned by pyproject; tests/integration/test_end_offsets.py fails loudly if an up
 moves them.
 """
 
-
 from __future__ import annotations
 
 import asyncio

@@ -117,9 +117,13 @@ def _replay_native(
     the Python it asks on rare paths does, and then its line is a dead letter.
     """
     states: dict[str, Any] = {}
-    bounds = {"max_bytes": max_event_bytes, "max_depth": DEFAULT_MAX_DEPTH,
-              "max_identifier_bytes": limits.max_identifier_bytes,
-              "checkpoint_every": CHECKPOINT_EVERY, "max_state_bytes": limits.max_state_bytes}
+    bounds = {
+        "max_bytes": max_event_bytes,
+        "max_depth": DEFAULT_MAX_DEPTH,
+        "max_identifier_bytes": limits.max_identifier_bytes,
+        "checkpoint_every": CHECKPOINT_EVERY,
+        "max_state_bytes": limits.max_state_bytes,
+    }
     judge_lines = native.replay_lines
     first_line = 1  # the line number of batch[0]
     while batch := list(islice(lines, BATCH_LINES)):
@@ -136,14 +140,21 @@ def _replay_native(
                 yield dead_letter(source, "engine_error", f"engine error: {value!r}", limits).value
                 start += 1
             elif stop == ReplayStop.LEFT:
-                yield from _replay_alone(states, batch[start], first_line + start, native,
-                                         bounds, limits)
+                yield from _replay_alone(
+                    states, batch[start], first_line + start, native, bounds, limits
+                )
                 start += 1
         first_line += len(batch)
 
 
-def _replay_alone(states: dict[str, Any], line: bytes, line_no: int, native: NativeEngine,
-                  bounds: dict[str, int], limits: Limits) -> Iterator[bytes]:
+def _replay_alone(
+    states: dict[str, Any],
+    line: bytes,
+    line_no: int,
+    native: NativeEngine,
+    bounds: dict[str, int],
+    limits: Limits,
+) -> Iterator[bytes]:
     """One line the native decoder left to Python's (``replay_step``): its outputs."""
     raw = line.rstrip(b"\r\n")
     try:
@@ -165,11 +176,13 @@ def _replay_alone(states: dict[str, Any], line: bytes, line_no: int, native: Nat
 def _batch_source(batch: list[bytes], first_line: int) -> Callable[[tuple[Any, ...]], Source]:
     """The dead letter's source of a batch's rejection (its line's index last)."""
     return lambda rejection: Source(
-        line=first_line + rejection[3], value=batch[rejection[3]].rstrip(b"\r\n"))
+        line=first_line + rejection[3], value=batch[rejection[3]].rstrip(b"\r\n")
+    )
 
 
-def _written(outputs: list[Any], limits: Limits,
-             source_of: Callable[[tuple[Any, ...]], Source]) -> Iterator[bytes]:
+def _written(
+    outputs: list[Any], limits: Limits, source_of: Callable[[tuple[Any, ...]], Source]
+) -> Iterator[bytes]:
     """A native step's outputs as replay writes them: verdicts and loop events as they
     are, a rejection as the dead letter of its line (``source_of`` it), notices logged."""
     for output in outputs:

@@ -24,7 +24,10 @@ class Settings(BaseSettings):
     """Everything a stream worker needs to know about its environment."""
 
     model_config = SettingsConfigDict(
-        env_prefix="LOOPFUSE_", frozen=True, extra="forbid", validate_default=True,
+        env_prefix="LOOPFUSE_",
+        frozen=True,
+        extra="forbid",
+        validate_default=True,
         # str(ValidationError) would quote a secret (LOOPFUSE_VERDICT_KEY) to whoever
         # prints it (the Hermes plugin's loader); describe_settings_error never does
         hide_input_in_errors=True,
@@ -65,7 +68,9 @@ class Settings(BaseSettings):
         description="the reply topics calls may name (comma-separated; empty: none)",
     )
     reply_partitions: int = Field(
-        default=64, ge=1, le=10_000,
+        default=64,
+        ge=1,
+        le=10_000,
         description="partitions of a reply topic the worker creates (one per gateway "
         "process or more: docs/benchmarks.md, Verdict fan-out)",
     )
@@ -87,7 +92,8 @@ class Settings(BaseSettings):
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=1, le=65_535)
     recovery_stall_seconds: float = Field(
-        default=300.0, ge=10,
+        default=300.0,
+        ge=10,
         description="table recovery with no progress this long (broker reachable): /livez fails",
     )
 

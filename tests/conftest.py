@@ -50,7 +50,8 @@ class KafkaBroker:
 # have (hermes-agent pins croniter 6, Faust's mode needs croniter < 6):
 # tests/integration/test_gateway_install.py runs them in a gateway's base install.
 collect_ignore = (
-    [] if importlib.util.find_spec("model_tools")
+    []
+    if importlib.util.find_spec("model_tools")
     else ["integration/test_hermes_plugin.py", "e2e/test_hermes_agent_loop.py"]
 )
 

@@ -60,8 +60,10 @@ def register(ctx: Any) -> None:
             ctx.register_hook(name, hook)
     log.info(
         "loopfuse: plugin loaded (bootstrap %s, timeout %ss, fail-%s%s)",
-        config.kafka.bootstrap_servers, config.plugin.gateway_timeout,
-        config.plugin.fail_policy, ", shadow" if config.plugin.shadow else "",
+        config.kafka.bootstrap_servers,
+        config.plugin.gateway_timeout,
+        config.plugin.fail_policy,
+        ", shadow" if config.plugin.shadow else "",
     )
 
 

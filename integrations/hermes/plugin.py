@@ -277,8 +277,7 @@ class HermesPlugin:
             return self._unanswered()
         with self._lock:
             if verdict.action == "block" and not self.settings.shadow:
-                self._abort_seen.wait_for(lambda: (key, run) in self._aborted,
-                                          ABORT_GRACE_SECONDS)
+                self._abort_seen.wait_for(lambda: (key, run) in self._aborted, ABORT_GRACE_SECONDS)
             abort_message = self._aborted.get((key, run))
         if abort_message is not None and verdict.action != "abort":
             # The run was aborted: every later call of it is published (loopfuse
@@ -291,12 +290,17 @@ class HermesPlugin:
             )
             if verdict.action == "warn" and verdict.message and not self.settings.shadow:
                 self._warnings[self._call_key(session_id, tool_call_id, tool_name)] = (
-                    key, run, verdict.message
+                    key,
+                    run,
+                    verdict.message,
                 )
         if verdict.action != "allow":
             log.info(
                 "loopfuse: %s %s (%s, count %s)%s",
-                verdict.action, tool_name, verdict.detector, verdict.count,
+                verdict.action,
+                tool_name,
+                verdict.detector,
+                verdict.count,
                 " [shadow]" if self.settings.shadow else "",
             )
         if vetoed:
@@ -339,7 +343,9 @@ class HermesPlugin:
 
     def _on_abort(self, verdict: Verdict) -> None:
         message = verdict.message or "loopfuse aborted this run"
-        log.warning("loopfuse: run %s of %s aborted: %s", verdict.run_id, verdict.session_key, message)
+        log.warning(
+            "loopfuse: run %s of %s aborted: %s", verdict.run_id, verdict.session_key, message
+        )
         run_key = (verdict.session_key, verdict.run_id or "")
         with self._lock:
             self._aborted[run_key] = message
@@ -348,8 +354,9 @@ class HermesPlugin:
         agent = agent_ref() if agent_ref is not None else None
         if agent is not None and not self.settings.shadow:
             # the run ends after the tool batch in hand, as Hermes' own hard stop does
-            host.halt(agent, tool=verdict.tool_name or "a tool", count=verdict.count,
-                      message=message)
+            host.halt(
+                agent, tool=verdict.tool_name or "a tool", count=verdict.count, message=message
+            )
 
     def _end_run(self, key: str, run: str) -> None:
         with self._lock:
@@ -361,8 +368,9 @@ class HermesPlugin:
             self._agents.pop((key, run), None)
             # Calls Hermes never reported back (interrupted, or a warning on a tool the
             # agent loop runs itself, where transform_tool_result does not fire).
-            for call_key in [k for k, c in self._calls.items()
-                             if (c.session.session_key, c.run_id) == (key, run)]:
+            for call_key in [
+                k for k, c in self._calls.items() if (c.session.session_key, c.run_id) == (key, run)
+            ]:
                 del self._calls[call_key]
             for call_key in [k for k, w in self._warnings.items() if w[:2] == (key, run)]:
                 del self._warnings[call_key]
@@ -406,9 +414,14 @@ class HermesPlugin:
                     del self._histories[next(iter(self._histories))]
             # In place: not an extension of the last history (shorter, or an earlier
             # message replaced), or a compaction marker that was not there before.
-            shrunk = digests is not None and last is not None and (
-                len(digests) < len(last) or digests[: len(last)] != last
-                or _markers(history) > _markers_count(last, history)
+            shrunk = (
+                digests is not None
+                and last is not None
+                and (
+                    len(digests) < len(last)
+                    or digests[: len(last)] != last
+                    or _markers(history) > _markers_count(last, history)
+                )
             )
             session = self._sessions.get(key)
         client = self._client
@@ -492,7 +505,10 @@ class HermesPlugin:
         """No verdict (Kafka unreachable, plugin fault): the fail policy decides."""
         if self.settings.fail_policy == "open" or self.settings.shadow:
             return None
-        return {"action": "block", "message": TIMEOUT_MESSAGE.format(what="blocked", policy="closed")}
+        return {
+            "action": "block",
+            "message": TIMEOUT_MESSAGE.format(what="blocked", policy="closed"),
+        }
 
     def _pop_call(self, session_id: str, tool_call_id: str, tool_name: str) -> _Call | None:
         with self._lock:
@@ -524,7 +540,8 @@ def _history_digests(history: Any) -> list[int] | None:
         return None
     return [
         hash((m.get("role"), _text(m.get("content")), m.get("tool_call_id")))
-        if isinstance(m, dict) else hash(repr(m))
+        if isinstance(m, dict)
+        else hash(repr(m))
         for m in history
     ]
 
@@ -533,16 +550,20 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # multimodal parts
-        return "".join(str(part.get("text", "")) if isinstance(part, dict) else str(part)
-                       for part in content)
+        return "".join(
+            str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
+        )
     return "" if content is None else str(content)
 
 
 def _markers(history: Any) -> int:
     if not isinstance(history, list):
         return 0
-    return sum(1 for m in history if isinstance(m, dict)
-               and host.COMPACTION_MARKER in _text(m.get("content")))
+    return sum(
+        1
+        for m in history
+        if isinstance(m, dict) and host.COMPACTION_MARKER in _text(m.get("content"))
+    )
 
 
 def _markers_count(last: list[int], history: Any) -> int:

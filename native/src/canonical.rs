@@ -28,7 +28,10 @@ pub fn find_special(bytes: &[u8]) -> Option<usize> {
             while start + 16 <= bytes.len() {
                 let chunk = _mm_loadu_si128(bytes.as_ptr().add(start).cast());
                 let special = _mm_or_si128(
-                    _mm_or_si128(_mm_cmpeq_epi8(chunk, quote), _mm_cmpeq_epi8(chunk, backslash)),
+                    _mm_or_si128(
+                        _mm_cmpeq_epi8(chunk, quote),
+                        _mm_cmpeq_epi8(chunk, backslash),
+                    ),
                     // unsigned: a byte is a control character iff min(byte, 0x1f) == byte
                     _mm_cmpeq_epi8(_mm_min_epu8(chunk, control), chunk),
                 );
@@ -102,15 +105,25 @@ pub fn write_number(out: &mut Vec<u8>, number: f64) {
     // even, where that reads back (the shortest form alone may take the other of two
     // equally close: 562949953421312.25 -> ...312.3 where Python writes ...312.2).
     let shortest = format!("{:e}", number.abs());
-    let count = shortest.split_once('e').map_or(1, |(m, _)| m.bytes().filter(u8::is_ascii_digit).count());
+    let count = shortest
+        .split_once('e')
+        .map_or(1, |(m, _)| m.bytes().filter(u8::is_ascii_digit).count());
     let exact = format!("{:.*e}", count - 1, number.abs());
-    let scientific = if exact.parse::<f64>() == Ok(number.abs()) { exact } else { shortest };
-    let (mantissa, exponent) = scientific.split_once('e').expect("LowerExp writes an exponent");
+    let scientific = if exact.parse::<f64>() == Ok(number.abs()) {
+        exact
+    } else {
+        shortest
+    };
+    let (mantissa, exponent) = scientific
+        .split_once('e')
+        .expect("LowerExp writes an exponent");
     let mut digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
     while digits.len() > 1 && digits.ends_with('0') {
         digits.pop(); // a carry (9.95 -> 1.0e1) leaves a zero ECMAScript does not write
     }
-    let exponent: i32 = exponent.parse().expect("LowerExp writes a decimal exponent");
+    let exponent: i32 = exponent
+        .parse()
+        .expect("LowerExp writes a decimal exponent");
     let k = digits.len() as i32;
     let n = exponent + 1; // the value is 0.<digits> * 10^n
     if k <= n && n <= 21 {
@@ -165,7 +178,10 @@ pub fn write_value(out: &mut Vec<u8>, value: &Value<'_>) -> Option<()> {
         }
         Value::Object(entries) => write_object(
             out,
-            entries.iter().map(|(key, child)| (key.as_ref(), child)).collect(),
+            entries
+                .iter()
+                .map(|(key, child)| (key.as_ref(), child))
+                .collect(),
             write_value,
         )?,
     }
@@ -196,7 +212,10 @@ pub fn write_object<T>(
 /// JCS orders keys by their UTF-16 code units. That is byte order unless a key holds a
 /// character >= U+E000 (which UTF-16 sorts after the surrogates of astral characters).
 pub fn sort_keys<T>(entries: &mut [(&str, T)]) {
-    if entries.iter().all(|(key, _)| key.chars().all(|c| c < '\u{e000}')) {
+    if entries
+        .iter()
+        .all(|(key, _)| key.chars().all(|c| c < '\u{e000}'))
+    {
         entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
     } else {
         entries.sort_unstable_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));

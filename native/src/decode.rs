@@ -51,15 +51,28 @@ pub enum Kind {
 fn has_field(kind: Kind, name: &str) -> bool {
     let common = matches!(
         name,
-        "event_id" | "session_key" | "run_id" | "agent_id" | "incarnation" | "seq" | "ts" | "reply_to"
+        "event_id"
+            | "session_key"
+            | "run_id"
+            | "agent_id"
+            | "incarnation"
+            | "seq"
+            | "ts"
+            | "reply_to"
     );
-    let carrier = matches!(name, "call_id" | "tool_name" | "args" | "args_hash" | "args_action");
+    let carrier = matches!(
+        name,
+        "call_id" | "tool_name" | "args" | "args_hash" | "args_action"
+    );
     common
         || match kind {
             Kind::ToolCall => carrier,
             Kind::ToolResult => {
                 carrier
-                    || matches!(name, "result" | "result_hash" | "error" | "unknown_tool" | "usage")
+                    || matches!(
+                        name,
+                        "result" | "result_hash" | "error" | "unknown_tool" | "usage"
+                    )
             }
             Kind::Compaction => name == "reason",
             Kind::RunEnded => false,
@@ -125,7 +138,9 @@ fn wire_int(value: &Value<'_>, max: i64) -> Option<i64> {
 
 fn is_topic_name(text: &str) -> bool {
     (1..=MAX_TOPIC_CHARS).contains(&text.len())
-        && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// An event's tokens: (args token, result token, whether the result token is known).
@@ -195,7 +210,13 @@ pub fn read_event<'v, 'a>(
     max_depth: usize,
     max_identifier_bytes: usize,
 ) -> Option<WireEvent<'v, 'a>> {
-    let kind = match entries.iter().find(|(name, _)| name == "type")?.1.value.as_str()? {
+    let kind = match entries
+        .iter()
+        .find(|(name, _)| name == "type")?
+        .1
+        .value
+        .as_str()?
+    {
         "tool_call" => Kind::ToolCall,
         "tool_result" => Kind::ToolResult,
         "compaction" => Kind::Compaction,
@@ -203,10 +224,26 @@ pub fn read_event<'v, 'a>(
         _ => return None,
     };
     let mut event = WireEvent {
-        kind, event_id: "", session_key: None, run_id: None, agent_id: None, incarnation: None,
-        seq: None, ts: 0, reply_to: None, call_id: None, tool_name: None, args: None,
-        args_hash: None, args_action: None, result: None, result_hash: None, error_text: None,
-        unknown_tool: None, usage: None, reason: None,
+        kind,
+        event_id: "",
+        session_key: None,
+        run_id: None,
+        agent_id: None,
+        incarnation: None,
+        seq: None,
+        ts: 0,
+        reply_to: None,
+        call_id: None,
+        tool_name: None,
+        args: None,
+        args_hash: None,
+        args_action: None,
+        result: None,
+        result_hash: None,
+        error_text: None,
+        unknown_tool: None,
+        usage: None,
+        reason: None,
     };
     let (mut has_event_id, mut has_ts, mut has_call_id, mut keyed) = (false, false, false, false);
     let mut outcomes = 0;
@@ -289,7 +326,10 @@ pub fn read_event<'v, 'a>(
             }
             ("error", Value::Object(fields)) => {
                 // ErrorDetail ignores unknown fields, the models may not: not decided here
-                if !fields.iter().all(|(key, _)| key == "message" || key == "name") {
+                if !fields
+                    .iter()
+                    .all(|(key, _)| key == "message" || key == "name")
+                {
                     return None;
                 }
                 let message = value.get("message")?.as_str()?;
@@ -298,8 +338,11 @@ pub fn read_event<'v, 'a>(
                     Some(name) => optional_str(name)?,
                 };
                 // ToolResult.error_text: the message, else the name, else "".
-                event.error_text =
-                    Some(if message.is_empty() { detail_name.unwrap_or("") } else { message });
+                event.error_text = Some(if message.is_empty() {
+                    detail_name.unwrap_or("")
+                } else {
+                    message
+                });
                 outcomes += 1;
             }
             ("usage", Value::Object(fields)) => {
@@ -388,7 +431,10 @@ pub fn event_fingerprints(
     }
     let entries = parse_object(raw, max_depth)?;
     // no send tools: the Python engine takes these tokens only for other tools
-    Some(tokens(&read_event(&entries, max_depth, max_identifier_bytes)?, &HashSet::new()))
+    Some(tokens(
+        &read_event(&entries, max_depth, max_identifier_bytes)?,
+        &HashSet::new(),
+    ))
 }
 
 /// The fields a native step reads of an event (`WireEvent`), as a dict, when the
@@ -405,7 +451,9 @@ pub fn event_fields<'py>(
     if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
         return Ok(None);
     }
-    let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
+    let Some(entries) = parse_object(raw, max_depth) else {
+        return Ok(None);
+    };
     let Some(event) = read_event(&entries, max_depth, max_identifier_bytes) else {
         return Ok(None);
     };
@@ -440,13 +488,18 @@ pub fn event_fields<'py>(
         fields.set_item("args_action", event.args_action)?;
     }
     if event.kind == Kind::ToolResult {
-        fields.set_item("result", canonical(event.result).map(|b| PyBytes::new(py, &b)))?;
+        fields.set_item(
+            "result",
+            canonical(event.result).map(|b| PyBytes::new(py, &b)),
+        )?;
         fields.set_item("result_hash", event.result_hash)?;
         fields.set_item("error_text", event.error_text)?;
         fields.set_item("unknown_tool", event.unknown_tool)?;
         fields.set_item(
             "usage",
-            event.usage.map(|u| (u.input_tokens, u.output_tokens, u.total_tokens, u.cost)),
+            event
+                .usage
+                .map(|u| (u.input_tokens, u.output_tokens, u.total_tokens, u.cost)),
         )?;
     }
     if event.kind == Kind::Compaction {

@@ -57,7 +57,12 @@ struct Reader<'a> {
 /// decoder must decide.
 pub fn parse_object(raw: &[u8], max_depth: usize) -> Option<Vec<(Cow<'_, str>, Parsed<'_>)>> {
     let text = std::str::from_utf8(raw).ok()?;
-    let mut reader = Reader { text, bytes: raw, pos: 0, max_depth };
+    let mut reader = Reader {
+        text,
+        bytes: raw,
+        pos: 0,
+        max_depth,
+    };
     reader.skip_ws();
     if reader.peek()? != b'{' {
         return None;
@@ -131,11 +136,17 @@ impl<'a> Reader<'a> {
         match self.peek()? {
             b'{' => self.object(level),
             b'[' => self.array(level),
-            b'"' => Some(Parsed { value: Value::Str(self.string()?), depth: 1 }),
+            b'"' => Some(Parsed {
+                value: Value::Str(self.string()?),
+                depth: 1,
+            }),
             b't' => self.literal(b"true", Value::Bool(true)),
             b'f' => self.literal(b"false", Value::Bool(false)),
             b'n' => self.literal(b"null", Value::Null),
-            _ => Some(Parsed { value: self.number()?, depth: 1 }),
+            _ => Some(Parsed {
+                value: self.number()?,
+                depth: 1,
+            }),
         }
     }
 
@@ -147,7 +158,10 @@ impl<'a> Reader<'a> {
         self.skip_ws();
         if self.peek()? == b'}' {
             self.pos += 1;
-            return Some(Parsed { value: Value::Object(entries), depth });
+            return Some(Parsed {
+                value: Value::Object(entries),
+                depth,
+            });
         }
         loop {
             self.skip_ws();
@@ -172,7 +186,12 @@ impl<'a> Reader<'a> {
             self.skip_ws();
             match self.next()? {
                 b',' => continue,
-                b'}' => return Some(Parsed { value: Value::Object(entries), depth }),
+                b'}' => {
+                    return Some(Parsed {
+                        value: Value::Object(entries),
+                        depth,
+                    })
+                }
                 _ => return None,
             }
         }
@@ -185,7 +204,10 @@ impl<'a> Reader<'a> {
         self.skip_ws();
         if self.peek()? == b']' {
             self.pos += 1;
-            return Some(Parsed { value: Value::Array(items), depth });
+            return Some(Parsed {
+                value: Value::Array(items),
+                depth,
+            });
         }
         loop {
             self.skip_ws();
@@ -195,7 +217,12 @@ impl<'a> Reader<'a> {
             self.skip_ws();
             match self.next()? {
                 b',' => continue,
-                b']' => return Some(Parsed { value: Value::Array(items), depth }),
+                b']' => {
+                    return Some(Parsed {
+                        value: Value::Array(items),
+                        depth,
+                    })
+                }
                 _ => return None,
             }
         }

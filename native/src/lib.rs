@@ -54,7 +54,12 @@ fn write_value(out: &mut Vec<u8>, value: &Bound<'_, PyAny>, depth: usize) -> Opt
     } else if let Ok(dict) = value.downcast_exact::<PyDict>() {
         let mut entries: Vec<(String, Bound<'_, PyAny>)> = Vec::with_capacity(dict.len());
         for (key, child) in dict.iter() {
-            let key = key.downcast_exact::<PyString>().ok()?.to_str().ok()?.to_owned();
+            let key = key
+                .downcast_exact::<PyString>()
+                .ok()?
+                .to_str()
+                .ok()?
+                .to_owned();
             entries.push((key, child));
         }
         // JCS orders keys by their UTF-16 code units.

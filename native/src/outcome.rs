@@ -81,7 +81,8 @@ fn content_text(result: &Value<'_>) -> String {
     let mut joined = String::new();
     let mut first = true;
     for entry in entries {
-        if let (Some(Value::Str(_)), Some(Value::Str(text))) = (entry.get("type"), entry.get("text"))
+        if let (Some(Value::Str(_)), Some(Value::Str(text))) =
+            (entry.get("type"), entry.get("text"))
         {
             if !first {
                 joined.push('\n');
@@ -100,7 +101,10 @@ fn exec_outcome<'v, 'a>(details: Option<&'v Value<'a>>, text: &str) -> Option<Ou
     match status {
         "running" => Some(Outcome::Map(vec![
             field("status", Outcome::Text(status.to_owned())),
-            field("tail", Outcome::Text(string_or_none(get("tail")).unwrap_or("").to_owned())),
+            field(
+                "tail",
+                Outcome::Text(string_or_none(get("tail")).unwrap_or("").to_owned()),
+            ),
         ])),
         "completed" | "failed" => {
             let output = string_or_none(get("aggregated")).map_or("", py_strip);
@@ -113,14 +117,20 @@ fn exec_outcome<'v, 'a>(details: Option<&'v Value<'a>>, text: &str) -> Option<Ou
                 field("status", Outcome::Text(status.to_owned())),
                 field("exitCode", exit_code),
                 field("timedOut", Outcome::Bool(timed_out)),
-                field("output", Outcome::Text(if output.is_empty() { text } else { output }.to_owned())),
+                field(
+                    "output",
+                    Outcome::Text(if output.is_empty() { text } else { output }.to_owned()),
+                ),
             ]))
         }
         "approval-pending" | "approval-unavailable" => Some(Outcome::Map(vec![
             field("status", Outcome::Text(status.to_owned())),
             field("reason", text_or_null(string_or_none(get("reason")))),
             field("host", text_or_null(string_or_none(get("host")))),
-            field("command", Outcome::Text(string_or_none(get("command")).unwrap_or("").to_owned())),
+            field(
+                "command",
+                Outcome::Text(string_or_none(get("command")).unwrap_or("").to_owned()),
+            ),
             field(
                 "warningText",
                 Outcome::Text(string_or_none(get("warningText")).unwrap_or("").to_owned()),
@@ -130,11 +140,22 @@ fn exec_outcome<'v, 'a>(details: Option<&'v Value<'a>>, text: &str) -> Option<Ou
     }
 }
 
-fn process_outcome<'v, 'a>(action: &str, details: Option<&'v Value<'a>>, text: String) -> Outcome<'v, 'a> {
+fn process_outcome<'v, 'a>(
+    action: &str,
+    details: Option<&'v Value<'a>>,
+    text: String,
+) -> Outcome<'v, 'a> {
     let fields: &[&'static str] = if action == "poll" {
         &["status", "exitCode", "exitSignal", "aggregated"]
     } else {
-        &["status", "totalLines", "totalChars", "truncated", "exitCode", "exitSignal"]
+        &[
+            "status",
+            "totalLines",
+            "totalChars",
+            "truncated",
+            "exitCode",
+            "exitSignal",
+        ]
     };
     let mut outcome = vec![("action", Outcome::Text(action.to_owned()))];
     for name in fields {
@@ -182,7 +203,11 @@ pub fn normalised_result<'v, 'a>(
     send_tool: bool,
 ) -> Option<Outcome<'v, 'a>> {
     if !matches!(result, Value::Object(_)) {
-        return if matches!(result, Value::Null) { None } else { Some(Outcome::Wire(result)) };
+        return if matches!(result, Value::Null) {
+            None
+        } else {
+            Some(Outcome::Wire(result))
+        };
     }
     let details = match result.get("details") {
         Some(object @ Value::Object(_)) => Some(object),
@@ -218,7 +243,10 @@ pub fn normalised_result<'v, 'a>(
         Some(details) => Outcome::Wire(details),
         None => Outcome::Map(Vec::new()),
     };
-    Some(Outcome::Map(vec![("details", details), ("text", Outcome::Text(text))]))
+    Some(Outcome::Map(vec![
+        ("details", details),
+        ("text", Outcome::Text(text)),
+    ]))
 }
 
 pub fn write_outcome(out: &mut Vec<u8>, outcome: &Outcome<'_, '_>) -> Option<()> {

@@ -163,7 +163,11 @@ pub fn write_verdict(out: &mut Vec<u8>, judgement: &Judgement<'_>) {
 }
 
 /// A session's loop event's published JSON (`LoopEvent.to_json`, no args, no fleet).
-pub fn write_loop_event(out: &mut Vec<u8>, judgement: &Judgement<'_>, extras: &LoopEventExtras<'_>) {
+pub fn write_loop_event(
+    out: &mut Vec<u8>,
+    judgement: &Judgement<'_>,
+    extras: &LoopEventExtras<'_>,
+) {
     write_head(out, "loop_event", "event_id", judgement);
     out.extend_from_slice(b",\"warning_key\":");
     write_opt_str(out, extras.warning_key);
@@ -243,7 +247,9 @@ pub fn payload_json<'py>(py: Python<'py>, raw: &[u8]) -> Option<Bound<'py, PyByt
 
 fn opt_str(fields: &Bound<'_, PyDict>, name: &str) -> PyResult<Option<String>> {
     match fields.get_item(name)? {
-        Some(value) if !value.is_none() => Ok(Some(value.downcast::<PyString>()?.to_str()?.to_owned())),
+        Some(value) if !value.is_none() => {
+            Ok(Some(value.downcast::<PyString>()?.to_str()?.to_owned()))
+        }
         _ => Ok(None),
     }
 }
@@ -266,13 +272,32 @@ pub fn output_json<'py>(
 ) -> PyResult<Option<Bound<'py, PyBytes>>> {
     // Strings are copied out first, then borrowed by the judgement.
     const NAMES: [&str; 11] = [
-        "session_key", "run_id", "agent_id", "call_id", "incarnation", "tool_name", "action",
-        "level", "detector", "message", "args_hash",
+        "session_key",
+        "run_id",
+        "agent_id",
+        "call_id",
+        "incarnation",
+        "tool_name",
+        "action",
+        "level",
+        "detector",
+        "message",
+        "args_hash",
     ];
-    let kind: String = fields.get_item("type")?.map_or(Ok(String::new()), |v| v.extract())?;
-    let id_field = if kind == "verdict" { "verdict_id" } else { "event_id" };
+    let kind: String = fields
+        .get_item("type")?
+        .map_or(Ok(String::new()), |v| v.extract())?;
+    let id_field = if kind == "verdict" {
+        "verdict_id"
+    } else {
+        "event_id"
+    };
     let mut texts: Vec<Option<String>> = Vec::with_capacity(16);
-    for name in [id_field].iter().chain(NAMES.iter()).chain(["paired_tool_name", "warning_key"].iter()) {
+    for name in [id_field]
+        .iter()
+        .chain(NAMES.iter())
+        .chain(["paired_tool_name", "warning_key"].iter())
+    {
         texts.push(opt_str(fields, name)?);
     }
     let get = |index: usize| -> Option<&str> { texts[index].as_deref() };
@@ -306,7 +331,9 @@ pub fn output_json<'py>(
     if kind != "loop_event" || left_to_python("args")? || left_to_python("fleet")? {
         return Ok(None);
     }
-    let Some(config) = fields.get_item("config")? else { return Ok(None) };
+    let Some(config) = fields.get_item("config")? else {
+        return Ok(None);
+    };
     let config = config.downcast::<PyDict>()?;
     let mut names: Vec<String> = Vec::with_capacity(config.len());
     let mut values: Vec<Setting> = Vec::with_capacity(config.len());
@@ -323,8 +350,15 @@ pub fn output_json<'py>(
         });
     }
     let settings: Vec<(&str, Setting)> = names.iter().map(String::as_str).zip(values).collect();
-    let enforced = fields.get_item("enforced")?.map_or(Ok(true), |v| v.extract())?;
-    let extras = LoopEventExtras { warning_key: get(13), config: &settings, enforced, args: None };
+    let enforced = fields
+        .get_item("enforced")?
+        .map_or(Ok(true), |v| v.extract())?;
+    let extras = LoopEventExtras {
+        warning_key: get(13),
+        config: &settings,
+        enforced,
+        args: None,
+    };
     write_loop_event(&mut out, &judgement, &extras);
     Ok(Some(PyBytes::new(py, &out)))
 }

@@ -19,8 +19,12 @@ use pyo3::types::PyString;
 
 use crate::decode::{hex128_digits, Kind, Usage};
 use crate::engine::config::ResolvedConfig;
-use crate::engine::detectors::{detect_in_run, guard_message, message_for, Detection, Detector, Level};
-use crate::engine::fingerprint::{hash32, hash64, is_known_poll, result_fingerprint, run_key, signature, ERROR_PREFIX};
+use crate::engine::detectors::{
+    detect_in_run, guard_message, message_for, Detection, Detector, Level,
+};
+use crate::engine::fingerprint::{
+    hash32, hash64, is_known_poll, result_fingerprint, run_key, signature, ERROR_PREFIX,
+};
 use crate::engine::history::{shared_name, History, Record};
 use crate::engine::rules::{self, Amount, Judgement as RulesJudgement, RuleState, Rules};
 use crate::output::{write_loop_event, write_verdict, Judgement, LoopEventExtras, Setting};
@@ -122,15 +126,36 @@ impl Event {
     /// state.py's `rest_size`: the identifiers' UTF-8 bytes of the event at rest, and 96.
     pub fn rest_size(&self) -> usize {
         let mut size = 96 + self.event_id.len();
-        for text in [&self.session_key, &self.run_id, &self.agent_id, &self.incarnation].into_iter().flatten() {
+        for text in [
+            &self.session_key,
+            &self.run_id,
+            &self.agent_id,
+            &self.incarnation,
+        ]
+        .into_iter()
+        .flatten()
+        {
             size += text.len();
         }
         match &self.body {
-            Body::Call { call_id, tool_name, token, action, .. } => {
+            Body::Call {
+                call_id,
+                tool_name,
+                token,
+                action,
+                ..
+            } => {
                 size += call_id.len() + tool_name.len() + token.len();
                 size += action.as_ref().map_or(0, String::len);
             }
-            Body::Result { call_id, tool_name, token, outcome, unknown, .. } => {
+            Body::Result {
+                call_id,
+                tool_name,
+                token,
+                outcome,
+                unknown,
+                ..
+            } => {
                 size += call_id.len() + tool_name.len();
                 for text in [token, outcome, unknown].into_iter().flatten() {
                     size += text.len();
@@ -173,7 +198,10 @@ pub const DETECTORS: [Option<&str>; 16] = [
 ];
 
 fn detector_code(name: &str) -> u8 {
-    DETECTORS.iter().position(|d| *d == Some(name)).expect("a known detector") as u8
+    DETECTORS
+        .iter()
+        .position(|d| *d == Some(name))
+        .expect("a known detector") as u8
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -232,7 +260,10 @@ impl State {
     }
 
     fn waiting_bytes(&self) -> usize {
-        self.parked.iter().map(|(_, e)| e.rest_size()).sum::<usize>()
+        self.parked
+            .iter()
+            .map(|(_, e)| e.rest_size())
+            .sum::<usize>()
             + self.pending.iter().map(Event::rest_size).sum::<usize>()
     }
 }
@@ -240,12 +271,30 @@ impl State {
 /// What a step gives out, in order.
 pub enum Output {
     /// `route`: the index in `Step::asking` of the event whose reply it goes to.
-    Verdict { bytes: Vec<u8>, action: &'static str, detector: Option<&'static str>, route: Option<usize> },
+    Verdict {
+        bytes: Vec<u8>,
+        action: &'static str,
+        detector: Option<&'static str>,
+        route: Option<usize>,
+    },
     /// `strike`: the fleet breaker's strike of it (fleet.py's `strikes`), when it is one:
     /// (tool, hash64 of the session key, the time it counts at).
-    LoopEvent { bytes: Vec<u8>, detector: &'static str, strike: Option<(String, u64, i64)> },
-    Notice { level: &'static str, message: String, session_key: String, run_id: Option<String> },
-    Rejection { code: &'static str, reason: String, event_id: String },
+    LoopEvent {
+        bytes: Vec<u8>,
+        detector: &'static str,
+        strike: Option<(String, u64, i64)>,
+    },
+    Notice {
+        level: &'static str,
+        message: String,
+        session_key: String,
+        run_id: Option<String>,
+    },
+    Rejection {
+        code: &'static str,
+        reason: String,
+        event_id: String,
+    },
 }
 
 /// An agent's config as loop events show it (ResolvedConfig.as_dict + enforce), and
@@ -266,15 +315,29 @@ impl Policy {
             ("history_size", Setting::Int(c.history_size as i64)),
             ("warning_threshold", Setting::Int(c.warning_threshold)),
             ("critical_threshold", Setting::Int(c.critical_threshold)),
-            ("unknown_tool_threshold", Setting::Int(c.unknown_tool_threshold)),
-            ("global_circuit_breaker_threshold", Setting::Int(c.global_circuit_breaker_threshold)),
+            (
+                "unknown_tool_threshold",
+                Setting::Int(c.unknown_tool_threshold),
+            ),
+            (
+                "global_circuit_breaker_threshold",
+                Setting::Int(c.global_circuit_breaker_threshold),
+            ),
             ("generic_repeat", Setting::Bool(c.generic_repeat)),
-            ("known_poll_no_progress", Setting::Bool(c.known_poll_no_progress)),
+            (
+                "known_poll_no_progress",
+                Setting::Bool(c.known_poll_no_progress),
+            ),
             ("ping_pong", Setting::Bool(c.ping_pong)),
             ("guard_window_size", Setting::Int(c.guard_window_size)),
             ("enforce", Setting::Bool(enforce)),
         ];
-        Policy { config, shown, rules: None, tools: HashMap::new() }
+        Policy {
+            config,
+            shown,
+            rules: None,
+            tools: HashMap::new(),
+        }
     }
 }
 
@@ -352,7 +415,11 @@ impl Asking {
     /// processor.py's `_asking`: the waiting events (parked, then pending), then the
     /// event a step applies, each that named a reply.
     pub fn of(state: &State, event: Option<&Event>) -> Vec<Asking> {
-        let waiting = state.parked.iter().map(|(_, e)| e).chain(state.pending.iter());
+        let waiting = state
+            .parked
+            .iter()
+            .map(|(_, e)| e)
+            .chain(state.pending.iter());
         waiting
             .chain(event)
             .filter_map(|e| {
@@ -379,7 +446,15 @@ struct Verdict<'e> {
 
 impl<'e> Verdict<'e> {
     fn allow(token: Option<&'e str>) -> Self {
-        Verdict { action: "allow", level: "none", detector: None, count: 0, message: None, token, paired: None }
+        Verdict {
+            action: "allow",
+            level: "none",
+            detector: None,
+            count: 0,
+            message: None,
+            token,
+            paired: None,
+        }
     }
 
     /// A call's detection as a verdict: block for a critical, else warn.
@@ -400,7 +475,13 @@ impl<'e> Verdict<'e> {
 impl<P: Policies> Step<'_, P> {
     // -- ordering and idempotence (Engine._step) ------------------------------------
 
-    pub fn step(&mut self, state: &mut State, event: Event, now_ms: i64, watermark_ms: Option<i64>) -> PyResult<()> {
+    pub fn step(
+        &mut self,
+        state: &mut State,
+        event: Event,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<()> {
         let Some(seq) = event.seq else {
             let event_hash = hash64(&event.event_id);
             if state.seen_ids.contains(&event_hash) {
@@ -450,7 +531,12 @@ impl<P: Policies> Step<'_, P> {
     }
 
     /// Engine.release: what waits and may go now that the input moved on.
-    pub fn release(&mut self, state: &mut State, now_ms: i64, watermark_ms: Option<i64>) -> PyResult<()> {
+    pub fn release(
+        &mut self,
+        state: &mut State,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<()> {
         if !state.pending.is_empty() {
             self.open_pending(state, now_ms, watermark_ms)?;
         }
@@ -469,7 +555,11 @@ impl<P: Policies> Step<'_, P> {
         watermark_ms: Option<i64>,
     ) -> PyResult<()> {
         let seq = event.seq.expect("a numbered event");
-        if let Some(index) = state.retired.iter().position(|(closed, _)| *closed == incarnation) {
+        if let Some(index) = state
+            .retired
+            .iter()
+            .position(|(closed, _)| *closed == incarnation)
+        {
             if seq < state.retired[index].1 {
                 self.redeliver(state, &event, now_ms, false)?;
             } else {
@@ -490,13 +580,25 @@ impl<P: Policies> Step<'_, P> {
         self.open_pending(state, now_ms, watermark_ms)
     }
 
-    fn open_pending(&mut self, state: &mut State, now_ms: i64, watermark_ms: Option<i64>) -> PyResult<()> {
+    fn open_pending(
+        &mut self,
+        state: &mut State,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<()> {
         while !state.pending.is_empty() {
             let incarnation = incarnation_key(state.pending[0].incarnation.as_deref());
             let opening: Vec<usize> = (0..state.pending.len())
-                .filter(|&i| incarnation_key(state.pending[i].incarnation.as_deref()) == incarnation)
+                .filter(|&i| {
+                    incarnation_key(state.pending[i].incarnation.as_deref()) == incarnation
+                })
                 .collect();
-            let started = opening.iter().map(|&i| state.pending[i].ts).min().expect("one").min(now_ms);
+            let started = opening
+                .iter()
+                .map(|&i| state.pending[i].ts)
+                .min()
+                .expect("one")
+                .min(now_ms);
             let crowded = state.parked.len() + state.pending.len() >= self.settings.max_parked
                 || state.waiting_bytes() > self.settings.max_parked_bytes;
             if let Some(watermark) = watermark_ms {
@@ -507,7 +609,9 @@ impl<P: Policies> Step<'_, P> {
             while !state.parked.is_empty() {
                 self.give_up_gap(state, now_ms)?;
             }
-            state.retired.push((state.incarnation, state.next_seq.unwrap_or(0)));
+            state
+                .retired
+                .push((state.incarnation, state.next_seq.unwrap_or(0)));
             if state.retired.len() > MAX_RETIRED_INCARNATIONS {
                 let excess = state.retired.len() - MAX_RETIRED_INCARNATIONS;
                 state.retired.drain(..excess);
@@ -554,7 +658,12 @@ impl<P: Policies> Step<'_, P> {
         Ok(())
     }
 
-    fn release_gaps(&mut self, state: &mut State, now_ms: i64, watermark_ms: Option<i64>) -> PyResult<()> {
+    fn release_gaps(
+        &mut self,
+        state: &mut State,
+        now_ms: i64,
+        watermark_ms: Option<i64>,
+    ) -> PyResult<()> {
         while !state.parked.is_empty()
             && (state.parked.len() >= self.settings.max_parked
                 || state.waiting_bytes() > self.settings.max_parked_bytes
@@ -591,8 +700,14 @@ impl<P: Policies> Step<'_, P> {
             token: None,
             paired: None,
         };
-        let bytes = self.loop_event(trigger, &policy, &judgement, None, None, None, now_ms, None, None);
-        self.out.push(Output::LoopEvent { bytes, detector: "sequence_gap", strike: None });
+        let bytes = self.loop_event(
+            trigger, &policy, &judgement, None, None, None, now_ms, None, None,
+        );
+        self.out.push(Output::LoopEvent {
+            bytes,
+            detector: "sequence_gap",
+            strike: None,
+        });
         state.next_seq = Some(first_parked);
         self.drain(state, now_ms)
     }
@@ -614,11 +729,25 @@ impl<P: Policies> Step<'_, P> {
 
     /// rules.py's `failure_identity(error_text)`: its regular expressions are Python's.
     fn failure_identity(&self, error: &str) -> PyResult<u64> {
-        self.settings.failure_identity.call1(self.py, (error,))?.extract(self.py)
+        self.settings
+            .failure_identity
+            .call1(self.py, (error,))?
+            .extract(self.py)
     }
 
-    fn redeliver(&mut self, state: &mut State, event: &Event, now_ms: i64, vouch_allow: bool) -> PyResult<()> {
-        let Body::Call { tool_name, token, .. } = &event.body else { return Ok(()) };
+    fn redeliver(
+        &mut self,
+        state: &mut State,
+        event: &Event,
+        now_ms: i64,
+        vouch_allow: bool,
+    ) -> PyResult<()> {
+        let Body::Call {
+            tool_name, token, ..
+        } = &event.body
+        else {
+            return Ok(());
+        };
         let event_hash = hash32(&event.event_id);
         if let Some(decision) = state.decisions.iter().find(|d| d.event == event_hash) {
             let action = ACTIONS[usize::from(decision.action)];
@@ -626,9 +755,19 @@ impl<P: Policies> Step<'_, P> {
             let level = level_of_action(action);
             let message = match detector {
                 None => None,
-                Some(name) => Some(redelivered_message(name, level, tool_name, decision.count, decision.detail.as_deref())?),
+                Some(name) => Some(redelivered_message(
+                    name,
+                    level,
+                    tool_name,
+                    decision.count,
+                    decision.detail.as_deref(),
+                )?),
             };
-            let paired = if detector == Some("ping_pong") { decision.detail.clone() } else { None };
+            let paired = if detector == Some("ping_pong") {
+                decision.detail.clone()
+            } else {
+                None
+            };
             let verdict = Verdict {
                 action: static_action(action),
                 level,
@@ -666,7 +805,16 @@ impl<P: Policies> Step<'_, P> {
     }
 
     fn on_tool_call(&mut self, state: &mut State, event: &Event, now_ms: i64) -> PyResult<()> {
-        let Body::Call { call_id, tool_name: tool, token, action, payload } = &event.body else { unreachable!() };
+        let Body::Call {
+            call_id,
+            tool_name: tool,
+            token,
+            action,
+            payload,
+        } = &event.body
+        else {
+            unreachable!()
+        };
         let policy = self.policies.policy(event.agent_id.as_deref())?;
         let run = run_scope(event.run_id.as_deref());
         let run_hash = run_key(run);
@@ -684,7 +832,9 @@ impl<P: Policies> Step<'_, P> {
         }
         let config = &shown.config;
         let mut detection: Option<Detection> = None;
-        let view = config.detection_on().then(|| state.history.run_history(run_hash));
+        let view = config
+            .detection_on()
+            .then(|| state.history.run_history(run_hash));
         if let Some(view) = &view {
             let recent = state.history.recent_count(sig, view);
             let known_poll = recent > 0 && is_known_poll(tool, action.as_deref());
@@ -694,27 +844,55 @@ impl<P: Policies> Step<'_, P> {
         let mut judgement: Option<RulesJudgement> = None;
         if let Some(rules) = &policy.rules {
             // issue 14: a rule may take over the verdict
-            let critical = detection.as_ref().is_some_and(|d| d.level == Level::Critical);
+            let critical = detection
+                .as_ref()
+                .is_some_and(|d| d.level == Level::Critical);
             let capped = match (&rules.run_caps, critical) {
-                (Some(caps), false) => match rules::run_cap(caps, state.rules.run(run_hash), &state.rules) {
-                    Some(hit) => Some(self.cap_detection(&hit, run)?),
-                    None => None,
-                },
+                (Some(caps), false) => {
+                    match rules::run_cap(caps, state.rules.run(run_hash), &state.rules) {
+                        Some(hit) => Some(self.cap_detection(&hit, run)?),
+                        None => None,
+                    }
+                }
                 _ => None,
             };
             let judged = rules::judge(
-                rules, &state.rules, view.as_ref(), tool, sig, config.warning_threshold,
-                config.critical_threshold, run, run_hash, capped, detection, enforce,
+                rules,
+                &state.rules,
+                view.as_ref(),
+                tool,
+                sig,
+                config.warning_threshold,
+                config.critical_threshold,
+                run,
+                run_hash,
+                capped,
+                detection,
+                enforce,
             );
             detection = judged.detection.clone();
             enforce = judged.enforce;
             judgement = Some(judged);
         }
         drop(view);
-        let critical = detection.as_ref().is_some_and(|d| d.level == Level::Critical);
+        let critical = detection
+            .as_ref()
+            .is_some_and(|d| d.level == Level::Critical);
         if config.recording_on() && !(critical && enforce) {
-            let call_hash = if call_id.is_empty() { 0 } else { hash32(call_id) };
-            let record = Record { tool: shared_name(tool), sig, run: run_hash, call: call_hash, result: 0, unknown: None, ts: event.ts };
+            let call_hash = if call_id.is_empty() {
+                0
+            } else {
+                hash32(call_id)
+            };
+            let record = Record {
+                tool: shared_name(tool),
+                sig,
+                run: run_hash,
+                call: call_hash,
+                result: 0,
+                unknown: None,
+                ts: event.ts,
+            };
             state.history.append(record, config.history_size);
         }
         // what the detection says (the loop event's), and the verdict: it, when enforced
@@ -733,7 +911,10 @@ impl<P: Policies> Step<'_, P> {
             let found = detection.as_ref().expect("a detection");
             state.decisions.push(Decision {
                 event: hash32(&event.event_id),
-                action: ACTIONS.iter().position(|a| *a == verdict.action).expect("an action") as u8,
+                action: ACTIONS
+                    .iter()
+                    .position(|a| *a == verdict.action)
+                    .expect("an action") as u8,
                 detector: detector_code(found.detector.as_str()),
                 count: found.count as i64,
                 detail: found.detail.as_deref().map(str::to_owned),
@@ -750,14 +931,23 @@ impl<P: Policies> Step<'_, P> {
             if critical || warning_rises(state, found, run) {
                 let judged = judged.as_ref().expect("the detection's");
                 let bytes = self.loop_event(
-                    event, shown, judged, Some(found.warning_key.as_str()), Some(call_id), Some(tool), now_ms, Some(enforce),
+                    event,
+                    shown,
+                    judged,
+                    Some(found.warning_key.as_str()),
+                    Some(call_id),
+                    Some(tool),
+                    now_ms,
+                    Some(enforce),
                     payload.as_deref(),
                 );
                 self.push_loop_event(event, bytes, judged, Some(tool), now_ms);
             }
         }
         if let (Some(rules), Some(judgement)) = (&policy.rules, &judgement) {
-            self.apply_rules(state, event, shown, rules, run, run_hash, token, judgement, now_ms)?;
+            self.apply_rules(
+                state, event, shown, rules, run, run_hash, token, judgement, now_ms,
+            )?;
         }
         Ok(())
     }
@@ -781,11 +971,23 @@ impl<P: Policies> Step<'_, P> {
         for shadow in &judgement.shadows {
             if shadow.level == Level::Critical || warning_rises(state, shadow, run) {
                 let reported = Verdict::of(shadow, token);
-                let bytes = self.loop_event(event, shown, &reported, Some(shadow.warning_key.as_str()), call_id, tool, now_ms, Some(false), None);
+                let bytes = self.loop_event(
+                    event,
+                    shown,
+                    &reported,
+                    Some(shadow.warning_key.as_str()),
+                    call_id,
+                    tool,
+                    now_ms,
+                    Some(false),
+                    None,
+                );
                 self.push_loop_event(event, bytes, &reported, tool, now_ms);
             }
         }
-        let Some(ending) = rules::after_call(rules, &mut state.rules, run_hash, judgement) else { return Ok(()) };
+        let Some(ending) = rules::after_call(rules, &mut state.rules, run_hash, judgement) else {
+            return Ok(());
+        };
         let abort = Verdict {
             action: "abort",
             level: "critical",
@@ -799,7 +1001,17 @@ impl<P: Policies> Step<'_, P> {
             self.push_verdict(event, &abort, now_ms)?;
         }
         if ending.detector == Detector::ToolLoopRunEnded {
-            let bytes = self.loop_event(event, shown, &abort, None, call_id, tool, now_ms, Some(ending.enforced), None);
+            let bytes = self.loop_event(
+                event,
+                shown,
+                &abort,
+                None,
+                call_id,
+                tool,
+                now_ms,
+                Some(ending.enforced),
+                None,
+            );
             self.push_loop_event(event, bytes, &abort, tool, now_ms);
         }
         Ok(())
@@ -814,13 +1026,33 @@ impl<P: Policies> Step<'_, P> {
                 Amount::Float(value) => value.into_pyobject(py)?.into_any().unbind(),
             })
         };
-        let args = (hit.level.as_str(), hit.detector.as_str(), hit.scope, amount(hit.used)?, amount(hit.cap)?, run);
-        let (count, message, key): (usize, String, String) = self.settings.cap_detection.call1(py, args)?.extract(py)?;
+        let args = (
+            hit.level.as_str(),
+            hit.detector.as_str(),
+            hit.scope,
+            amount(hit.used)?,
+            amount(hit.cap)?,
+            run,
+        );
+        let (count, message, key): (usize, String, String) =
+            self.settings.cap_detection.call1(py, args)?.extract(py)?;
         Ok(rules::cap_detection(hit, count, message, key))
     }
 
     fn on_tool_result(&mut self, state: &mut State, event: &Event, now_ms: i64) -> PyResult<()> {
-        let Body::Result { call_id, tool_name: tool, token, outcome, unknown, usage, error, failure } = &event.body else { unreachable!() };
+        let Body::Result {
+            call_id,
+            tool_name: tool,
+            token,
+            outcome,
+            unknown,
+            usage,
+            error,
+            failure,
+        } = &event.body
+        else {
+            unreachable!()
+        };
         let policy = self.policies.policy(event.agent_id.as_deref())?;
         let run = run_scope(event.run_id.as_deref());
         let run_hash = run_key(run);
@@ -830,7 +1062,10 @@ impl<P: Policies> Step<'_, P> {
             if let (Some(_), Some(usage)) = (&rules.run_caps, usage) {
                 let tokens = match usage.total_tokens {
                     Some(total) => total as u128,
-                    None => usage.input_tokens.unwrap_or(0) as u128 + usage.output_tokens.unwrap_or(0) as u128,
+                    None => {
+                        usage.input_tokens.unwrap_or(0) as u128
+                            + usage.output_tokens.unwrap_or(0) as u128
+                    }
                 };
                 // `usage.cost or 0.0`: a cost of -0.0 counts as 0.0
                 let cost = usage.cost.filter(|c| *c != 0.0).unwrap_or(0.0);
@@ -846,7 +1081,9 @@ impl<P: Policies> Step<'_, P> {
                 let failure = match (error, failure, outcome) {
                     (Some(error), _, _) => Some(self.failure_identity(error)?),
                     (None, Some(identity), _) => Some(*identity),
-                    (None, None, Some(token)) if token.starts_with(ERROR_PREFIX) => Some(hash64(token)),
+                    (None, None, Some(token)) if token.starts_with(ERROR_PREFIX) => {
+                        Some(hash64(token))
+                    }
                     _ => None,
                 };
                 match failure {
@@ -859,9 +1096,15 @@ impl<P: Policies> Step<'_, P> {
         if !policy.config.recording_on() {
             return Ok(());
         }
-        let Some(outcome) = outcome else { return Ok(()) };
+        let Some(outcome) = outcome else {
+            return Ok(());
+        };
         let result = result_fingerprint(outcome);
-        let call_hash = if call_id.is_empty() { 0 } else { hash32(call_id) };
+        let call_hash = if call_id.is_empty() {
+            0
+        } else {
+            hash32(call_id)
+        };
         let mut sig = token.as_deref().map_or(0, |token| signature(tool, token));
         let unknown: Option<Arc<str>> = unknown.as_deref().map(Arc::from);
         let records = state.history.records();
@@ -874,7 +1117,15 @@ impl<P: Policies> Step<'_, P> {
         });
         match found {
             Some((index, rec)) => {
-                let record = Record { tool: rec.tool.clone(), sig: rec.sig, run: run_hash, call: 0, result, unknown, ts: rec.ts };
+                let record = Record {
+                    tool: rec.tool.clone(),
+                    sig: rec.sig,
+                    run: run_hash,
+                    call: 0,
+                    result,
+                    unknown,
+                    ts: rec.ts,
+                };
                 sig = rec.sig;
                 state.history.replace(index, record);
             }
@@ -890,17 +1141,28 @@ impl<P: Policies> Step<'_, P> {
                     });
                     return Ok(());
                 }
-                let record = Record { tool: shared_name(tool), sig, run: run_hash, call: 0, result, unknown, ts: event.ts };
+                let record = Record {
+                    tool: shared_name(tool),
+                    sig,
+                    run: run_hash,
+                    call: 0,
+                    result,
+                    unknown,
+                    ts: event.ts,
+                };
                 state.history.append(record, policy.config.history_size);
             }
         }
-        let Some(index) = state.guards.iter().position(|(key, _)| *key == run_hash) else { return Ok(()) };
+        let Some(index) = state.guards.iter().position(|(key, _)| *key == run_hash) else {
+            return Ok(());
+        };
         let guard = &mut state.guards[index].1;
         guard.remaining -= 1;
         match &guard.first {
             None => guard.first = Some((shared_name(tool), sig, result)),
             Some((first_tool, first_sig, first_result)) => {
-                if !(&**first_tool == tool.as_str() && *first_sig == sig && *first_result == result) {
+                if !(&**first_tool == tool.as_str() && *first_sig == sig && *first_result == result)
+                {
                     guard.broken = true;
                 }
             }
@@ -922,7 +1184,17 @@ impl<P: Policies> Step<'_, P> {
             if self.settings.enforce {
                 self.push_verdict(event, &judgement, now_ms)?;
             }
-            let bytes = self.loop_event(event, &policy, &judgement, None, Some(call_id), Some(tool), now_ms, None, None);
+            let bytes = self.loop_event(
+                event,
+                &policy,
+                &judgement,
+                None,
+                Some(call_id),
+                Some(tool),
+                now_ms,
+                None,
+                None,
+            );
             self.push_loop_event(event, bytes, &judgement, Some(tool), now_ms);
         } else if guard.remaining <= 0 {
             state.guards.remove(index);
@@ -939,7 +1211,15 @@ impl<P: Policies> Step<'_, P> {
         let guard_key = run_key(run);
         let window = policy.config.guard_window_size;
         state.guards.retain(|(key, _)| *key != guard_key);
-        state.guards.push((guard_key, Guard { window, remaining: window, first: None, broken: false }));
+        state.guards.push((
+            guard_key,
+            Guard {
+                window,
+                remaining: window,
+                first: None,
+                broken: false,
+            },
+        ));
         if state.guards.len() > MAX_GUARDS {
             state.guards.remove(0);
         }
@@ -964,9 +1244,16 @@ impl<P: Policies> Step<'_, P> {
             // processor.py's reply_route: the first asking event with the verdict's call
             // id and incarnation (a verdict carries its event's)
             let (call_id, incarnation) = (event.call_id(), event.incarnation.as_deref());
-            self.asking.iter().position(|a| a.call_id.as_deref() == call_id && a.incarnation.as_deref() == incarnation)
+            self.asking.iter().position(|a| {
+                a.call_id.as_deref() == call_id && a.incarnation.as_deref() == incarnation
+            })
         };
-        self.out.push(Output::Verdict { bytes, action: verdict.action, detector: verdict.detector, route });
+        self.out.push(Output::Verdict {
+            bytes,
+            action: verdict.action,
+            detector: verdict.detector,
+            route,
+        });
         Ok(())
     }
 
@@ -974,11 +1261,21 @@ impl<P: Policies> Step<'_, P> {
     /// breaker's action while its tool is broken fleet-wide, where the agent's rules put
     /// an enforced `fleetBreaker` in force and do not exempt the tool. The state is not
     /// touched (a redelivered call is overlaid again with what is known then).
-    fn fleet_overlay<'e>(&mut self, event: &Event, verdict: &Verdict<'e>) -> PyResult<Option<Verdict<'e>>> {
-        let (Some(breakers), Some(tool)) = (self.breakers, event.tool_name()) else { return Ok(None) };
+    fn fleet_overlay<'e>(
+        &mut self,
+        event: &Event,
+        verdict: &Verdict<'e>,
+    ) -> PyResult<Option<Verdict<'e>>> {
+        let (Some(breakers), Some(tool)) = (self.breakers, event.tool_name()) else {
+            return Ok(None);
+        };
         let policy = self.policies.policy(event.agent_id.as_deref())?;
-        let Some(rules) = &policy.rules else { return Ok(None) };
-        let Some((true, action)) = rules.fleet_breaker else { return Ok(None) };
+        let Some(rules) = &policy.rules else {
+            return Ok(None);
+        };
+        let Some((true, action)) = rules.fleet_breaker else {
+            return Ok(None);
+        };
         if rules.exempt.contains(tool) || rank(action) <= rank(verdict.action) {
             return Ok(None);
         }
@@ -1000,10 +1297,18 @@ impl<P: Policies> Step<'_, P> {
         }))
     }
 
-    fn push_loop_event(&mut self, event: &Event, bytes: Vec<u8>, judgement: &Verdict<'_>, tool: Option<&str>, now_ms: i64) {
+    fn push_loop_event(
+        &mut self,
+        event: &Event,
+        bytes: Vec<u8>,
+        judgement: &Verdict<'_>,
+        tool: Option<&str>,
+        now_ms: i64,
+    ) {
         let detector = judgement.detector.expect("a loop event's detector");
         // fleet.py's `strikes`: a critical, an unknown-tool streak or a failure identity
-        let striking = judgement.level == "critical" || matches!(detector, "unknown_tool_repeat" | "repeated_failure");
+        let striking = judgement.level == "critical"
+            || matches!(detector, "unknown_tool_repeat" | "repeated_failure");
         let strike = match tool {
             Some(tool) if striking && detector != "fleet_tool_breaker" => {
                 // a gateway clock running ahead counts as now (processor.py's tool_strikes)
@@ -1011,7 +1316,11 @@ impl<P: Policies> Step<'_, P> {
             }
             _ => None,
         };
-        self.out.push(Output::LoopEvent { bytes, detector, strike });
+        self.out.push(Output::LoopEvent {
+            bytes,
+            detector,
+            strike,
+        });
     }
 
     fn verdict(&self, event: &Event, verdict: &Verdict<'_>, now_ms: i64) -> Vec<u8> {
@@ -1068,7 +1377,13 @@ impl<P: Policies> Step<'_, P> {
         args: Option<&[u8]>,
     ) -> Vec<u8> {
         let detector = verdict.detector.expect("a loop event's detector");
-        let text = format!("{}\x1f{}\x1f{}\x1f{}", event.key(), event.event_id, detector, verdict.count);
+        let text = format!(
+            "{}\x1f{}\x1f{}\x1f{}",
+            event.key(),
+            event.event_id,
+            detector,
+            verdict.count
+        );
         let digits = digest(text.as_bytes());
         let id = std::str::from_utf8(&digits).expect("hex digits");
         let judgement = Judgement {
@@ -1126,11 +1441,21 @@ fn breaker_message(action: &str, tool: &str, sessions: i64, window_seconds: i64)
 }
 
 fn static_action(action: &str) -> &'static str {
-    ACTIONS.iter().find(|a| **a == action).copied().expect("an action")
+    ACTIONS
+        .iter()
+        .find(|a| **a == action)
+        .copied()
+        .expect("an action")
 }
 
 /// detectors.py's `message_for` for a remembered decision (a redelivered call).
-fn redelivered_message(detector: &str, level: &str, tool: &str, count: i64, detail: Option<&str>) -> PyResult<String> {
+fn redelivered_message(
+    detector: &str,
+    level: &str,
+    tool: &str,
+    count: i64,
+    detail: Option<&str>,
+) -> PyResult<String> {
     let table = match detector {
         "unknown_tool_repeat" => Some(Detector::UnknownToolRepeat),
         "global_circuit_breaker" => Some(Detector::GlobalCircuitBreaker),
@@ -1141,17 +1466,28 @@ fn redelivered_message(detector: &str, level: &str, tool: &str, count: i64, deta
     };
     match table {
         Some(detector) => {
-            let level = if level == "critical" { Level::Critical } else { Level::Warning };
-            Ok(message_for(detector, level, tool, count.max(0) as usize, detail))
+            let level = if level == "critical" {
+                Level::Critical
+            } else {
+                Level::Warning
+            };
+            Ok(message_for(
+                detector,
+                level,
+                tool,
+                count.max(0) as usize,
+                detail,
+            ))
         }
         // a rule's decision keeps its whole message as the detail
         None => match detail {
             Some(detail) => Ok(detail.to_owned()),
-            None => Err(pyo3::exceptions::PyValueError::new_err(format!("no message for detector '{detector}'"))),
+            None => Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "no message for detector '{detector}'"
+            ))),
         },
     }
 }
-
 
 /// state.py's `incarnation_key`.
 pub fn incarnation_key(incarnation: Option<&str>) -> u64 {
@@ -1181,7 +1517,10 @@ fn waited_event_time(state: &State, watermark_ms: Option<i64>, now_ms: i64) -> i
 
 /// step.py's `_take_skipped`.
 fn take_skipped(skipped: &mut Vec<(i64, i64)>, seq: i64) -> bool {
-    let Some(index) = skipped.iter().position(|(first, last)| *first <= seq && seq <= *last) else {
+    let Some(index) = skipped
+        .iter()
+        .position(|(first, last)| *first <= seq && seq <= *last)
+    else {
         return false;
     };
     let (first, last) = skipped[index];

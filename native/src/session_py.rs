@@ -17,10 +17,12 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use crate::decode::{read_event, tokens, Kind, Usage, WireEvent, DEPTH_BOUNDS};
 use crate::engine::config::ResolvedConfig;
 use crate::engine::history::{shared_name, History, Record};
+use crate::engine::rules::{Cap, RepeatedFailure, RuleState, Rules, RunCaps, RunEnding};
 use crate::json::parse_object;
 use crate::output::write_payload;
-use crate::engine::rules::{Cap, RepeatedFailure, RuleState, Rules, RunCaps, RunEnding};
-use crate::session::{Asking, Body, Decision, Event, Guard, Output, Policies, Policy, Settings, State, Step};
+use crate::session::{
+    Asking, Body, Decision, Event, Guard, Output, Policies, Policy, Settings, State, Step,
+};
 
 /// Agent id -> policy, from the Python resolver; cleared when full (ids come from the
 /// wire), as the Python engine's cache is.
@@ -56,11 +58,14 @@ impl Policies for Resolver<'_, '_> {
             return Ok(policy.clone());
         }
         // (config fields, the rules or None): native_step.py's _policy_values
-        let (fields, rules): (ConfigFields, Option<RulesTuple>) = self.resolve.call1(self.py, (agent_id,))?.extract(self.py)?;
+        let (fields, rules): (ConfigFields, Option<RulesTuple>) =
+            self.resolve.call1(self.py, (agent_id,))?.extract(self.py)?;
         let mut policy = Policy::new(config_of(fields), self.enforce);
         if let Some((ending, cycle, failure, churn, caps, fleet, exempt, tools)) = rules {
             for (tool, own) in tools {
-                policy.tools.insert(tool, Arc::new(Policy::new(config_of(own), self.enforce)));
+                policy
+                    .tools
+                    .insert(tool, Arc::new(Policy::new(config_of(own), self.enforce)));
             }
             policy.rules = Some(Rules {
                 run_ending: ending.map(|(enforced, criticals_per_run, blocked_streak)| RunEnding {
@@ -69,25 +74,35 @@ impl Policies for Resolver<'_, '_> {
                     blocked_streak,
                 }),
                 cycle,
-                repeated_failure: failure.map(|(enforced, warning_threshold, critical_threshold)| RepeatedFailure {
-                    enforced,
-                    warning_threshold,
-                    critical_threshold,
-                }),
-                argument_churn: churn,
-                run_caps: caps.map(|(enforced, calls, run_tokens, session_tokens, run_cost, session_cost)| {
-                    let cap = |c: Option<(u128, f64)>| c.map(|(limit, warn_from)| Cap { limit, warn_from });
-                    let cost = |c: Option<(f64, f64)>| c.map(|(limit, warn_from)| Cap { limit, warn_from });
-                    RunCaps {
+                repeated_failure: failure.map(
+                    |(enforced, warning_threshold, critical_threshold)| RepeatedFailure {
                         enforced,
-                        max_tool_calls: cap(calls),
-                        tokens_per_run: cap(run_tokens),
-                        tokens_per_session: cap(session_tokens),
-                        cost_per_run: cost(run_cost),
-                        cost_per_session: cost(session_cost),
-                    }
+                        warning_threshold,
+                        critical_threshold,
+                    },
+                ),
+                argument_churn: churn,
+                run_caps: caps.map(
+                    |(enforced, calls, run_tokens, session_tokens, run_cost, session_cost)| {
+                        let cap = |c: Option<(u128, f64)>| {
+                            c.map(|(limit, warn_from)| Cap { limit, warn_from })
+                        };
+                        let cost = |c: Option<(f64, f64)>| {
+                            c.map(|(limit, warn_from)| Cap { limit, warn_from })
+                        };
+                        RunCaps {
+                            enforced,
+                            max_tool_calls: cap(calls),
+                            tokens_per_run: cap(run_tokens),
+                            tokens_per_session: cap(session_tokens),
+                            cost_per_run: cost(run_cost),
+                            cost_per_session: cost(session_cost),
+                        }
+                    },
+                ),
+                fleet_breaker: fleet.map(|(enforced, action)| {
+                    (enforced, if action == "block" { "block" } else { "warn" })
                 }),
-                fleet_breaker: fleet.map(|(enforced, action)| (enforced, if action == "block" { "block" } else { "warn" })),
                 exempt: exempt.into_iter().collect(),
             });
         }
@@ -102,7 +117,18 @@ impl Policies for Resolver<'_, '_> {
 }
 
 /// config.py's ResolvedConfig fields, in order.
-type ConfigFields = (Option<bool>, usize, i64, i64, i64, i64, bool, bool, bool, i64);
+type ConfigFields = (
+    Option<bool>,
+    usize,
+    i64,
+    i64,
+    i64,
+    i64,
+    bool,
+    bool,
+    bool,
+    i64,
+);
 /// An int cap and the amount that warns, a cost cap and its.
 type IntCap = Option<(u128, f64)>;
 type CostCap = Option<(f64, f64)>;
@@ -197,29 +223,63 @@ fn outputs_to_python<'py>(py: Python<'py>, outputs: Vec<Output>) -> PyResult<Bou
     outputs_as(py, outputs, Shape::Tagged, &[])
 }
 
-fn outputs_as<'py>(py: Python<'py>, outputs: Vec<Output>, shape: Shape, asking: &[Asking]) -> PyResult<Bound<'py, PyList>> {
+fn outputs_as<'py>(
+    py: Python<'py>,
+    outputs: Vec<Output>,
+    shape: Shape,
+    asking: &[Asking],
+) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for output in outputs {
         let item = match output {
-            Output::Verdict { bytes, .. } | Output::LoopEvent { bytes, .. } if shape == Shape::Bare => {
+            Output::Verdict { bytes, .. } | Output::LoopEvent { bytes, .. }
+                if shape == Shape::Bare =>
+            {
                 PyBytes::new(py, &bytes).into_any()
             }
-            Output::Verdict { bytes, action, detector, route } if shape == Shape::Routed => {
+            Output::Verdict {
+                bytes,
+                action,
+                detector,
+                route,
+            } if shape == Shape::Routed => {
                 let reply = route.map(|index| &asking[index].reply);
-                ("verdict", PyBytes::new(py, &bytes), action, detector, reply).into_pyobject(py)?.into_any()
+                ("verdict", PyBytes::new(py, &bytes), action, detector, reply)
+                    .into_pyobject(py)?
+                    .into_any()
             }
-            Output::LoopEvent { bytes, detector, strike } if shape == Shape::Routed => {
-                let strike = strike.map(|(tool, session, ts)| (tool, format!("{session:016x}"), ts));
-                ("loop_event", PyBytes::new(py, &bytes), detector, strike).into_pyobject(py)?.into_any()
+            Output::LoopEvent {
+                bytes,
+                detector,
+                strike,
+            } if shape == Shape::Routed => {
+                let strike =
+                    strike.map(|(tool, session, ts)| (tool, format!("{session:016x}"), ts));
+                ("loop_event", PyBytes::new(py, &bytes), detector, strike)
+                    .into_pyobject(py)?
+                    .into_any()
             }
-            Output::Verdict { bytes, .. } => ("verdict", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
-            Output::LoopEvent { bytes, .. } => ("loop_event", PyBytes::new(py, &bytes)).into_pyobject(py)?.into_any(),
-            Output::Notice { level, message, session_key, run_id } => {
-                ("notice", level, message, session_key, run_id).into_pyobject(py)?.into_any()
-            }
-            Output::Rejection { code, reason, event_id } => {
-                ("rejection", code, reason, event_id).into_pyobject(py)?.into_any()
-            }
+            Output::Verdict { bytes, .. } => ("verdict", PyBytes::new(py, &bytes))
+                .into_pyobject(py)?
+                .into_any(),
+            Output::LoopEvent { bytes, .. } => ("loop_event", PyBytes::new(py, &bytes))
+                .into_pyobject(py)?
+                .into_any(),
+            Output::Notice {
+                level,
+                message,
+                session_key,
+                run_id,
+            } => ("notice", level, message, session_key, run_id)
+                .into_pyobject(py)?
+                .into_any(),
+            Output::Rejection {
+                code,
+                reason,
+                event_id,
+            } => ("rejection", code, reason, event_id)
+                .into_pyobject(py)?
+                .into_any(),
         };
         list.append(item)?;
     }
@@ -227,7 +287,13 @@ fn outputs_as<'py>(py: Python<'py>, outputs: Vec<Output>, shape: Shape, asking: 
 }
 
 /// What `Judge.read` gives: the event, its session key, type, seq and ts.
-type Read<'py> = (ReadEvent, Bound<'py, PyString>, &'static str, Option<i64>, i64);
+type Read<'py> = (
+    ReadEvent,
+    Bound<'py, PyString>,
+    &'static str,
+    Option<i64>,
+    i64,
+);
 
 /// An event the native decoder read (`Judge.read`), waiting for its step
 /// (`Judge.step_read`), which takes it.
@@ -258,8 +324,12 @@ impl Judge {
         if raw.is_empty() || raw.len() > max_bytes || !DEPTH_BOUNDS.contains(&max_depth) {
             return Ok(None);
         }
-        let Some(entries) = parse_object(raw, max_depth) else { return Ok(None) };
-        let Some(wire) = read_event(&entries, max_depth, max_identifier_bytes) else { return Ok(None) };
+        let Some(entries) = parse_object(raw, max_depth) else {
+            return Ok(None);
+        };
+        let Some(wire) = read_event(&entries, max_depth, max_identifier_bytes) else {
+            return Ok(None);
+        };
         self.event_of(py, &wire)
     }
 
@@ -335,7 +405,9 @@ impl Judge {
             incarnation: owned(wire.incarnation),
             seq: wire.seq,
             ts: wire.ts,
-            reply_to: wire.reply_to.map(|(t, p, r)| (t.to_owned(), p, r.to_owned())),
+            reply_to: wire
+                .reply_to
+                .map(|(t, p, r)| (t.to_owned(), p, r.to_owned())),
             body,
         }))
     }
@@ -349,7 +421,14 @@ impl Judge {
         raw: &[u8],
         limits: &ReplayLimits,
     ) -> PyResult<Option<Replayed<'py>>> {
-        let Some(event) = self.wire_event(py, raw, limits.max_bytes, limits.max_depth, limits.max_identifier_bytes)? else {
+        let Some(event) = self.wire_event(
+            py,
+            raw,
+            limits.max_bytes,
+            limits.max_depth,
+            limits.max_identifier_bytes,
+        )?
+        else {
             return Ok(None);
         };
         let key = PyString::new(py, event.key());
@@ -376,7 +455,9 @@ impl Judge {
         now_ms: i64,
         watermark_ms: Option<i64>,
     ) -> PyResult<Vec<Output>> {
-        Ok(self.run_routed(py, state, event, now_ms, watermark_ms, false)?.0)
+        Ok(self
+            .run_routed(py, state, event, now_ms, watermark_ms, false)?
+            .0)
     }
 
     /// A step; `routed`: with the events its verdicts may answer (`Asking::of`).
@@ -389,11 +470,32 @@ impl Judge {
         watermark_ms: Option<i64>,
         routed: bool,
     ) -> PyResult<(Vec<Output>, Vec<Asking>)> {
-        let asking = if routed { Asking::of(state, event.as_ref()) } else { Vec::new() };
-        let Judge { settings, policies, breakers, .. } = self;
-        let mut resolver =
-            Resolver { resolve: &policies.resolve, enforce: policies.enforce, cache: &mut policies.cache, last: &mut policies.last, py };
-        let mut step = Step { settings, policies: &mut resolver, py, out: Vec::new(), asking, breakers: breakers.as_ref() };
+        let asking = if routed {
+            Asking::of(state, event.as_ref())
+        } else {
+            Vec::new()
+        };
+        let Judge {
+            settings,
+            policies,
+            breakers,
+            ..
+        } = self;
+        let mut resolver = Resolver {
+            resolve: &policies.resolve,
+            enforce: policies.enforce,
+            cache: &mut policies.cache,
+            last: &mut policies.last,
+            py,
+        };
+        let mut step = Step {
+            settings,
+            policies: &mut resolver,
+            py,
+            out: Vec::new(),
+            asking,
+            breakers: breakers.as_ref(),
+        };
         match event {
             Some(event) => step.step(state, event, now_ms, watermark_ms)?,
             None => step.release(state, now_ms, watermark_ms)?,
@@ -427,7 +529,10 @@ impl Judge {
 /// object (a string, else None), the gateway's hint when args is not an object.
 fn action_of(wire: &WireEvent<'_, '_>) -> Option<String> {
     match wire.args {
-        Some(args @ crate::json::Value::Object(_)) => args.get("action").and_then(|a| a.as_str()).map(str::to_owned),
+        Some(args @ crate::json::Value::Object(_)) => args
+            .get("action")
+            .and_then(|a| a.as_str())
+            .map(str::to_owned),
         _ => wire.args_action.map(str::to_owned),
     }
 }
@@ -474,8 +579,20 @@ impl Judge {
         gap_timeout_ms: i64,
     ) -> Self {
         Judge {
-            settings: Settings { enforce, max_parked, max_parked_bytes, gap_timeout_ms, failure_identity, cap_detection },
-            policies: PolicyCache { resolve, enforce, cache: HashMap::new(), last: None },
+            settings: Settings {
+                enforce,
+                max_parked,
+                max_parked_bytes,
+                gap_timeout_ms,
+                failure_identity,
+                cap_detection,
+            },
+            policies: PolicyCache {
+                resolve,
+                enforce,
+                cache: HashMap::new(),
+                last: None,
+            },
             unknown_tool_name,
             breakers: None,
             send_tools: send_tools.into_iter().collect(),
@@ -525,7 +642,8 @@ impl Judge {
         max_depth: usize,
         max_identifier_bytes: usize,
     ) -> PyResult<StepResult<'py>> {
-        let Some(event) = self.wire_event(py, raw, max_bytes, max_depth, max_identifier_bytes)? else {
+        let Some(event) = self.wire_event(py, raw, max_bytes, max_depth, max_identifier_bytes)?
+        else {
             return Ok(None);
         };
         let state = match state {
@@ -560,7 +678,13 @@ impl Judge {
         checkpoint_every: usize,
         max_state_bytes: usize,
     ) -> PyResult<Option<ReplayStep<'py>>> {
-        let limits = ReplayLimits { max_bytes, max_depth, max_identifier_bytes, checkpoint_every, max_state_bytes };
+        let limits = ReplayLimits {
+            max_bytes,
+            max_depth,
+            max_identifier_bytes,
+            checkpoint_every,
+            max_state_bytes,
+        };
         let Some((key, outputs, due)) = self.replay_one(py, states, raw, &limits)? else {
             return Ok(None);
         };
@@ -591,34 +715,62 @@ impl Judge {
         checkpoint_every: usize,
         max_state_bytes: usize,
     ) -> PyResult<(Bound<'py, PyList>, usize, u8, Option<PyObject>)> {
-        let limits = ReplayLimits { max_bytes, max_depth, max_identifier_bytes, checkpoint_every, max_state_bytes };
+        let limits = ReplayLimits {
+            max_bytes,
+            max_depth,
+            max_identifier_bytes,
+            checkpoint_every,
+            max_state_bytes,
+        };
         let out = PyList::empty(py);
         for index in start..lines.len() {
             let line = lines.get_item(index)?;
             let raw = line.downcast::<PyBytes>()?.as_bytes();
-            let end = raw.iter().rposition(|b| !matches!(b, b'\r' | b'\n')).map_or(0, |last| last + 1);
+            let end = raw
+                .iter()
+                .rposition(|b| !matches!(b, b'\r' | b'\n'))
+                .map_or(0, |last| last + 1);
             let (key, outputs, due) = match self.replay_one(py, states, &raw[..end], &limits) {
                 Ok(Some(stepped)) => stepped,
                 Ok(None) => return Ok((out, index, REPLAY_LEFT, None)),
                 // an Exception is the line's (its dead letter); anything else (a
                 // KeyboardInterrupt) stops the replay, as it would any Python code
                 Err(error) if error.is_instance_of::<pyo3::exceptions::PyException>(py) => {
-                    return Ok((out, index, REPLAY_FAILED, Some(error.into_value(py).into_any())));
+                    return Ok((
+                        out,
+                        index,
+                        REPLAY_FAILED,
+                        Some(error.into_value(py).into_any()),
+                    ));
                 }
                 Err(error) => return Err(error),
             };
             for output in outputs {
                 let item = match output {
-                    Output::Verdict { bytes, .. } | Output::LoopEvent { bytes, .. } => PyBytes::new(py, &bytes).into_any(),
-                    Output::Notice { level, message, session_key, run_id } => {
-                        ("notice", level, message, session_key, run_id).into_pyobject(py)?.into_any()
+                    Output::Verdict { bytes, .. } | Output::LoopEvent { bytes, .. } => {
+                        PyBytes::new(py, &bytes).into_any()
                     }
-                    Output::Rejection { code, reason, .. } => ("rejection", code, reason, index).into_pyobject(py)?.into_any(),
+                    Output::Notice {
+                        level,
+                        message,
+                        session_key,
+                        run_id,
+                    } => ("notice", level, message, session_key, run_id)
+                        .into_pyobject(py)?
+                        .into_any(),
+                    Output::Rejection { code, reason, .. } => ("rejection", code, reason, index)
+                        .into_pyobject(py)?
+                        .into_any(),
                 };
                 out.append(item)?;
             }
             if due {
-                return Ok((out, index + 1, REPLAY_CHECKPOINT, Some(key.into_any().unbind())));
+                return Ok((
+                    out,
+                    index + 1,
+                    REPLAY_CHECKPOINT,
+                    Some(key.into_any().unbind()),
+                ));
             }
         }
         Ok((out, lines.len(), REPLAY_DONE, None))
@@ -659,7 +811,8 @@ impl Judge {
         max_depth: usize,
         max_identifier_bytes: usize,
     ) -> PyResult<Option<Read<'py>>> {
-        let Some(event) = self.wire_event(py, raw, max_bytes, max_depth, max_identifier_bytes)? else {
+        let Some(event) = self.wire_event(py, raw, max_bytes, max_depth, max_identifier_bytes)?
+        else {
             return Ok(None);
         };
         let key = PyString::new(py, event.key());
@@ -684,7 +837,9 @@ impl Judge {
         watermark_ms: Option<i64>,
     ) -> PyResult<(Py<NativeState>, Bound<'py, PyList>)> {
         let Some(event) = event.borrow_mut().event.take() else {
-            return Err(pyo3::exceptions::PyValueError::new_err("this event was stepped already"));
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "this event was stepped already",
+            ));
         };
         self.step_routed(py, state, Some(event), now_ms, watermark_ms)
     }
@@ -712,7 +867,9 @@ impl Judge {
         now_ms: i64,
         watermark_ms: Option<i64>,
     ) -> PyResult<Bound<'py, PyList>> {
-        Ok(self.step_routed(py, Some(state), None, now_ms, watermark_ms)?.1)
+        Ok(self
+            .step_routed(py, Some(state), None, now_ms, watermark_ms)?
+            .1)
     }
 
     /// Engine.release: what waits in the state and may go now.
@@ -766,11 +923,39 @@ type EventTuple = (EventHead, EventBody);
 
 fn event_to_tuple(event: &Event) -> EventTuple {
     let (kind, body): (&str, EventBody) = match &event.body {
-        Body::Call { call_id, tool_name, token, action, payload } => {
+        Body::Call {
+            call_id,
+            tool_name,
+            token,
+            action,
+            payload,
+        } => {
             let payload = payload.clone().map(Payload);
-            ("tool_call", (Some(call_id.clone()), Some(tool_name.clone()), Some(token.clone()), action.clone(), None, None, None, payload, None))
+            (
+                "tool_call",
+                (
+                    Some(call_id.clone()),
+                    Some(tool_name.clone()),
+                    Some(token.clone()),
+                    action.clone(),
+                    None,
+                    None,
+                    None,
+                    payload,
+                    None,
+                ),
+            )
         }
-        Body::Result { call_id, tool_name, token, outcome, unknown, usage, error, failure } => (
+        Body::Result {
+            call_id,
+            tool_name,
+            token,
+            outcome,
+            unknown,
+            usage,
+            error,
+            failure,
+        } => (
             "tool_result",
             (
                 Some(call_id.clone()),
@@ -784,8 +969,14 @@ fn event_to_tuple(event: &Event) -> EventTuple {
                 *failure,
             ),
         ),
-        Body::Compaction => ("compaction", (None, None, None, None, None, None, None, None, None)),
-        Body::RunEnded => ("run_ended", (None, None, None, None, None, None, None, None, None)),
+        Body::Compaction => (
+            "compaction",
+            (None, None, None, None, None, None, None, None, None),
+        ),
+        Body::RunEnded => (
+            "run_ended",
+            (None, None, None, None, None, None, None, None, None),
+        ),
     };
     let head = (
         kind.to_owned(),
@@ -817,18 +1008,24 @@ fn event_from_tuple(tuple: &Bound<'_, PyAny>) -> PyResult<Event> {
             token: b.2,
             outcome: b.3,
             unknown: b.4,
-            usage: b.5.map(|(input_tokens, output_tokens, total_tokens, cost)| Usage {
-                input_tokens,
-                output_tokens,
-                total_tokens,
-                cost,
-            }),
+            usage: b
+                .5
+                .map(|(input_tokens, output_tokens, total_tokens, cost)| Usage {
+                    input_tokens,
+                    output_tokens,
+                    total_tokens,
+                    cost,
+                }),
             error: b.6,
             failure: b.8,
         },
         "compaction" => Body::Compaction,
         "run_ended" => Body::RunEnded,
-        other => return Err(pyo3::exceptions::PyValueError::new_err(format!("no event type {other:?}"))),
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "no event type {other:?}"
+            )))
+        }
     };
     Ok(Event {
         event_id: head.1,
@@ -905,7 +1102,10 @@ impl NativeState {
     /// where the Python reader must read them (native_step.py's `NativeEngine.read`).
     #[staticmethod]
     fn read(data: &[u8]) -> Option<NativeState> {
-        crate::state_bytes::read_state(data).map(|state| NativeState { state, since_checkpoint: 0 })
+        crate::state_bytes::read_state(data).map(|state| NativeState {
+            state,
+            since_checkpoint: 0,
+        })
     }
 
     /// The state's plain values, in SessionState's field order (native_step.py).
@@ -915,20 +1115,64 @@ impl NativeState {
             .history
             .records()
             .iter()
-            .map(|r| (r.tool.to_string(), r.sig, r.run, r.call, r.result, r.unknown.as_deref().map(str::to_owned), r.ts))
+            .map(|r| {
+                (
+                    r.tool.to_string(),
+                    r.sig,
+                    r.run,
+                    r.call,
+                    r.result,
+                    r.unknown.as_deref().map(str::to_owned),
+                    r.ts,
+                )
+            })
             .collect();
         let guards: Vec<GuardTuple> = s
             .guards
             .iter()
-            .map(|(run, g)| (*run, g.window, g.remaining, g.first.as_ref().map(|(t, a, b)| (t.to_string(), *a, *b)), g.broken))
+            .map(|(run, g)| {
+                (
+                    *run,
+                    g.window,
+                    g.remaining,
+                    g.first.as_ref().map(|(t, a, b)| (t.to_string(), *a, *b)),
+                    g.broken,
+                )
+            })
             .collect();
-        let warnings: Vec<(u64, u64, i64)> = s.warnings.iter().map(|(k, (r, b))| (*k, *r, *b)).collect();
-        let parked: Vec<(i64, EventTuple)> = s.parked.iter().map(|(seq, e)| (*seq, event_to_tuple(e))).collect();
-        let decisions: Vec<DecisionTuple> =
-            s.decisions.iter().map(|d| (d.event, d.action, d.detector, d.count, d.detail.clone(), d.seq)).collect();
+        let warnings: Vec<(u64, u64, i64)> =
+            s.warnings.iter().map(|(k, (r, b))| (*k, *r, *b)).collect();
+        let parked: Vec<(i64, EventTuple)> = s
+            .parked
+            .iter()
+            .map(|(seq, e)| (*seq, event_to_tuple(e)))
+            .collect();
+        let decisions: Vec<DecisionTuple> = s
+            .decisions
+            .iter()
+            .map(|d| {
+                (
+                    d.event,
+                    d.action,
+                    d.detector,
+                    d.count,
+                    d.detail.clone(),
+                    d.seq,
+                )
+            })
+            .collect();
         let pending: Vec<EventTuple> = s.pending.iter().map(event_to_tuple).collect();
         // two tuples: PyO3 converts tuples of up to 12
-        let order = (history, guards, warnings, s.next_seq, parked, s.skipped.clone(), s.seen_ids.clone(), decisions);
+        let order = (
+            history,
+            guards,
+            warnings,
+            s.next_seq,
+            parked,
+            s.skipped.clone(),
+            s.seen_ids.clone(),
+            decisions,
+        );
         let rest = (
             s.verdict_floor,
             s.touched_ms,
@@ -945,7 +1189,13 @@ impl NativeState {
     #[staticmethod]
     fn import_values(values: &Bound<'_, PyTuple>) -> PyResult<NativeState> {
         let (order, rest) = (values.get_item(0)?, values.get_item(1)?);
-        let get = |index: usize| if index < 8 { order.get_item(index) } else { rest.get_item(index - 8) };
+        let get = |index: usize| {
+            if index < 8 {
+                order.get_item(index)
+            } else {
+                rest.get_item(index - 8)
+            }
+        };
         let history: Vec<RecordTuple> = get(0)?.extract()?;
         let records = history
             .into_iter()
@@ -977,7 +1227,15 @@ impl NativeState {
             guards: guards
                 .into_iter()
                 .map(|(run, window, remaining, first, broken)| {
-                    (run, Guard { window, remaining, first: first.map(|(t, a, b)| (shared_name(&t), a, b)), broken })
+                    (
+                        run,
+                        Guard {
+                            window,
+                            remaining,
+                            first: first.map(|(t, a, b)| (shared_name(&t), a, b)),
+                            broken,
+                        },
+                    )
                 })
                 .collect(),
             warnings: warnings.into_iter().map(|(k, r, b)| (k, (r, b))).collect(),
@@ -987,7 +1245,14 @@ impl NativeState {
             seen_ids: get(6)?.extract()?,
             decisions: decisions
                 .into_iter()
-                .map(|(event, action, detector, count, detail, seq)| Decision { event, action, detector, count, detail, seq })
+                .map(|(event, action, detector, count, detail, seq)| Decision {
+                    event,
+                    action,
+                    detector,
+                    count,
+                    detail,
+                    seq,
+                })
                 .collect(),
             verdict_floor: get(8)?.extract()?,
             touched_ms: get(9)?.extract()?,
@@ -997,11 +1262,15 @@ impl NativeState {
             pending,
             rules: {
                 let bytes: Vec<u8> = get(14)?.extract()?;
-                RuleState::from_bytes(&bytes)
-                    .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("unreadable rule state"))?
+                RuleState::from_bytes(&bytes).ok_or_else(|| {
+                    pyo3::exceptions::PyValueError::new_err("unreadable rule state")
+                })?
             },
         };
-        Ok(NativeState { state, since_checkpoint: 0 })
+        Ok(NativeState {
+            state,
+            since_checkpoint: 0,
+        })
     }
 }
 

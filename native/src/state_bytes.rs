@@ -16,7 +16,10 @@
 use crate::decode::Usage;
 use crate::output::{write_int, write_str};
 use crate::session::{Body, Event, State};
-use crate::state_codec::{pack_array, pack_bin, pack_map, pack_sint, pack_str, pack_text, pack_uint, Count, Pack, Sink, V5};
+use crate::state_codec::{
+    pack_array, pack_bin, pack_map, pack_sint, pack_str, pack_text, pack_uint, Count, Pack, Sink,
+    V5,
+};
 
 fn pair<S: Sink>(out: &mut S, first: i64, second: i64) {
     pack_array(out, 2);
@@ -43,7 +46,11 @@ impl Written {
         for event in &state.pending {
             pending.push(event_json(event)?);
         }
-        Some(Written { parked, pending, rules: state.rules.to_bytes() })
+        Some(Written {
+            parked,
+            pending,
+            rules: state.rules.to_bytes(),
+        })
     }
 }
 
@@ -106,19 +113,43 @@ fn v4_bound(state: &State, written: &Written) -> usize {
     const HEADER: usize = 5;
     let text = |text: Option<&str>| HEADER + text.map_or(0, str::len);
     let mut size = HEAD + HEADER + 3 * INT;
-    size += HEADER + state.history.records().iter().map(|rec| {
-        HEADER + text(Some(&rec.tool)) + 5 * INT + text(rec.unknown.as_deref())
-    }).sum::<usize>();
-    size += HEADER + state.guards.iter().map(|(_, guard)| {
-        5 * INT + 3 * HEADER + 1 + guard.first.as_ref().map_or(0, |(tool, _, _)| tool.len())
-    }).sum::<usize>();
+    size += HEADER
+        + state
+            .history
+            .records()
+            .iter()
+            .map(|rec| HEADER + text(Some(&rec.tool)) + 5 * INT + text(rec.unknown.as_deref()))
+            .sum::<usize>();
+    size += HEADER
+        + state
+            .guards
+            .iter()
+            .map(|(_, guard)| {
+                5 * INT + 3 * HEADER + 1 + guard.first.as_ref().map_or(0, |(tool, _, _)| tool.len())
+            })
+            .sum::<usize>();
     size += HEADER + state.warnings.len() * (HEADER + 3 * INT);
     size += HEADER + state.seen_ids.len() * INT;
-    size += HEADER + state.decisions.iter().map(|d| HEADER + 5 * INT + text(d.detail.as_deref())).sum::<usize>();
-    size += HEADER + written.parked.iter().map(|(_, json)| INT + HEADER + json.len()).sum::<usize>();
+    size += HEADER
+        + state
+            .decisions
+            .iter()
+            .map(|d| HEADER + 5 * INT + text(d.detail.as_deref()))
+            .sum::<usize>();
+    size += HEADER
+        + written
+            .parked
+            .iter()
+            .map(|(_, json)| INT + HEADER + json.len())
+            .sum::<usize>();
     size += HEADER + state.skipped.len() * (HEADER + 2 * INT);
     size += HEADER + state.retired.len() * (HEADER + 2 * INT);
-    size += HEADER + written.pending.iter().map(|json| HEADER + json.len()).sum::<usize>();
+    size += HEADER
+        + written
+            .pending
+            .iter()
+            .map(|json| HEADER + json.len())
+            .sum::<usize>();
     size + HEADER + written.rules.len()
 }
 
@@ -143,12 +174,29 @@ fn write_v5<'a>(state: &'a State, written: &'a Written) -> Option<Vec<u8>> {
     out.count(records.len());
     for rec in records {
         let unknown = rec.unknown.as_deref().map(str::as_bytes);
-        out.record(rec.tool.as_bytes(), rec.sig, rec.run, u64::from(rec.call), rec.result, unknown, rec.ts)?;
+        out.record(
+            rec.tool.as_bytes(),
+            rec.sig,
+            rec.run,
+            u64::from(rec.call),
+            rec.result,
+            unknown,
+            rec.ts,
+        )?;
     }
     out.count(state.guards.len());
     for (run, guard) in &state.guards {
-        let first = guard.first.as_ref().map(|(tool, sig, result)| (tool.as_bytes(), *sig, *result));
-        out.guard(*run, unsigned(guard.window)?, unsigned(guard.remaining.max(0))?, first, guard.broken);
+        let first = guard
+            .first
+            .as_ref()
+            .map(|(tool, sig, result)| (tool.as_bytes(), *sig, *result));
+        out.guard(
+            *run,
+            unsigned(guard.window)?,
+            unsigned(guard.remaining.max(0))?,
+            first,
+            guard.broken,
+        );
     }
     out.count(state.warnings.len());
     for (key, (owner, bucket)) in &state.warnings {
@@ -160,7 +208,12 @@ fn write_v5<'a>(state: &'a State, written: &'a Written) -> Option<Vec<u8>> {
     }
     out.count(state.decisions.len());
     for d in &state.decisions {
-        let numbers = [u64::from(d.event), u64::from(d.action), u64::from(d.detector), unsigned(d.count)?];
+        let numbers = [
+            u64::from(d.event),
+            u64::from(d.action),
+            u64::from(d.detector),
+            unsigned(d.count)?,
+        ];
         out.decision(numbers, d.detail.as_deref().map(str::as_bytes), d.seq);
     }
     out.count(written.parked.len());
@@ -274,13 +327,28 @@ fn event_json(event: &Event) -> Option<Vec<u8>> {
     out.extend_from_slice(tag);
     out.push(b'"');
     match &event.body {
-        Body::Call { call_id, tool_name, token, action, .. } => {
+        Body::Call {
+            call_id,
+            tool_name,
+            token,
+            action,
+            ..
+        } => {
             text_field(&mut out, "call_id", Some(call_id));
             text_field(&mut out, "tool_name", Some(tool_name));
             text_field(&mut out, "args_hash", Some(token));
             text_field(&mut out, "args_action", action.as_deref());
         }
-        Body::Result { call_id, tool_name, token, outcome, unknown, usage, failure, .. } => {
+        Body::Result {
+            call_id,
+            tool_name,
+            token,
+            outcome,
+            unknown,
+            usage,
+            failure,
+            ..
+        } => {
             text_field(&mut out, "call_id", Some(call_id));
             text_field(&mut out, "tool_name", Some(tool_name));
             text_field(&mut out, "args_hash", token.as_deref());
@@ -432,7 +500,15 @@ fn read_body(pack: &mut Pack<'_>, touched_ms: i64, last_event_ms: i64) -> Option
         let call = u32::try_from(pack.uint()?).ok()?;
         let result = pack.uint()?;
         let unknown = optional_text(pack)?.map(Arc::from);
-        records.push(Record { tool, sig, run, call, result, unknown, ts: pack.sint()? });
+        records.push(Record {
+            tool,
+            sig,
+            run,
+            call,
+            result,
+            unknown,
+            ts: pack.sint()?,
+        });
     }
     let mut guards: Vec<(u64, Guard)> = Vec::new();
     for _ in 0..pack.map()? {
@@ -449,7 +525,15 @@ fn read_body(pack: &mut Pack<'_>, touched_ms: i64, last_event_ms: i64) -> Option
             tuple(pack, 3)?;
             Some((shared_name(text(pack)?), pack.uint()?, pack.uint()?))
         };
-        guards.push((run, Guard { window, remaining, first, broken: pack.bool()? }));
+        guards.push((
+            run,
+            Guard {
+                window,
+                remaining,
+                first,
+                broken: pack.bool()?,
+            },
+        ));
     }
     let mut warnings: Vec<(u64, (u64, i64))> = Vec::new();
     for _ in 0..pack.map()? {
@@ -468,11 +552,22 @@ fn read_body(pack: &mut Pack<'_>, touched_ms: i64, last_event_ms: i64) -> Option
     for _ in 0..pack.array()? {
         tuple(pack, 6)?;
         let event = u32::try_from(pack.uint()?).ok()?;
-        let action = u8::try_from(pack.uint()?).ok().filter(|a| usize::from(*a) < ACTIONS.len())?;
-        let detector = u8::try_from(pack.uint()?).ok().filter(|d| usize::from(*d) < DETECTORS.len())?;
+        let action = u8::try_from(pack.uint()?)
+            .ok()
+            .filter(|a| usize::from(*a) < ACTIONS.len())?;
+        let detector = u8::try_from(pack.uint()?)
+            .ok()
+            .filter(|d| usize::from(*d) < DETECTORS.len())?;
         let count = pack.sint()?;
         let detail = optional_text(pack)?;
-        decisions.push(Decision { event, action, detector, count, detail, seq: pack.sint()? });
+        decisions.push(Decision {
+            event,
+            action,
+            detector,
+            count,
+            detail,
+            seq: pack.sint()?,
+        });
     }
     if pack.map()? != 0 {
         return None; // parked events: Python reads them

@@ -388,11 +388,18 @@ impl Words {
     /// The thread's table, for a state of about `words` words (`give_back` returns it).
     fn lend(words: usize) -> Self {
         let wanted = (words + words / 3 + 1).next_power_of_two().max(64);
-        let mut table = WORDS.take().unwrap_or(Words { slots: Vec::new(), generation: 0, len: 0 });
+        let mut table = WORDS.take().unwrap_or(Words {
+            slots: Vec::new(),
+            generation: 0,
+            len: 0,
+        });
         table.generation += 1;
         table.len = 0;
         // a fresh table where it is too small, or far too large after one big state
-        if table.slots.len() < wanted || table.slots.len() > 16 * wanted || table.generation > u64::from(u32::MAX) {
+        if table.slots.len() < wanted
+            || table.slots.len() > 16 * wanted
+            || table.generation > u64::from(u32::MAX)
+        {
             table.slots = vec![(0, 0); wanted];
             table.generation = 1;
         }
@@ -434,7 +441,10 @@ impl Words {
         let old = std::mem::replace(&mut self.slots, vec![(0, 0); size]);
         let generation = std::mem::replace(&mut self.generation, 1);
         let mask = size - 1;
-        for (key, stamp) in old.into_iter().filter(|(_, stamp)| stamp >> 32 == generation) {
+        for (key, stamp) in old
+            .into_iter()
+            .filter(|(_, stamp)| stamp >> 32 == generation)
+        {
             let mut index = Self::start(key, mask);
             while self.slots[index].1 >> 32 == 1 {
                 index = (index + 1) & mask;
@@ -462,7 +472,10 @@ impl<'a> Texts<'a> {
             [] => 0,
             [first, .., last] | [first @ last] => {
                 let middle = text[text.len() / 2];
-                text.len() as u64 | u64::from(*first) << 40 | u64::from(middle) << 48 | u64::from(*last) << 56
+                text.len() as u64
+                    | u64::from(*first) << 40
+                    | u64::from(middle) << 48
+                    | u64::from(*last) << 56
             }
         }
     }
@@ -484,7 +497,11 @@ impl<'a> Texts<'a> {
             return (order as u64, false);
         }
         let tag = Self::tag(text);
-        if let Some(order) = self.list.iter().position(|(seen_tag, seen)| *seen_tag == tag && *seen == text) {
+        if let Some(order) = self
+            .list
+            .iter()
+            .position(|(seen_tag, seen)| *seen_tag == tag && *seen == text)
+        {
             return (order as u64, false);
         }
         self.list.push((tag, text));
@@ -570,14 +587,28 @@ pub(crate) struct V5<'a> {
 impl<'a> V5<'a> {
     /// The head, then `next_seq + 1`, `verdict_floor` and the incarnation key; `words`:
     /// about how many words the state holds (its table is sized for them).
-    pub(crate) fn new(touched_ms: i64, last_event_ms: i64, next_seq: u64, verdict_floor: u64, incarnation: u64, capacity: usize, words: usize) -> Self {
+    pub(crate) fn new(
+        touched_ms: i64,
+        last_event_ms: i64,
+        next_seq: u64,
+        verdict_floor: u64,
+        incarnation: u64,
+        capacity: usize,
+        words: usize,
+    ) -> Self {
         let mut out = Vec::with_capacity(capacity);
         out.push(5);
         out.extend_from_slice(&touched_ms.to_le_bytes());
         out.extend_from_slice(&last_event_ms.to_le_bytes());
         let mut writer = V5 {
             out,
-            seen: Seen { strings: Texts { list: Vec::with_capacity(8), map: None }, words: Words::lend(words) },
+            seen: Seen {
+                strings: Texts {
+                    list: Vec::with_capacity(8),
+                    map: None,
+                },
+                words: Words::lend(words),
+            },
             previous_ts: last_event_ms,
             previous_run: 0,
         };
@@ -594,7 +625,16 @@ impl<'a> V5<'a> {
 
     /// A history record; None when its time is more than 64 bits from the previous one's.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn record(&mut self, tool: &'a [u8], sig: u64, run: u64, call: u64, result: u64, unknown: Option<&'a [u8]>, ts: i64) -> Option<()> {
+    pub(crate) fn record(
+        &mut self,
+        tool: &'a [u8],
+        sig: u64,
+        run: u64,
+        call: u64,
+        result: u64,
+        unknown: Option<&'a [u8]>,
+        ts: i64,
+    ) -> Option<()> {
         let delta = ts.checked_sub(self.previous_ts)?;
         let (out, seen) = (&mut self.out, &mut self.seen);
         let at = out.len();
@@ -621,7 +661,14 @@ impl<'a> V5<'a> {
         Some(())
     }
 
-    pub(crate) fn guard(&mut self, run: u64, window: u64, remaining: u64, first: Option<(&'a [u8], u64, u64)>, broken: bool) {
+    pub(crate) fn guard(
+        &mut self,
+        run: u64,
+        window: u64,
+        remaining: u64,
+        first: Option<(&'a [u8], u64, u64)>,
+        broken: bool,
+    ) {
         let (out, seen) = (&mut self.out, &mut self.seen);
         seen.word(out, run);
         put(out, window);
@@ -690,7 +737,15 @@ fn compact(touched_ms: i64, last_event_ms: i64, body: &[u8]) -> Option<Vec<u8>> 
     let (next_seq, verdict_floor, incarnation) = (pack.uint()?, pack.uint()?, pack.uint()?);
     // a record takes 20 bytes or more of the body, and holds two words or fewer
     let words = body.len() / 10 + 8;
-    let mut out = V5::new(touched_ms, last_event_ms, next_seq, verdict_floor, incarnation, body.len() / 2 + 64, words);
+    let mut out = V5::new(
+        touched_ms,
+        last_event_ms,
+        next_seq,
+        verdict_floor,
+        incarnation,
+        body.len() / 2 + 64,
+        words,
+    );
 
     let records = pack.array()?;
     out.count(records);
@@ -831,7 +886,10 @@ impl<'a> Expand<'a> {
                 self.words.push(value);
                 Some(value)
             }
-            2 => self.words.get(usize::try_from(self.bytes.read()?).ok()?).copied(),
+            2 => self
+                .words
+                .get(usize::try_from(self.bytes.read()?).ok()?)
+                .copied(),
             _ => None,
         }
     }
@@ -874,8 +932,16 @@ pub(crate) fn expand(data: &[u8]) -> Option<Vec<u8>> {
             run = state.word()?;
         }
         let result = state.field((flags >> 2) & 3)?;
-        let call = if flags & HAS_CALL != 0 { state.bytes.read()? } else { 0 };
-        let unknown = if flags & HAS_UNKNOWN != 0 { state.text()? } else { None };
+        let call = if flags & HAS_CALL != 0 {
+            state.bytes.read()?
+        } else {
+            0
+        };
+        let unknown = if flags & HAS_UNKNOWN != 0 {
+            state.text()?
+        } else {
+            None
+        };
         ts = ts.checked_add(state.bytes.signed()?)?;
         pack_array(&mut out, RECORD_FIELDS);
         pack_str(&mut out, tool);

@@ -89,4 +89,3 @@ def pure_canonical_json(value: Any) -> bytes:
         except orjson.JSONEncodeError:
             pass  # e.g. a lone surrogate: let the reference implementation decide
     return rfc8785.dumps(_as_javascript(value))
-

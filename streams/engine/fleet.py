@@ -101,10 +101,25 @@ def _raised(verdict: Verdict, action: Action, breaker: ToolBreaker) -> Verdict:
     message = breaker_message(action, breaker.tool_name, breaker.sessions, breaker.window_seconds)
     # An unvalidated copy, like every engine output (the values are the verdict's own
     # and the breaker's, both checked).
-    return unvalidated(Verdict, {**verdict.__dict__, **{
-        "verdict_id": verdict_id(
-            verdict.session_key, verdict.run_id, verdict.call_id, action, verdict.incarnation
-        ),
-        "action": action, "level": _LEVEL[action], "detector": "fleet_tool_breaker",
-        "count": breaker.sessions, "message": message, "paired_tool_name": None,
-    }}, verdict.__pydantic_fields_set__)
+    return unvalidated(
+        Verdict,
+        {
+            **verdict.__dict__,
+            **{
+                "verdict_id": verdict_id(
+                    verdict.session_key,
+                    verdict.run_id,
+                    verdict.call_id,
+                    action,
+                    verdict.incarnation,
+                ),
+                "action": action,
+                "level": _LEVEL[action],
+                "detector": "fleet_tool_breaker",
+                "count": breaker.sessions,
+                "message": message,
+                "paired_tool_name": None,
+            },
+        },
+        verdict.__pydantic_fields_set__,
+    )

@@ -104,8 +104,11 @@ def load(engine_dir: Path = ENGINE_DIR, crate_dir: Path = CRATE_DIR) -> ModuleTy
     try:
         return importlib.import_module(MODULE)
     except ImportError as exc:
-        warnings.warn(f"the native engine did not load ({exc}); using the pure engine",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"the native engine did not load ({exc}); using the pure engine",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 

@@ -143,7 +143,9 @@ class NativeEngine:
         if got is not None:
             return got  # type: ignore[no-any-return]
         event = decode_event(
-            raw, max_bytes=max_bytes, max_depth=max_depth,
+            raw,
+            max_bytes=max_bytes,
+            max_depth=max_depth,
             max_identifier_bytes=max_identifier_bytes,
         )
         return self.judge.step_event(  # type: ignore[no-any-return]
@@ -151,8 +153,16 @@ class NativeEngine:
         )
 
     def replay_lines(
-        self, states: dict[str, Any], lines: list[bytes], start: int, *, max_bytes: int,
-        max_depth: int, max_identifier_bytes: int, checkpoint_every: int, max_state_bytes: int,
+        self,
+        states: dict[str, Any],
+        lines: list[bytes],
+        start: int,
+        *,
+        max_bytes: int,
+        max_depth: int,
+        max_identifier_bytes: int,
+        checkpoint_every: int,
+        max_state_bytes: int,
     ) -> tuple[list[Any], int, ReplayStop, Any]:
         """Replay's steps over ``lines[start:]`` (``replay_step``'s, each line's trailing
         CRs and LFs left out) in one call, until a line needs Python: (outputs, next,
@@ -163,13 +173,27 @@ class NativeEngine:
         ``CHECKPOINT``: the previous line's session (the value, its key) needs
         :meth:`checkpoint` first; ``DONE``: no line left."""
         outputs, next_line, stop, value = self.judge.replay_lines(
-            states, lines, start, max_bytes, max_depth, max_identifier_bytes, checkpoint_every,
-            max_state_bytes)
+            states,
+            lines,
+            start,
+            max_bytes,
+            max_depth,
+            max_identifier_bytes,
+            checkpoint_every,
+            max_state_bytes,
+        )
         return outputs, next_line, ReplayStop(stop), value
 
     def replay_step(
-        self, states: dict[str, Any], raw: bytes, *, max_bytes: int, max_depth: int,
-        max_identifier_bytes: int, checkpoint_every: int, max_state_bytes: int,
+        self,
+        states: dict[str, Any],
+        raw: bytes,
+        *,
+        max_bytes: int,
+        max_depth: int,
+        max_identifier_bytes: int,
+        checkpoint_every: int,
+        max_state_bytes: int,
     ) -> tuple[str, list[Any], bool]:
         """Replay's step: one event, its own time as the clock, no watermark, its
         session's state in ``states``. (session key, outputs, whether its state needs
@@ -178,17 +202,27 @@ class NativeEngine:
         ``checkpoint_every`` steps of a session its state's bytes are written natively,
         and only one over ``max_state_bytes`` or holding a waiting event with a usage
         cost needs Python's."""
-        got = self.judge.replay_step(states, raw, max_bytes, max_depth, max_identifier_bytes,
-                                     checkpoint_every, max_state_bytes)
+        got = self.judge.replay_step(
+            states,
+            raw,
+            max_bytes,
+            max_depth,
+            max_identifier_bytes,
+            checkpoint_every,
+            max_state_bytes,
+        )
         if got is not None:
             return got  # type: ignore[no-any-return]
         event = decode_event(
-            raw, max_bytes=max_bytes, max_depth=max_depth,
+            raw,
+            max_bytes=max_bytes,
+            max_depth=max_depth,
             max_identifier_bytes=max_identifier_bytes,
         )
         key = event.key
         states[key], outputs = self.judge.step_event(
-            states.get(key), self._event_values(event), event.ts, None)
+            states.get(key), self._event_values(event), event.ts, None
+        )
         bare = [o[1] if o[0] in ("verdict", "loop_event") else o for o in outputs]
         return key, bare, states[key].counted(checkpoint_every, max_state_bytes)
 
@@ -232,26 +266,44 @@ class NativeEngine:
         """An event Python decoded, with the tokens the Python engine computes for it."""
         reply = event.reply_to
         head = (
-            event.type, event.event_id, event.session_key, event.run_id, event.agent_id,
-            event.incarnation, event.seq, event.ts,
+            event.type,
+            event.event_id,
+            event.session_key,
+            event.run_id,
+            event.agent_id,
+            event.incarnation,
+            event.seq,
+            event.ts,
             None if reply is None else (reply.topic, reply.partition, reply.requester),
         )
         engine = self.engine
         if isinstance(event, ToolCall):
             body: tuple[Any, ...] = (
-                event.call_id, event.tool_name, engine._args_token(event),
-                action_of(event.args, event.args_action), None, None, None,
-                _payload_json(engine._payload(event)), None,
+                event.call_id,
+                event.tool_name,
+                engine._args_token(event),
+                action_of(event.args, event.args_action),
+                None,
+                None,
+                None,
+                _payload_json(engine._payload(event)),
+                None,
             )
         elif isinstance(event, ToolResult):
             outcome, unknown = engine._result_token(event)
             usage = event.usage
             body = (
-                event.call_id, event.tool_name,
-                engine._args_token(event) if event.has_args else None, outcome, unknown,
-                None if usage is None else (usage.input_tokens, usage.output_tokens,
-                                            usage.total_tokens, usage.cost),
-                event.error_text, None, event.failure if type(event) is ResultAtRest else None,
+                event.call_id,
+                event.tool_name,
+                engine._args_token(event) if event.has_args else None,
+                outcome,
+                unknown,
+                None
+                if usage is None
+                else (usage.input_tokens, usage.output_tokens, usage.total_tokens, usage.cost),
+                event.error_text,
+                None,
+                event.failure if type(event) is ResultAtRest else None,
             )
         else:
             body = (None,) * 9
@@ -264,7 +316,8 @@ class NativeEngine:
         """The Python engine's SessionState equal to a native one (its events at rest as
         ``Engine._at_rest`` keeps them)."""
         (history, guards, warnings, next_seq, parked, skipped, seen_ids, decisions), rest = (
-            native.export())
+            native.export()
+        )
         verdict_floor, touched_ms, last_event_ms, incarnation, retired, pending, rules = rest
         state = SessionState(
             history=[Record(*values) for values in history],
@@ -272,8 +325,10 @@ class NativeEngine:
             next_seq=next_seq,
             skipped=list(skipped),
             seen_ids=list(seen_ids),
-            decisions=[Decision(event, ACTIONS[action], DETECTORS[detector], count, detail, seq)
-                       for event, action, detector, count, detail, seq in decisions],
+            decisions=[
+                Decision(event, ACTIONS[action], DETECTORS[detector], count, detail, seq)
+                for event, action, detector, count, detail, seq in decisions
+            ],
             verdict_floor=verdict_floor,
             touched_ms=touched_ms,
             last_event_ms=last_event_ms,
@@ -301,12 +356,25 @@ class NativeEngine:
             [(seq, _values_at_rest(event)) for seq, event in state.parked.items()],
             state.skipped,
             state.seen_ids,
-            [(d.event, ACTIONS.index(d.action), DETECTORS.index(d.detector), d.count, d.detail,
-              d.seq) for d in state.decisions],
+            [
+                (
+                    d.event,
+                    ACTIONS.index(d.action),
+                    DETECTORS.index(d.detector),
+                    d.count,
+                    d.detail,
+                    d.seq,
+                )
+                for d in state.decisions
+            ],
         )
         rest = (
-            state.verdict_floor, state.touched_ms, state.last_event_ms, state.incarnation,
-            state.retired, [_values_at_rest(event) for event in state.pending],
+            state.verdict_floor,
+            state.touched_ms,
+            state.last_event_ms,
+            state.incarnation,
+            state.retired,
+            [_values_at_rest(event) for event in state.pending],
             _rules_bytes(state),
         )
         return NATIVE.NativeState.import_values((order, rest))
@@ -316,19 +384,31 @@ def _at_rest(values: tuple[Any, ...]) -> InputEvent:
     """A native event at rest as the Python engine keeps it (``Engine._at_rest``)."""
     (kind, event_id, session_key, run_id, agent_id, incarnation, seq, ts, reply), body = values
     common: dict[str, Any] = {
-        "event_id": event_id, "session_key": session_key, "run_id": run_id,
-        "agent_id": agent_id, "incarnation": incarnation, "seq": seq, "ts": ts,
+        "event_id": event_id,
+        "session_key": session_key,
+        "run_id": run_id,
+        "agent_id": agent_id,
+        "incarnation": incarnation,
+        "seq": seq,
+        "ts": ts,
         "reply_to": None if reply is None else ReplyTo(*reply),
     }
     call_id, tool_name, token, fourth, unknown, usage, _error, _args, failure = body
     if kind == "tool_call":
-        return ToolCall(**common, call_id=call_id, tool_name=tool_name, args_hash=token,
-                        args_action=fourth)
+        return ToolCall(
+            **common, call_id=call_id, tool_name=tool_name, args_hash=token, args_action=fourth
+        )
     if kind == "tool_result":
         return ResultAtRest(
-            **common, call_id=call_id, tool_name=tool_name, args_hash=token,
-            result=None if fourth is None else UNSET, result_hash=fourth, unknown_tool=unknown,
-            usage=None if usage is None else Usage(*usage), failure=failure,
+            **common,
+            call_id=call_id,
+            tool_name=tool_name,
+            args_hash=token,
+            result=None if fourth is None else UNSET,
+            result_hash=fourth,
+            unknown_tool=unknown,
+            usage=None if usage is None else Usage(*usage),
+            failure=failure,
         )
     if kind == "compaction":
         return Compaction(**common)
@@ -345,21 +425,42 @@ def _values_at_rest(event: InputEvent) -> tuple[Any, ...]:
     """A Python event at rest (as the Python engine parks it) as the native fold's."""
     reply = event.reply_to
     head = (
-        event.type, event.event_id, event.session_key, event.run_id, event.agent_id,
-        event.incarnation, event.seq, event.ts,
+        event.type,
+        event.event_id,
+        event.session_key,
+        event.run_id,
+        event.agent_id,
+        event.incarnation,
+        event.seq,
+        event.ts,
         None if reply is None else (reply.topic, reply.partition, reply.requester),
     )
     if isinstance(event, ToolCall):
-        return head, (event.call_id, event.tool_name, event.args_hash, event.args_action,
-                      None, None, None, None, None)
+        return head, (
+            event.call_id,
+            event.tool_name,
+            event.args_hash,
+            event.args_action,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
     if isinstance(event, ToolResult):
         usage = event.usage
         return head, (
-            event.call_id, event.tool_name, event.args_hash, event.result_hash,
+            event.call_id,
+            event.tool_name,
+            event.args_hash,
+            event.result_hash,
             event.unknown_tool,
-            None if usage is None else (usage.input_tokens, usage.output_tokens,
-                                        usage.total_tokens, usage.cost),
-            None, None, event.failure if type(event) is ResultAtRest else None,
+            None
+            if usage is None
+            else (usage.input_tokens, usage.output_tokens, usage.total_tokens, usage.cost),
+            None,
+            None,
+            event.failure if type(event) is ResultAtRest else None,
         )
     return head, (None,) * 9
 
@@ -374,10 +475,16 @@ _U128_MAX = 2**128 - 1
 
 def _config_fields(config: ResolvedConfig) -> tuple[Any, ...]:
     return (
-        config.enabled, config.history_size, config.warning_threshold,
-        config.critical_threshold, config.unknown_tool_threshold,
-        config.global_circuit_breaker_threshold, config.generic_repeat,
-        config.known_poll_no_progress, config.ping_pong, config.guard_window_size,
+        config.enabled,
+        config.history_size,
+        config.warning_threshold,
+        config.critical_threshold,
+        config.unknown_tool_threshold,
+        config.global_circuit_breaker_threshold,
+        config.generic_repeat,
+        config.known_poll_no_progress,
+        config.ping_pong,
+        config.guard_window_size,
     )
 
 
@@ -385,8 +492,12 @@ def _rules_values(rules: ResolvedRules, config: ResolvedConfig) -> tuple[Any, ..
     """session_py.rs's RulesTuple: each rule's settings, None where it is off; a cap with
     the amount that warns as rules.py's ``_run_cap`` computes it."""
     ending, cycle, failure, churn, caps, fleet = (
-        rules.run_ending, rules.cycle, rules.repeated_failure, rules.argument_churn,
-        rules.run_caps, rules.fleet_breaker,
+        rules.run_ending,
+        rules.cycle,
+        rules.repeated_failure,
+        rules.argument_churn,
+        rules.run_caps,
+        rules.fleet_breaker,
     )
 
     def cap(limit: float | None, bound: int) -> tuple[Any, float] | None:
@@ -397,15 +508,30 @@ def _rules_values(rules: ResolvedRules, config: ResolvedConfig) -> tuple[Any, ..
         return (min(limit, bound) if isinstance(limit, int) else limit), warn_from
 
     return (
-        None if ending is None else (ending.enforced, min(ending.criticals_per_run, _U64_MAX),
-                                     min(ending.blocked_streak, _U64_MAX)),
+        None
+        if ending is None
+        else (
+            ending.enforced,
+            min(ending.criticals_per_run, _U64_MAX),
+            min(ending.blocked_streak, _U64_MAX),
+        ),
         None if cycle is None else (cycle.enforced, cycle.max_period),
-        None if failure is None else (failure.enforced, min(failure.warning_threshold, _U64_MAX),
-                                      min(failure.critical_threshold, _U64_MAX)),
+        None
+        if failure is None
+        else (
+            failure.enforced,
+            min(failure.warning_threshold, _U64_MAX),
+            min(failure.critical_threshold, _U64_MAX),
+        ),
         None if churn is None else churn.enforced,
-        None if caps is None else (
-            caps.enforced, cap(caps.max_tool_calls, _U128_MAX), cap(caps.tokens_per_run, _U128_MAX),
-            cap(caps.tokens_per_session, _U128_MAX), cap(caps.cost_per_run, 0),
+        None
+        if caps is None
+        else (
+            caps.enforced,
+            cap(caps.max_tool_calls, _U128_MAX),
+            cap(caps.tokens_per_run, _U128_MAX),
+            cap(caps.tokens_per_session, _U128_MAX),
+            cap(caps.cost_per_run, 0),
             cap(caps.cost_per_session, 0),
         ),
         None if fleet is None else (fleet.enforced, fleet.action),
@@ -414,8 +540,9 @@ def _rules_values(rules: ResolvedRules, config: ResolvedConfig) -> tuple[Any, ..
     )
 
 
-def _cap_values(level: Level, detector: Detector, scope: str, used: float, cap: float,
-                run: str | None) -> tuple[int, str, str]:
+def _cap_values(
+    level: Level, detector: Detector, scope: str, used: float, cap: float, run: str | None
+) -> tuple[int, str, str]:
     """rules.py's ``_cap_detection`` as the native fold takes it: (count, message, key)."""
     found = _cap_detection(level, detector, scope, used, cap, run)
     return found.count, found.message, found.warning_key

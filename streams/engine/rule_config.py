@@ -190,10 +190,12 @@ def resolve_rules(block: dict[str, Any], enforce: bool) -> ResolvedRules | None:
     if not (ending or cycle or failure or churn or caps or fleet or exempt or thresholds):
         return None
     max_period = (cycle[0] if cycle else {}).get("maxPeriod")
-    failure_warning = _positive_int((failure[0] if failure else {}).get("warningThreshold"),
-                                    DEFAULT_FAILURE_WARNING)
-    failure_critical = _positive_int((failure[0] if failure else {}).get("criticalThreshold"),
-                                     DEFAULT_FAILURE_CRITICAL)
+    failure_warning = _positive_int(
+        (failure[0] if failure else {}).get("warningThreshold"), DEFAULT_FAILURE_WARNING
+    )
+    failure_critical = _positive_int(
+        (failure[0] if failure else {}).get("criticalThreshold"), DEFAULT_FAILURE_CRITICAL
+    )
     warn_at = _amount((caps[0] if caps else {}).get("warnAt"))
     return ResolvedRules(
         run_ending=None
@@ -241,9 +243,7 @@ def _fleet_breaker(raw: dict[str, Any], enforced: bool) -> FleetBreaker:
         enforced,
         "block" if raw.get("action") == "block" else "warn",
         sessions if type(sessions) is int and 2 <= sessions <= 1_000 else DEFAULT_FLEET_SESSIONS,
-        window
-        if type(window) is int and 1 <= window <= 86_400
-        else DEFAULT_FLEET_WINDOW_SECONDS,
+        window if type(window) is int and 1 <= window <= 86_400 else DEFAULT_FLEET_WINDOW_SECONDS,
     )
 
 

@@ -92,10 +92,19 @@ class RuleBook:
             rule = rules.repeated_failure
             if failure is not None and failure[1] >= rule.warning_threshold:
                 level: Level = "critical" if failure[1] >= rule.critical_threshold else "warning"
-                found.append((_detection(level, "repeated_failure", failure[1],
-                                         _failure_message(level, tool, failure[1]),
-                                         f"{run or ''}:failure:{tool}:{failure[0]:016x}"),
-                              rule.enforced, False))
+                found.append(
+                    (
+                        _detection(
+                            level,
+                            "repeated_failure",
+                            failure[1],
+                            _failure_message(level, tool, failure[1]),
+                            f"{run or ''}:failure:{tool}:{failure[0]:016x}",
+                        ),
+                        rule.enforced,
+                        False,
+                    )
+                )
         if config.detection_on and (rules.cycle is not None or rules.argument_churn is not None):
             history = state.run_history(run_key(run))
             if rules.cycle is not None:
@@ -304,8 +313,9 @@ def _cycle(
     level: Level = "critical" if count >= config.critical_threshold and evidence else "warning"
     members = sorted({rec.sig for rec in history[len(history) - period :]})
     key = "|".join(f"{member:016x}" for member in members)
-    return _detection(level, "cycle", count, _cycle_message(level, period, count),
-                      f"{run or ''}:cycle:{key}")
+    return _detection(
+        level, "cycle", count, _cycle_message(level, period, count), f"{run or ''}:cycle:{key}"
+    )
 
 
 # -- argument churn (OpenClaw's tool-loop-argument-churn.ts, no-progress variant) -----
@@ -341,8 +351,11 @@ def argument_churn_streak(history: list[Record], tool: str, sig: int) -> tuple[i
             break
         outcomes[rec.sig] = (rec.result, (previous[1] if previous else 0) + 1)
     total = sum(count for _, count in outcomes.values())
-    stable = [(result, count) for result, count in outcomes.values()
-              if count >= MIN_STABLE_CALLS_PER_VARIANT]
+    stable = [
+        (result, count)
+        for result, count in outcomes.values()
+        if count >= MIN_STABLE_CALLS_PER_VARIANT
+    ]
     current = outcomes.get(sig)
     churn = (
         len(stable) > 1
@@ -360,9 +373,13 @@ def _argument_churn(
     count, variants = argument_churn_streak(history, tool, sig)
     if count < config.warning_threshold:
         return None
-    return _detection("warning", "argument_churn", count,
-                      _churn_message(tool, variants, count),
-                      f"{run or ''}:argument-churn:{tool}")
+    return _detection(
+        "warning",
+        "argument_churn",
+        count,
+        _churn_message(tool, variants, count),
+        f"{run or ''}:argument-churn:{tool}",
+    )
 
 
 # -- run caps and budgets ------------------------------------------------------------
@@ -429,8 +446,7 @@ def _amount(value: float) -> str:
 # -- messages ------------------------------------------------------------------------
 
 
-def _detection(level: Level, detector: Detector, count: int, message: str, key: str
-               ) -> Detection:
+def _detection(level: Level, detector: Detector, count: int, message: str, key: str) -> Detection:
     # The whole message is the detail: a redelivered call gets it back (message_for).
     return Detection(level, detector, count, message, key, detail=message)
 

@@ -179,8 +179,10 @@ class SessionState:
         times = self._parked_times
         if times is not None:
             ts = event.ts
-            self._parked_times = (ts if ts < times[0] else times[0],
-                                  ts if ts > times[1] else times[1])
+            self._parked_times = (
+                ts if ts < times[0] else times[0],
+                ts if ts > times[1] else times[1],
+            )
         elif len(self.parked) == 1:
             self._parked_times = (event.ts, event.ts)
 

@@ -167,6 +167,7 @@ class _Body(NamedTuple):
     pending: list[bytes]  # the events' JSON
     rules: bytes  # loopfuse.streams.engine.rule_state's bytes; empty: no rule touched it
 
+
 _BODY_ENCODER: Final = msgspec.msgpack.Encoder()
 # Events at rest as JSON (loopfuse.streams.engine.state.encode_event; formats 1 to 3 kept JSON
 # too, written by the pydantic models then: the same fields, which this reads back; a
@@ -218,12 +219,20 @@ def _v4_body(state: SessionState) -> bytes:
             {
                 run: (guard.window, max(guard.remaining, 0), guard.first, guard.broken)
                 for run, guard in state.guards.items()
-            } if state.guards else {},
+            }
+            if state.guards
+            else {},
             state.warnings,
             state.seen_ids,
             [
-                (d.event, _ACTION_CODE[d.action], _DETECTOR_CODE[d.detector], d.count,
-                 d.detail, d.seq)
+                (
+                    d.event,
+                    _ACTION_CODE[d.action],
+                    _DETECTOR_CODE[d.detector],
+                    d.count,
+                    d.detail,
+                    d.seq,
+                )
                 for d in state.decisions
             ],
             state.parked_json() if state.parked else {},
@@ -637,8 +646,21 @@ def _body_of_v5(data: bytes, last_event_ms: int) -> _Body:
     rules = data[pos : pos + length]
     if pos + length != len(data):
         raise ValueError(f"session state has {len(data) - pos - length} trailing bytes")
-    return _Body(next_seq, verdict_floor, incarnation, history, guards, warnings, seen_ids,
-                 decisions, parked, skipped, retired, pending, rules)
+    return _Body(
+        next_seq,
+        verdict_floor,
+        incarnation,
+        history,
+        guards,
+        warnings,
+        seen_ids,
+        decisions,
+        parked,
+        skipped,
+        retired,
+        pending,
+        rules,
+    )
 
 
 def _read_guards(data: bytes, pos: int, strings: list[str | None], state: SessionState) -> int:
@@ -968,9 +990,17 @@ def shed_marks(state: SessionState) -> tuple[int, ...]:
     """What :func:`fit` sheds from, counted: each of its steps lessens one, so a state
     was cut to fit when these changed."""
     rules = state.rules
-    return (len(state.history), len(state.warnings), len(state.guards), len(state.decisions),
-            state.verdict_floor, len(state.retired), len(state.seen_ids),
-            0 if rules is None else len(rules.runs), 0 if rules is None else len(rules.failures))
+    return (
+        len(state.history),
+        len(state.warnings),
+        len(state.guards),
+        len(state.decisions),
+        state.verdict_floor,
+        len(state.retired),
+        len(state.seen_ids),
+        0 if rules is None else len(rules.runs),
+        0 if rules is None else len(rules.failures),
+    )
 
 
 def fit(state: SessionState, cap: int, version: int = WRITTEN_VERSION) -> bytes:

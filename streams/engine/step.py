@@ -93,6 +93,7 @@ class _Policy:
     detecting: bool  # config.detection_on
     recording: bool  # config.recording_on
 
+
 # Every field of an output is set: one frozenset for them all (the models are frozen).
 _VERDICT_FIELDS = frozenset(Verdict.model_fields)
 _LOOP_EVENT_FIELDS = frozenset(LoopEvent.model_fields)
@@ -267,9 +268,7 @@ class Engine:
             self._open_pending(state, now_ms, watermark_ms, outputs)
         return state, outputs
 
-    def release(
-        self, state: SessionState, now_ms: int, watermark_ms: int | None
-    ) -> list[Output]:
+    def release(self, state: SessionState, now_ms: int, watermark_ms: int | None) -> list[Output]:
         """Apply what waits in ``state`` and may go now that the input moved on.
 
         A restarted gateway's first events wait until every input has been read past
@@ -584,7 +583,9 @@ class Engine:
             history = state.run_history(run_hash)
             recent = state.recent_count(sig, history)
             # only read when a record of this signature is there (see detect)
-            known_poll = recent > 0 and is_known_poll(tool, action_of(event.args, event.args_action))
+            known_poll = recent > 0 and is_known_poll(
+                tool, action_of(event.args, event.args_action)
+            )
             detection = detect(history, tool, sig, token, known_poll, config, run, recent)
 
         enforce = self.resolver.enforce
@@ -798,9 +799,16 @@ class Engine:
             "verdict",
             "verdict_id",
             verdict_id(event.key, event.run_id, event.call_id, action, event.incarnation),
-            event, call_id=event.call_id, tool_name=event.tool_name, action=action,
-            level=level, detector=detector, count=count, message=message,
-            args_token=args_token, paired=paired,
+            event,
+            call_id=event.call_id,
+            tool_name=event.tool_name,
+            action=action,
+            level=level,
+            detector=detector,
+            count=count,
+            message=message,
+            args_token=args_token,
+            paired=paired,
         )
         values["event_ts"] = event.ts
         values["decided_ts"] = now_ms
@@ -833,10 +841,21 @@ class Engine:
     ) -> LoopEvent:
         """The loop event of a call's detection: a detector's, or a rule's."""
         return self._loop_event(
-            event, config, action=action, level=detection.level, detector=detection.detector,
-            count=detection.count, message=detection.message, warning_key=detection.warning_key,
-            call_id=event.call_id, tool_name=tool_name, args_token=token,
-            paired=detection.paired_tool_name, now_ms=now_ms, args=args, enforced=enforced,
+            event,
+            config,
+            action=action,
+            level=detection.level,
+            detector=detection.detector,
+            count=detection.count,
+            message=detection.message,
+            warning_key=detection.warning_key,
+            call_id=event.call_id,
+            tool_name=tool_name,
+            args_token=token,
+            paired=detection.paired_tool_name,
+            now_ms=now_ms,
+            args=args,
+            enforced=enforced,
         )
 
     def _loop_event(
@@ -867,8 +886,15 @@ class Engine:
                     "utf-8", "surrogatepass"
                 )
             ),
-            event, call_id=call_id, tool_name=tool_name, action=action, level=level,
-            detector=detector, count=count, message=message, args_token=args_token,
+            event,
+            call_id=call_id,
+            tool_name=tool_name,
+            action=action,
+            level=level,
+            detector=detector,
+            count=count,
+            message=message,
+            args_token=args_token,
             paired=paired,
         )
         values["warning_key"] = warning_key
@@ -920,28 +946,51 @@ class Engine:
         if ending.detector == "tool_loop_run_ended":  # a cap's own loop event says abort
             outputs.append(
                 self._loop_event(
-                    event, config, action="abort", level="critical", detector=ending.detector,
-                    count=ending.count, message=ending.message, warning_key=None,
-                    call_id=event.call_id, tool_name=event.tool_name, args_token=token,
-                    paired=None, now_ms=now_ms, enforced=ending.enforced,
+                    event,
+                    config,
+                    action="abort",
+                    level="critical",
+                    detector=ending.detector,
+                    count=ending.count,
+                    message=ending.message,
+                    warning_key=None,
+                    call_id=event.call_id,
+                    tool_name=event.tool_name,
+                    args_token=token,
+                    paired=None,
+                    now_ms=now_ms,
+                    enforced=ending.enforced,
                 )
             )
 
     def _rule_event(
-        self, event: ToolCall, config: ResolvedConfig, detection: Detection, token: str,
+        self,
+        event: ToolCall,
+        config: ResolvedConfig,
+        detection: Detection,
+        token: str,
         now_ms: int,
     ) -> LoopEvent:
         """The loop event of a rule that is only reported (``enforced: false``)."""
         return self._detection_event(
-            event, config, detection, action="block" if detection.level == "critical" else "warn",
-            tool_name=event.tool_name, token=token, now_ms=now_ms, enforced=False,
+            event,
+            config,
+            detection,
+            action="block" if detection.level == "critical" else "warn",
+            tool_name=event.tool_name,
+            token=token,
+            now_ms=now_ms,
+            enforced=False,
         )
 
     def _payload(self, event: ToolCall) -> Any:
         """The call's raw args for its loop event, only when configured and at hand."""
         if not self.include_payloads or event.args is UNSET:
             return None
-        if len(orjson.dumps(event.args, option=orjson.OPT_NON_STR_KEYS)) > MAX_LOOP_EVENT_ARGS_BYTES:
+        if (
+            len(orjson.dumps(event.args, option=orjson.OPT_NON_STR_KEYS))
+            > MAX_LOOP_EVENT_ARGS_BYTES
+        ):
             return None
         return event.args
 

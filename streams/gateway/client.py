@@ -355,8 +355,10 @@ class GatewayClient:
             self._spaces_made += 1
             # The first space of a key is the plain incarnation; a key seen again
             # after eviction gets a fresh one (a counter cannot be resumed).
-            incarnation = self.incarnation if self._spaces_made <= MAX_TRACKED_SESSIONS else (
-                f"{self.incarnation}.{self._spaces_made}"
+            incarnation = (
+                self.incarnation
+                if self._spaces_made <= MAX_TRACKED_SESSIONS
+                else (f"{self.incarnation}.{self._spaces_made}")
             )
             space = self._spaces[session_key] = _SeqSpace(incarnation)
             if len(self._spaces) > MAX_TRACKED_SESSIONS:
@@ -423,13 +425,18 @@ class GatewayClient:
         count = len(await self._partitions_of(replies, what="reply topic"))
         asked = self._reply_partition_asked
         if asked is not None and not 0 <= asked < count:
-            raise ValueError(f"reply_partition {asked} is not a partition of {replies!r} "
-                             f"(it has {count})")
+            raise ValueError(
+                f"reply_partition {asked} is not a partition of {replies!r} (it has {count})"
+            )
         partition = reply_partition_of(self.incarnation, count) if asked is None else asked
         self.reply_partition = partition
-        self._reply_to = {"reply_to": {
-            "topic": replies, "partition": partition, "requester": self.incarnation,
-        }}
+        self._reply_to = {
+            "reply_to": {
+                "topic": replies,
+                "partition": partition,
+                "requester": self.incarnation,
+            }
+        }
         return [TopicPartition(replies, partition)]
 
     def _start_reader(self) -> None:
@@ -469,8 +476,10 @@ class GatewayClient:
             raise denied from None
         hint = "is the loopfuse worker running?"
         if what == "reply topic":
-            hint = ("the worker creates the topics of LOOPFUSE_REPLY_TOPICS; name one of them, "
-                    "or Topics(replies=None) to read the whole verdicts topic")
+            hint = (
+                "the worker creates the topics of LOOPFUSE_REPLY_TOPICS; name one of them, "
+                "or Topics(replies=None) to read the whole verdicts topic"
+            )
         raise RuntimeError(f"{what} {topic!r} does not exist ({hint})")
 
     async def stop(self) -> None:
@@ -624,7 +633,10 @@ class GatewayClient:
         action = "allow" if allow else "block"
         return Verdict(
             verdict_id=verdict_id(
-                event["session_key"], event["run_id"], event["call_id"], action,
+                event["session_key"],
+                event["run_id"],
+                event["call_id"],
+                action,
                 event["incarnation"],
             ),
             session_key=event["session_key"],
@@ -678,7 +690,8 @@ class GatewayClient:
                 stats.records_read += len(records)
                 for record in records:
                     stats.bytes_read += max(record.serialized_key_size, 0) + max(
-                        record.serialized_value_size, 0)
+                        record.serialized_value_size, 0
+                    )
                     # Another gateway's reply on a shared partition: skipped by its key,
                     # unparsed (a verdict routed here is keyed by its requester).
                     if routed and record.key != mine:
@@ -709,7 +722,9 @@ class GatewayClient:
             "more since the last such line): forged, or the worker's LOOPFUSE_VERDICT_KEY "
             "is not one of this gateway's keys",
             "unsigned" if check == "unsigned" else "not signed by a key of this gateway",
-            self.stats.unsigned_verdicts, self.stats.bad_signatures, self._signature_unlogged,
+            self.stats.unsigned_verdicts,
+            self.stats.bad_signatures,
+            self._signature_unlogged,
         )
         self._signature_unlogged = 0
         return False

@@ -504,8 +504,8 @@ class BrokerProcess:
 class EmbeddedBroker(BrokerProcess):
     """A Tansu broker child process with in-memory storage, bound to loopback::
 
-        with EmbeddedBroker() as broker:
-            run_things(bootstrap_servers=broker.bootstrap)
+    with EmbeddedBroker() as broker:
+        run_things(bootstrap_servers=broker.bootstrap)
     """
 
     _NAME = "the embedded broker"

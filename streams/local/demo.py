@@ -206,7 +206,10 @@ async def _demo(args: argparse.Namespace) -> int:
         ).start()
         await asyncio.to_thread(worker.wait_ready, 90.0)
         client = GatewayClient(
-            bootstrap, topics=topics, timeout=30.0, fail_policy="open",
+            bootstrap,
+            topics=topics,
+            timeout=30.0,
+            fail_policy="open",
             verdict_fetch_wait_ms=5 if isinstance(broker, EmbeddedBroker) else 500,
             idempotent=not isinstance(broker, EmbeddedBroker),
         )

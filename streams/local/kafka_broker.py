@@ -206,9 +206,19 @@ def resolve_kafka(say: Callable[[str], None] | None = None) -> Path:
         staging = Path(tempfile.mkdtemp(prefix="libs.", dir=root))
         try:
             result = subprocess.run(
-                [mvn, "-q", "-B", "-f", str(_pom()), "dependency:copy-dependencies",
-                 f"-DoutputDirectory={staging}"],
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+                [
+                    mvn,
+                    "-q",
+                    "-B",
+                    "-f",
+                    str(_pom()),
+                    "dependency:copy-dependencies",
+                    f"-DoutputDirectory={staging}",
+                ],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if result.returncode != 0:
                 tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
@@ -359,10 +369,20 @@ class ApacheKafka(BrokerProcess):
         """``kafka-storage format --standalone``: a fresh cluster whose one voter is
         this node."""
         result = subprocess.run(
-            [*self._java_command(), "kafka.tools.StorageTool", "format", "--standalone",
-             f"--cluster-id={new_cluster_id()}", "-c", str(properties),
-             *self._scram_arguments()],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+            [
+                *self._java_command(),
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                f"--cluster-id={new_cluster_id()}",
+                "-c",
+                str(properties),
+                *self._scram_arguments(),
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:])
@@ -449,8 +469,15 @@ class KafkaClusterNode(ApacheKafka):
         security: KafkaSecurity | None = None,
         internal_port: int | None = None,
     ) -> None:
-        super().__init__(port, host=host, data_dir=data_dir, log_path=log_path,
-                         overrides=CLUSTER_SETTINGS, say=say, secure=security is not None)
+        super().__init__(
+            port,
+            host=host,
+            data_dir=data_dir,
+            log_path=log_path,
+            overrides=CLUSTER_SETTINGS,
+            say=say,
+            secure=security is not None,
+        )
         self.node_id = node_id
         self._controller_port = controller_port
         self._internal_port = internal_port
@@ -469,10 +496,19 @@ class KafkaClusterNode(ApacheKafka):
         """``kafka-storage format`` with the cluster's id; the static voters come from
         the properties, so every node agrees on the quorum from the start."""
         result = subprocess.run(
-            [*self._java_command(), "kafka.tools.StorageTool", "format",
-             f"--cluster-id={self._cluster_id}", "-c", str(properties),
-             *self._scram_arguments()],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+            [
+                *self._java_command(),
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={self._cluster_id}",
+                "-c",
+                str(properties),
+                *self._scram_arguments(),
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:])
@@ -515,8 +551,11 @@ class KafkaCluster:
             # against; a smaller cluster would need other settings
             raise BrokerError("a KafkaCluster has at least 3 nodes (one node: ApacheKafka)")
         self._host = host
-        self._tmp_dir = None if data_dir is not None else Path(
-            tempfile.mkdtemp(prefix="loopfuse-kafka-cluster-"))
+        self._tmp_dir = (
+            None
+            if data_dir is not None
+            else Path(tempfile.mkdtemp(prefix="loopfuse-kafka-cluster-"))
+        )
         root = Path(data_dir) if data_dir is not None else self._tmp_dir
         assert root is not None
         self.data_dir = root
@@ -527,7 +566,12 @@ class KafkaCluster:
         self.security = KafkaSecurity.create(root, host) if secure else None
         self.nodes = [
             KafkaClusterNode(
-                n + 1, port, controller, voters, cluster_id, host=host,
+                n + 1,
+                port,
+                controller,
+                voters,
+                cluster_id,
+                host=host,
                 data_dir=root / f"node-{n + 1}",
                 log_path=Path(log_dir) / f"node-{n + 1}.log" if log_dir is not None else None,
                 say=say if n == 0 else None,

@@ -140,16 +140,25 @@ class KafkaSecurity:
         from loopfuse.streams.local.kafka_broker import INFRA  # the script's home
 
         variables = {
-            **os.environ, **(env or {}), "BOOTSTRAP_SERVER": bootstrap,
-            "COMMAND_CONFIG": str(self.admin_properties), "KAFKA_ACLS": str(self.acl_tool),
+            **os.environ,
+            **(env or {}),
+            "BOOTSTRAP_SERVER": bootstrap,
+            "COMMAND_CONFIG": str(self.admin_properties),
+            "KAFKA_ACLS": str(self.acl_tool),
         }
         variables["LOOPFUSE_REPLY_TOPICS"] = ",".join(TENANT_REPLIES.values())
-        for role in (["worker", "User:worker"],
-                     *(["gateway", f"User:{user}", topic] for user, topic in TENANT_REPLIES.items()),
-                     ["auditor", "User:auditor"]):
+        for role in (
+            ["worker", "User:worker"],
+            *(["gateway", f"User:{user}", topic] for user, topic in TENANT_REPLIES.items()),
+            ["auditor", "User:auditor"],
+        ):
             done = subprocess.run(
-                ["sh", str(INFRA / "kafka-acls.sh"), *role], env=variables,
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+                ["sh", str(INFRA / "kafka-acls.sh"), *role],
+                env=variables,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if done.returncode != 0:
                 tail = " / ".join(done.stderr.strip().splitlines()[-3:])
@@ -161,12 +170,13 @@ class KafkaSecurity:
         """``kafka-storage format`` arguments creating every user."""
         arguments: list[str] = []
         for user in ROLES:
-            arguments += ["--add-scram", f"{MECHANISM}=[name={user},password={self.password(user)}]"]
+            arguments += [
+                "--add-scram",
+                f"{MECHANISM}=[name={user},password={self.password(user)}]",
+            ]
         return arguments
 
-    def broker_properties(
-        self, client: str, internal: str, controller: str
-    ) -> dict[str, str]:
+    def broker_properties(self, client: str, internal: str, controller: str) -> dict[str, str]:
         """Listener, TLS, SASL and authorizer settings of a node whose three listeners are
         at the given ``host:port`` addresses."""
         return {
@@ -185,8 +195,7 @@ class KafkaSecurity:
             "listener.name.controller.ssl.client.auth": "required",
             "sasl.enabled.mechanisms": MECHANISM,
             "listener.name.client.sasl.enabled.mechanisms": MECHANISM,
-            "listener.name.client.scram-sha-512.sasl.jaas.config":
-                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "listener.name.client.scram-sha-512.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "allow.everyone.if.no.acl.found": "false",
             "super.users": f"{BROKER_PRINCIPAL};User:admin",
@@ -221,21 +230,63 @@ class KafkaSecurity:
 
     def _make_certificates(self) -> None:
         folder = self.folder
-        ca_key, key, csr, crt = (folder / n for n in ("ca.key", "broker.key", "broker.csr", "broker.crt"))
+        ca_key, key, csr, crt = (
+            folder / n for n in ("ca.key", "broker.key", "broker.csr", "broker.crt")
+        )
         extensions = folder / "broker.ext"
         extensions.write_text(
             f"subjectAltName=IP:{self.host},DNS:localhost\n"
             "extendedKeyUsage=serverAuth,clientAuth\n"
             "keyUsage=critical,digitalSignature,keyEncipherment\n"
         )
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key,
-                 "-out", self.ca_file, "-days", _DAYS, "-subj", "/CN=loopfuse test CA",
-                 "-addext", "basicConstraints=critical,CA:TRUE",
-                 "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr,
-                 "-subj", "/CN=loopfuse-broker")
-        _openssl("x509", "-req", "-in", csr, "-CA", self.ca_file, "-CAkey", ca_key,
-                 "-CAcreateserial", "-out", crt, "-days", _DAYS, "-extfile", extensions)
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            ca_key,
+            "-out",
+            self.ca_file,
+            "-days",
+            _DAYS,
+            "-subj",
+            "/CN=loopfuse test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        )
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            csr,
+            "-subj",
+            "/CN=loopfuse-broker",
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            self.ca_file,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            crt,
+            "-days",
+            _DAYS,
+            "-extfile",
+            extensions,
+        )
         # Kafka's PEM keystore: the PKCS#8 key, then the chain.
         _write_private(self.broker_keystore, key.read_text() + crt.read_text())
         for path in (csr, extensions, folder / "ca.srl"):
@@ -247,8 +298,11 @@ class KafkaSecurity:
 def _openssl(*arguments: object) -> None:
     try:
         done = subprocess.run(
-            ["openssl", *map(str, arguments)], stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, check=False,
+            ["openssl", *map(str, arguments)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
         )
     except FileNotFoundError:
         raise SecurityError("a secured broker needs openssl, which is not installed") from None

@@ -56,17 +56,32 @@ def build(force: bool = False) -> int:
     env = {**os.environ, "PYO3_PYTHON": sys.executable}
     with log.open("wb") as out:
         done = subprocess.run(
-            ["cargo", "build", "--release", "--locked", "--manifest-path",
-             str(CRATE_DIR / "Cargo.toml")],
-            stdout=out, stderr=subprocess.STDOUT, env=env, check=False,
+            [
+                "cargo",
+                "build",
+                "--release",
+                "--locked",
+                "--manifest-path",
+                str(CRATE_DIR / "Cargo.toml"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            check=False,
         )
     if done.returncode != 0:
         sys.stderr.write(log.read_text(errors="replace"))
         print(f"building the native engine failed (log above, also in {log})", file=sys.stderr)
         return done.returncode
-    library = target_dir / "release" / ("_native.dll" if os.name == "nt" else
-                                         ("lib_native.dylib" if sys.platform == "darwin"
-                                          else "lib_native.so"))
+    library = (
+        target_dir
+        / "release"
+        / (
+            "_native.dll"
+            if os.name == "nt"
+            else ("lib_native.dylib" if sys.platform == "darwin" else "lib_native.so")
+        )
+    )
     shutil.copyfile(library, TARGET)
     stamp.write_text(f"{digest}\n")
     return 0

@@ -24,7 +24,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The Python that runs the worker: this one, unless LOOPFUSE_WORKER_PYTHON names another
 #: (an install with the [worker] extra, when this one is a gateway's base install).
 WORKER_PYTHON_ENV = "LOOPFUSE_WORKER_PYTHON"
-TOPIC_ROLES = ("tool_calls", "tool_results", "compactions", "verdicts", "loop_events", "dead_letters")
+TOPIC_ROLES = (
+    "tool_calls",
+    "tool_results",
+    "compactions",
+    "verdicts",
+    "loop_events",
+    "dead_letters",
+)
 
 
 def unique_topics(prefix: str) -> dict[str, str]:
@@ -81,8 +88,12 @@ class WorkerProcess:
         if self.log_path is not None and self._log is None:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [os.environ.get(WORKER_PYTHON_ENV) or sys.executable, *self.python_options,
-             "-m", "loopfuse.streams.worker.run"],
+            [
+                os.environ.get(WORKER_PYTHON_ENV) or sys.executable,
+                *self.python_options,
+                "-m",
+                "loopfuse.streams.worker.run",
+            ],
             # a checkout's root (its loopfuse/ first on the path); an installed copy has none
             cwd=REPO_ROOT if (REPO_ROOT / "pyproject.toml").exists() else None,
             env=self.env,

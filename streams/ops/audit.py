@@ -65,7 +65,9 @@ def parse_time(text: str, now: datetime | None = None) -> int:
             ago = timedelta(seconds=float(relative.group(1)) * _UNIT[relative.group(2)])
             return int((now - ago).timestamp() * 1000)
         except OverflowError:  # 99999999999w: before year 1, which datetime cannot hold
-            raise ValueError(f"not a time: {plain.shown(text, 40)} is further back than year 1") from None
+            raise ValueError(
+                f"not a time: {plain.shown(text, 40)} is further back than year 1"
+            ) from None
     if text.isascii() and text.isdigit():  # not "²": isdigit() takes it, int() does not
         return int(text)
     try:
@@ -371,8 +373,12 @@ def render_terminal(data: dict[str, Any], console: Console, source: str) -> None
         return
     say("columns: total = enforced loop events (warn+block+abort+allow); shadow = enforced: false")
     console.print(_count_table("by detector", "detector", data["by_detector"]))
-    console.print(_count_table(_top("agents", totals["agents"], data["by_agent"]), "agent", data["by_agent"]))
-    console.print(_count_table(_top("tools", totals["tools"], data["by_tool"]), "tool", data["by_tool"]))
+    console.print(
+        _count_table(_top("agents", totals["agents"], data["by_agent"]), "agent", data["by_agent"])
+    )
+    console.print(
+        _count_table(_top("tools", totals["tools"], data["by_tool"]), "tool", data["by_tool"])
+    )
     console.print(_count_table("top sessions", "session", data["top_sessions"], extra="agent"))
     runs = [
         {**row, "name": f"{plain.shown(row['session'])} / {plain.shown(row['run'])}"}
@@ -409,7 +415,9 @@ def check_report_target(path: str, events: str | None) -> None:
     overwrite whatever it points at), or the input itself."""
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
-        raise ReportRefused(f"cannot write the report {plain.shown(path)}: no folder {plain.shown(folder)}")
+        raise ReportRefused(
+            f"cannot write the report {plain.shown(path)}: no folder {plain.shown(folder)}"
+        )
     if os.path.islink(path):
         raise ReportRefused(f"refusing to write the report through the symlink {plain.shown(path)}")
     if os.path.isdir(path):

@@ -40,6 +40,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "guard_window_size": ("postCompactionGuard", "windowSize"),
 }
 
+
 def _lookup(block: dict[str, Any] | None, path: tuple[str, ...]) -> Any:
     node: Any = block or {}
     for part in path:
@@ -115,8 +116,9 @@ def describe_rules(rules: ResolvedRules | None) -> list[str]:
     if rules.exempt:
         lines.append(f"exempt tools: {', '.join(shown(t) for t in sorted(rules.exempt))}")
     for tool, own in rules.thresholds:
-        settings = ", ".join(f"{key}={shown(value)}" for key, value in vars_of(own).items()
-                             if value is not None)
+        settings = ", ".join(
+            f"{key}={shown(value)}" for key, value in vars_of(own).items() if value is not None
+        )
         lines.append(f"tool {shown(tool)}: {settings}")
     return lines
 
@@ -133,9 +135,7 @@ def agent_ids(config: DetectionConfigFile) -> list[str]:
     return [agent.id for agent in config.agents.entries] if config.agents else []
 
 
-def render_check(
-    config: DetectionConfigFile, path: str, agent: str | None, out: TextIO
-) -> None:
+def render_check(config: DetectionConfigFile, path: str, agent: str | None, out: TextIO) -> None:
     console = Console(file=out, width=100, highlight=False, soft_wrap=False)
 
     def say(line: str = "") -> None:

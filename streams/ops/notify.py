@@ -76,29 +76,31 @@ MESSAGE_CHARS = 1_000
 
 #: The loop-event fields a post carries (schemas.events.LoopEvent minus ``config``,
 #: which is noise in a chat, and ``args``, which may hold secrets: see include_args).
-POSTED_FIELDS = frozenset((
-    "type",
-    "event_id",
-    "session_key",
-    "run_id",
-    "agent_id",
-    "call_id",
-    "seq",
-    "incarnation",
-    "tool_name",
-    "paired_tool_name",
-    "action",
-    "level",
-    "detector",
-    "count",
-    "message",
-    "args_hash",
-    "warning_key",
-    "enforced",
-    "fleet",
-    "event_ts",
-    "decided_ts",
-))
+POSTED_FIELDS = frozenset(
+    (
+        "type",
+        "event_id",
+        "session_key",
+        "run_id",
+        "agent_id",
+        "call_id",
+        "seq",
+        "incarnation",
+        "tool_name",
+        "paired_tool_name",
+        "action",
+        "level",
+        "detector",
+        "count",
+        "message",
+        "args_hash",
+        "warning_key",
+        "enforced",
+        "fleet",
+        "event_ts",
+        "decided_ts",
+    )
+)
 
 
 class NotifySettings(BaseSettings):
@@ -224,7 +226,9 @@ def slack_text(event: Mapping[str, Any], repeats: int = 1, span_ms: int = 0) -> 
         f"(count {slack_escaped(event.get('count'))}) - {where}"
     ]
     if repeats > 1:
-        lines.append(f"{repeats} loop events like this in {span_ms / 1000:.1f} s (this is the last)")
+        lines.append(
+            f"{repeats} loop events like this in {span_ms / 1000:.1f} s (this is the last)"
+        )
     if event.get("message"):
         lines.append(slack_escaped(event["message"], MESSAGE_CHARS))
     return "\n".join(lines)
@@ -423,7 +427,9 @@ class DeadLetterFile:
         with self.path.open("ab"):
             pass
 
-    def write(self, notification: Notification, reason: str, topic: str, include_args: bool) -> None:
+    def write(
+        self, notification: Notification, reason: str, topic: str, include_args: bool
+    ) -> None:
         given_up = int(time.time() * 1000)
         lines = b"".join(
             orjson.dumps(
@@ -587,8 +593,13 @@ class Notifier:
 
     # -- running ---------------------------------------------------------------------
 
-    async def run(self, source: RecordSource, stop: asyncio.Event | None = None, *,
-                  drain_seconds: float = 10.0) -> None:
+    async def run(
+        self,
+        source: RecordSource,
+        stop: asyncio.Event | None = None,
+        *,
+        drain_seconds: float = 10.0,
+    ) -> None:
         """Read and deliver until ``stop`` is set (then drain for at most
         ``drain_seconds``) or the input ends (then drain until everything is dealt with);
         commit what was dealt with either way."""

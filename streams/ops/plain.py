@@ -52,7 +52,7 @@ def shown(value: object, limit: int | None = LIMIT) -> str:
         piece = _escape(char)
         if limit is not None and width + len(piece) > limit - 1:
             # Cut only if something is left over; whole escapes, never half of one.
-            remaining = "".join(_escape(c) for c in string[len(pieces):])
+            remaining = "".join(_escape(c) for c in string[len(pieces) :])
             if width + len(remaining) <= limit:
                 pieces.append(remaining)
                 return "".join(pieces)

@@ -260,9 +260,7 @@ class GroupReader:
         """Commit ``partition -> next offset to read``; False when the group moved on
         (the partitions went to another member: it reads them from the last commit)."""
         owned = {tp.partition for tp in self.consumer.assignment()}
-        wanted = {
-            TopicPartition(self.topic, p): o for p, o in offsets.items() if p in owned
-        }
+        wanted = {TopicPartition(self.topic, p): o for p, o in offsets.items() if p in owned}
         if not wanted:
             return not offsets
         try:

@@ -52,10 +52,14 @@ def judged_by(processor: SessionProcessor) -> str:
     if processor.native is not None:
         return f"sessions are judged by the native judge ({getattr(NATIVE, '__name__', '?')})"
     if NATIVE is not None:
-        return ("sessions are judged by the Python engine: the native judge does not take "
-                f"this engine ({type(processor.engine).__name__})")
-    return ("sessions are judged by the Python engine: no native judge here (pip install "
-            "./native from the same checkout; docs/operations.md: The native judge)")
+        return (
+            "sessions are judged by the Python engine: the native judge does not take "
+            f"this engine ({type(processor.engine).__name__})"
+        )
+    return (
+        "sessions are judged by the Python engine: no native judge here (pip install "
+        "./native from the same checkout; docs/operations.md: The native judge)"
+    )
 
 
 def create_app(settings: Settings, config: DetectionConfigFile | None = None) -> faust.App:
@@ -64,10 +68,15 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     if config is None and settings.config_file is not None:
         config = load_config(settings.config_file)
     app = faust.App(
-        settings.app_id, broker=[f"kafka://{h}" for h in settings.bootstrap_servers.split(",")],
-        broker_credentials=faust_credentials(settings), store=settings.store,
-        datadir=str(settings.data_dir), autodiscover=False, topic_allow_declare=True,
-        topic_disable_leader=True, topic_partitions=settings.partitions,
+        settings.app_id,
+        broker=[f"kafka://{h}" for h in settings.bootstrap_servers.split(",")],
+        broker_credentials=faust_credentials(settings),
+        store=settings.store,
+        datadir=str(settings.data_dir),
+        autodiscover=False,
+        topic_allow_declare=True,
+        topic_disable_leader=True,
+        topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         table_standby_replicas=settings.standby_replicas,
         broker_session_timeout=settings.broker_session_timeout,
@@ -75,13 +84,19 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         broker_commit_interval=settings.commit_interval,
         producer_linger=settings.producer_linger_ms / 1000.0,
         producer_max_batch_size=settings.producer_max_batch_size,
-        producer_compression_type=None if settings.producer_compression == "none"
+        producer_compression_type=None
+        if settings.producer_compression == "none"
         else settings.producer_compression,
-        producer_acks=-1, producer_max_request_size=settings.producer_max_request_size,
+        producer_acks=-1,
+        producer_max_request_size=settings.producer_max_request_size,
         # Only what operators need (/metrics, /ready, /livez), on loopback by default.
-        web=operators_only_web(), web_bind=settings.web_host, web_host=settings.web_host,
-        web_port=settings.web_port, web_in_thread=False,
-        key_serializer="raw", value_serializer="raw",
+        web=operators_only_web(),
+        web_bind=settings.web_host,
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        web_in_thread=False,
+        key_serializer="raw",
+        value_serializer="raw",
     )
     if settings.embedded_broker:
         install_end_offset_workaround(app)
@@ -93,49 +108,76 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
 
     table = session_table(app, SESSION_TABLE, settings.partitions, on_changelog)
     engine = Engine(
-        config, max_parked=settings.max_parked_events, max_parked_bytes=settings.max_parked_bytes,
+        config,
+        max_parked=settings.max_parked_events,
+        max_parked_bytes=settings.max_parked_bytes,
         gap_timeout_ms=int(settings.sequence_gap_timeout_seconds * 1000),
     )
     board = install_fleet_breaker(app, settings, engine)  # None: no fleetBreaker configured
     store = FaustSessionStore(table, settings.topic_tool_calls)
     replies: dict[str, int] = {}  # reply topic -> partitions, kept current by the probe
     processor = SessionProcessor(
-        engine, settings.input_topics,
-        OutputTopics(settings.topic_verdicts, settings.topic_loop_events,
-                     settings.topic_dead_letters,
-                     settings.topic_tool_strikes if board is not None else None,
-                     replies=replies),
-        store, FaustInputOffsets(app),
-        limits=Limits(settings.max_session_state_bytes, settings.producer_max_request_size,
-                      settings.dead_letter_original_bytes, settings.max_identifier_bytes),
+        engine,
+        settings.input_topics,
+        OutputTopics(
+            settings.topic_verdicts,
+            settings.topic_loop_events,
+            settings.topic_dead_letters,
+            settings.topic_tool_strikes if board is not None else None,
+            replies=replies,
+        ),
+        store,
+        FaustInputOffsets(app),
+        limits=Limits(
+            settings.max_session_state_bytes,
+            settings.producer_max_request_size,
+            settings.dead_letter_original_bytes,
+            settings.max_identifier_bytes,
+        ),
         max_event_bytes=settings.max_event_bytes,
-        session_ttl_ms=int(settings.session_ttl_seconds * 1000), metrics=Metrics(),
+        session_ttl_ms=int(settings.session_ttl_seconds * 1000),
+        metrics=Metrics(),
         breakers=board.broken if board is not None else None,
     )
-    inputs = app.topic(*settings.input_topics, key_serializer="raw", value_serializer="raw",
-                       partitions=settings.partitions)
+    inputs = app.topic(
+        *settings.input_topics,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=settings.partitions,
+    )
     readiness = Readiness(app, settings, fleet_breaker=board is not None, replies=replies)
 
     keys = settings.verdict_keys()  # LOOPFUSE_VERDICT_KEY: sign with the first
-    signing = None if not keys else VerdictSigning(
-        VerdictSigner(keys[0]), (settings.topic_verdicts, *settings.reply_topic_names))
+    signing = (
+        None
+        if not keys
+        else VerdictSigning(
+            VerdictSigner(keys[0]), (settings.topic_verdicts, *settings.reply_topic_names)
+        )
+    )
 
     def owned() -> list[tuple[str, int]]:
         return owned_inputs(app, settings.input_topics)
 
-    fetches = FetchBatches(app, frozenset(settings.input_topics), settings.batch_max,
-                           restore=ChangelogRestore(app, table, processor.on_changelog))
+    fetches = FetchBatches(
+        app,
+        frozenset(settings.input_topics),
+        settings.batch_max,
+        restore=ChangelogRestore(app, table, processor.on_changelog),
+    )
     # right after each processor call; checkpoints the table writes, then acks
-    publish = Publisher(app, table, store, fetches.ack, signing,
-                        interval=settings.checkpoint_interval)
+    publish = Publisher(
+        app, table, store, fetches.ack, signing, interval=settings.checkpoint_interval
+    )
 
     @app.agent(inputs, name="judge")
     async def judge_events(stream: StreamT[Any]) -> None:
         # Said here, where the worker's logging is set up (create_app's would be lost).
         log.info("%s", judged_by(processor))
         if keys:  # the id only: the secret is never logged
-            log.info("verdicts are signed with key %r (%d key(s) configured)",
-                     keys[0].key_id, len(keys))
+            log.info(
+                "verdicts are signed with key %r (%d key(s) configured)", keys[0].key_id, len(keys)
+            )
         # Whole fetches, not the stream's events one by one (faust_compat.delivery).
         while True:
             if publish.due or not fetches.buffered:

@@ -163,8 +163,13 @@ class BreakerBoard:
             log.warning("ignoring an invalid record of the breakers topic")
             return
         self.note(
-            ToolBreaker(state.tool_name, state.sessions, state.window_seconds, state.since_ts,
-                        state.until_ts)
+            ToolBreaker(
+                state.tool_name,
+                state.sessions,
+                state.window_seconds,
+                state.since_ts,
+                state.until_ts,
+            )
         )
 
     def note(self, breaker: ToolBreaker) -> None:
@@ -172,7 +177,6 @@ class BreakerBoard:
         if len(self.broken) > self.max_tools:
             soonest = min(self.broken.values(), key=lambda b: b.until_ts)
             del self.broken[soonest.tool_name]
-
 
 
 # -- the breaker agent's work -------------------------------------------------------
@@ -204,15 +208,20 @@ class FleetBreakerJudge:
         self.board.note(breaker)  # at once: the board's reader sees it a little later
         key = tool.encode("utf-8", "surrogatepass")
         state = ToolBreakerState(
-            tool_name=tool, sessions=breaker.sessions, window_seconds=breaker.window_seconds,
-            since_ts=breaker.since_ts, until_ts=breaker.until_ts,
+            tool_name=tool,
+            sessions=breaker.sessions,
+            window_seconds=breaker.window_seconds,
+            since_ts=breaker.since_ts,
+            until_ts=breaker.until_ts,
         )
         state_json = state.model_dump_json().encode()
         messages: list[Message] = [(self.breakers_topic, key, state_json, None)]
         if trip.new:
             log.warning(
                 "fleet breaker tripped for tool %r: %d sessions within %d s",
-                tool[:80], breaker.sessions, breaker.window_seconds,
+                tool[:80],
+                breaker.sessions,
+                breaker.window_seconds,
             )
             messages.append((self.loop_events_topic, key, self.loop_event(breaker, now_ms), None))
         return messages
@@ -221,20 +230,40 @@ class FleetBreakerJudge:
         rule = self.rule
         tool = breaker.tool_name
         event = LoopEvent(
-            event_id=digest(f"fleet\x1f{tool}\x1f{breaker.since_ts}".encode("utf-8", "surrogatepass")),
-            session_key="fleet", run_id=None, agent_id=None, call_id=None, seq=None,
-            tool_name=tool, action=rule.action,
+            event_id=digest(
+                f"fleet\x1f{tool}\x1f{breaker.since_ts}".encode("utf-8", "surrogatepass")
+            ),
+            session_key="fleet",
+            run_id=None,
+            agent_id=None,
+            call_id=None,
+            seq=None,
+            tool_name=tool,
+            action=rule.action,
             level="critical" if rule.action == "block" else "warning",
-            detector="fleet_tool_breaker", count=breaker.sessions,
+            detector="fleet_tool_breaker",
+            count=breaker.sessions,
             message=breaker_message(rule.action, tool, breaker.sessions, breaker.window_seconds),
-            args_hash=None, warning_key=f"fleet:{tool}",
-            config={"enforce": self.enforce, "fleetBreaker": {
-                "sessions": rule.sessions, "windowSeconds": rule.window_seconds,
-                "action": rule.action, "enforced": rule.enforced}},
+            args_hash=None,
+            warning_key=f"fleet:{tool}",
+            config={
+                "enforce": self.enforce,
+                "fleetBreaker": {
+                    "sessions": rule.sessions,
+                    "windowSeconds": rule.window_seconds,
+                    "action": rule.action,
+                    "enforced": rule.enforced,
+                },
+            },
             enforced=rule.enforced,
-            fleet=FleetBreak(sessions=breaker.sessions, window_seconds=breaker.window_seconds,
-                             since_ts=breaker.since_ts, until_ts=breaker.until_ts),
-            event_ts=breaker.since_ts, decided_ts=now_ms,
+            fleet=FleetBreak(
+                sessions=breaker.sessions,
+                window_seconds=breaker.window_seconds,
+                since_ts=breaker.since_ts,
+                until_ts=breaker.until_ts,
+            ),
+            event_ts=breaker.since_ts,
+            decided_ts=now_ms,
         )
         return event.model_dump_json().encode()
 
@@ -246,8 +275,11 @@ async def follow_board(settings: Settings, board: BreakerBoard) -> None:
     """Read the breakers topic from offset 0 into ``board``, forever (no consumer group:
     every worker reads every partition; nothing is committed)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False,
-        auto_offset_reset="earliest", fetch_max_wait_ms=max(settings.fetch_wait_ms, 50),
+        bootstrap_servers=settings.bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=max(settings.fetch_wait_ms, 50),
         **settings.kafka_client_kwargs(),
     )
     await consumer.start()
@@ -283,7 +315,9 @@ async def follow_board(settings: Settings, board: BreakerBoard) -> None:
         await consumer.stop()
 
 
-def install_fleet_breaker(app: faust.App, settings: Settings, engine: Engine) -> BreakerBoard | None:
+def install_fleet_breaker(
+    app: faust.App, settings: Settings, engine: Engine
+) -> BreakerBoard | None:
     """The breaker agent (strikes in) and the board's reader on ``app``, when ``engine``'s
     config has a fleet breaker; the board the processor overlays (None: no breaker)."""
     rule = engine.rules.resolver.fleet_breaker
@@ -291,11 +325,15 @@ def install_fleet_breaker(app: faust.App, settings: Settings, engine: Engine) ->
         return None
     board = BreakerBoard()
     strikes = app.topic(
-        settings.topic_tool_strikes, key_serializer="raw", value_serializer="raw",
+        settings.topic_tool_strikes,
+        key_serializer="raw",
+        value_serializer="raw",
         partitions=settings.partitions,
     )
     judge = FleetBreakerJudge(
-        rule, engine.resolver.enforce, board,
+        rule,
+        engine.resolver.enforce,
+        board,
         (settings.topic_tool_breakers, settings.topic_loop_events),
     )
 

@@ -32,7 +32,8 @@ class Metrics:
             "loopfuse_sessions_expired", "Idle sessions deleted from the table", registry=r
         )
         self.tool_strikes = Counter(
-            "loopfuse_tool_strikes", "Strikes sent to the fleet breaker (loops on a tool)",
+            "loopfuse_tool_strikes",
+            "Strikes sent to the fleet breaker (loops on a tool)",
             registry=r,
         )
         self.tools_broken = Gauge(

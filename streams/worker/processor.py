@@ -186,7 +186,8 @@ class DeadLetterLog:
         if self.suppressed and (self.window_ms is None or now_ms - self.window_ms >= 1_000):
             log.warning(
                 "dead letters: %d more log lines suppressed (at most %d a second)",
-                self.suppressed, self.per_second,
+                self.suppressed,
+                self.per_second,
             )
             self.suppressed = 0
 
@@ -248,7 +249,11 @@ def encode_outputs(
         if type(output) is Verdict:
             value = output.to_json()
             item = Outgoing(
-                "verdict", key, value, output.action, output.detector,
+                "verdict",
+                key,
+                value,
+                output.action,
+                output.detector,
                 reply_route(output, asking) if asking else None,
             )
         elif type(output) is LoopEvent:
@@ -281,8 +286,12 @@ def tool_strikes(outputs: Sequence[Output]) -> list[Outgoing]:
     return [
         # A gateway clock running ahead counts as now: one far-future ts must not move
         # the tool's window past every other session's hits.
-        tool_strike(event.tool_name, f"{hash64(event.session_key):016x}", event.detector,
-                    min(event.event_ts, event.decided_ts))
+        tool_strike(
+            event.tool_name,
+            f"{hash64(event.session_key):016x}",
+            event.detector,
+            min(event.event_ts, event.decided_ts),
+        )
         for event in fleet.strikes(outputs)
         if event.tool_name is not None
     ]
@@ -293,8 +302,15 @@ def tool_strike(tool_name: str, session: str, detector: str, ts: int) -> Outgoin
     return Outgoing(
         "tool_strike",
         tool_name.encode("utf-8", "surrogatepass"),
-        orjson.dumps({"type": "tool_strike", "tool_name": tool_name, "session": session,
-                      "detector": detector, "ts": ts}),
+        orjson.dumps(
+            {
+                "type": "tool_strike",
+                "tool_name": tool_name,
+                "session": session,
+                "detector": detector,
+                "ts": ts,
+            }
+        ),
         detector,
     )
 
@@ -446,9 +462,7 @@ class SessionFold(_WayBack):
         ``fingerprints``: its tokens from the native decoder, if it made them."""
         asking = _asking(event, self.state)  # before the step drains what waits
         try:
-            state, outputs = self.engine.step(
-                self.state, event, now_ms, watermark_ms, fingerprints
-            )
+            state, outputs = self.engine.step(self.state, event, now_ms, watermark_ms, fingerprints)
             encoded = self._encode_outputs(outputs, source, asking)
         except EventFailed as exc:
             return self._reject(source, exc.code, exc.reason)
@@ -510,7 +524,6 @@ class SessionFold(_WayBack):
             )
         state, _ = self.engine.step(state, event, step.now_ms, step.watermark_ms)
         return state
-
 
 
 #: The native reader's event (Judge.read), which only Judge.step_read takes.
@@ -598,8 +611,14 @@ class NativeSessionFold(_WayBack):
             kind = output[0]
             if kind == "verdict":
                 _, value, action, detector, reply = output
-                item = Outgoing("verdict", key, value, action, detector,
-                                None if reply is None else ReplyTo(*reply))
+                item = Outgoing(
+                    "verdict",
+                    key,
+                    value,
+                    action,
+                    detector,
+                    None if reply is None else ReplyTo(*reply),
+                )
             elif kind == "loop_event":
                 _, value, detector, strike = output
                 item = Outgoing("loop_event", key, value, detector)
@@ -641,10 +660,15 @@ class NativeSessionFold(_WayBack):
             values = native._event_values(step.event)
             state, _ = native.judge.step_event(state, values, step.now_ms, step.watermark_ms)
             return state
-        state, _ = native.step(state, value, step.now_ms, step.watermark_ms, max_bytes=len(value),
-                               max_identifier_bytes=self.limits.max_identifier_bytes)
+        state, _ = native.step(
+            state,
+            value,
+            step.now_ms,
+            step.watermark_ms,
+            max_bytes=len(value),
+            max_identifier_bytes=self.limits.max_identifier_bytes,
+        )
         return state
-
 
 
 def _asking(event: InputEvent | None, state: SessionState | None) -> Sequence[InputEvent]:
@@ -946,7 +970,8 @@ class SessionProcessor:
                 if python and not isinstance(event, InputEvent):
                     # a state only the Python fold reads (_load): its events as Python's
                     event, fingerprints = decode_fingerprinted(
-                        source.value, max_bytes=max_event_bytes,
+                        source.value,
+                        max_bytes=max_event_bytes,
                         max_identifier_bytes=max_identifier_bytes,
                     )
                 fold.apply(event, source, now_ms, watermark, fingerprints)
@@ -994,11 +1019,17 @@ class SessionProcessor:
         state = self._load(key, raw)
         # An unreadable state was logged and starts afresh: nothing to go back to.
         if self.native is not None and not isinstance(state, SessionState):
-            return NativeSessionFold(self.native, key, self.limits, raw if state else None, state,
-                                     strike=self.strike)
+            return NativeSessionFold(
+                self.native, key, self.limits, raw if state else None, state, strike=self.strike
+            )
         return SessionFold(
-            self.engine, key, self.limits, raw if state else None, state,
-            breakers=self.breakers, strike=self.strike,
+            self.engine,
+            key,
+            self.limits,
+            raw if state else None,
+            state,
+            breakers=self.breakers,
+            strike=self.strike,
         )
 
     def _settle(
@@ -1102,7 +1133,10 @@ class SessionProcessor:
         log.warning(
             "a call asked for its verdict on partition %d of %r, which %s: sent to the "
             "verdicts topic instead (%d more since the last such line)",
-            reply.partition, reply.topic, where, self._unroutable_unlogged,
+            reply.partition,
+            reply.topic,
+            where,
+            self._unroutable_unlogged,
         )
         self._unroutable_unlogged = 0
 

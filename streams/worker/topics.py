@@ -49,8 +49,6 @@ def _denied(settings: Settings, topics: Sequence[str], operation: str) -> TopicA
     )
 
 
-
-
 def changelog_topic(settings: Settings) -> str:
     """Faust's name for the session table's changelog topic."""
     return settings.changelog_name  # f"{app_id}-{SESSION_TABLE}-changelog"
@@ -161,7 +159,8 @@ async def _ensure_topics(
         with contextlib.suppress(TopicAlreadyExistsError):
             response = await admin.create_topics(new)
             refused = [
-                error[0] for error in getattr(response, "topic_errors", ())
+                error[0]
+                for error in getattr(response, "topic_errors", ())
                 if error[1] == _TOPIC_AUTHORIZATION_FAILED
             ]
             if refused:  # list_topics shows only what the principal may describe
@@ -187,8 +186,9 @@ async def _partition_counts(
     # every topic reports partitions.
     for _ in range(50):
         described = await admin.describe_topics(list(topics))
-        refused = [d["topic"] for d in described
-                   if d.get("error_code") == _TOPIC_AUTHORIZATION_FAILED]
+        refused = [
+            d["topic"] for d in described if d.get("error_code") == _TOPIC_AUTHORIZATION_FAILED
+        ]
         if refused:
             raise _denied(settings, refused, "describe")
         counts = {d["topic"]: len(d.get("partitions") or ()) for d in described}
@@ -199,7 +199,9 @@ async def _partition_counts(
 
 
 async def restore_lost_topics(
-    settings: Settings, cluster: Any, on_fatal: Callable[[int, str], None],
+    settings: Settings,
+    cluster: Any,
+    on_fatal: Callable[[int, str], None],
     fleet_breaker: bool = False,
 ) -> list[str]:
     """Re-create loopfuse's topics if the broker no longer has them; the ones still missing.
@@ -263,7 +265,8 @@ class RecoveryStall:
             if self.stalled_for is None:
                 log.error(
                     "table recovery made no progress for %.0f s with the broker reachable: "
-                    "/livez fails so that the worker is restarted", waited,
+                    "/livez fails so that the worker is restarted",
+                    waited,
                 )
             self.stalled_for = waited
 
@@ -273,7 +276,10 @@ class Readiness:
     whose leader is out of reach (a cluster that lost nodes), Faust's state."""
 
     def __init__(
-        self, app: faust.App, settings: Settings, fleet_breaker: bool = False,
+        self,
+        app: faust.App,
+        settings: Settings,
+        fleet_breaker: bool = False,
         replies: dict[str, int] | None = None,
     ) -> None:
         self.app = app
@@ -294,16 +300,18 @@ class Readiness:
         self.stall.observe(recovery_progress(self.app), self.broker_ok)
         if cluster is not None:
             present = cluster.topics()
-            lost = any(name not in present
-                       for name in wanted_topics(self.settings, self.fleet_breaker))
+            lost = any(
+                name not in present for name in wanted_topics(self.settings, self.fleet_breaker)
+            )
             self.topics_missing = await restore_lost_topics(
                 self.settings, cluster, self._stop_for_good, self.fleet_breaker
             )
             if lost and not self.topics_missing:
                 # a group that joined while they were gone holds none of their partitions
                 refresh_consumer_metadata(self.app)
-            present_wanted = [name for name in wanted_topics(self.settings, self.fleet_breaker)
-                              if name in present]
+            present_wanted = [
+                name for name in wanted_topics(self.settings, self.fleet_breaker) if name in present
+            ]
             self.leaders_down = await unreachable_leaders(self.app, cluster, present_wanted)
             update_replies(self.replies, reply_partitions(self.settings, cluster))
         else:
@@ -332,9 +340,7 @@ class Readiness:
         async def ready_page(web: Any, request: Any) -> Any:
             reasons = self.reasons()
             body = orjson.dumps({"ready": not reasons, "reasons": reasons})
-            return web.bytes(
-                body, content_type="application/json", status=503 if reasons else 200
-            )
+            return web.bytes(body, content_type="application/json", status=503 if reasons else 200)
 
         @app.page("/livez")
         async def livez_page(web: Any, request: Any) -> Any:
@@ -359,7 +365,9 @@ class Readiness:
             shown = ", ".join(self.leaders_down[:6])
             more = len(self.leaders_down) - 6
             reasons.append(
-                "partition leaders unreachable: " + shown + (f" and {more} more" if more > 0 else "")
+                "partition leaders unreachable: "
+                + shown
+                + (f" and {more} more" if more > 0 else "")
             )
         if app.rebalancing:
             reasons.append("rebalancing")

@@ -36,10 +36,15 @@ HERMES = Path(sys.executable).parent / "hermes"
 #: agent "run-ender" also has run endings (defaults: the
 #: run's second critical, or 3 blocked calls in a row, end it).
 CONFIG = {
-    "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5,
-                                "postCompactionGuard": {"windowSize": 3}}},
-    "agents": {"list": [{"id": "run-ender",
-                         "loopfuse": {"rules": {"runEnding": {}}}}]},
+    "tools": {
+        "loopDetection": {
+            "enabled": True,
+            "warningThreshold": 3,
+            "criticalThreshold": 5,
+            "postCompactionGuard": {"windowSize": 3},
+        }
+    },
+    "agents": {"list": [{"id": "run-ender", "loopfuse": {"rules": {"runEnding": {}}}}]},
 }
 HALT = "because it hit the tool-call guardrail (loopfuse_abort)"
 
@@ -59,19 +64,29 @@ class Run:
     def tool_results(self) -> list[str]:
         """The tool result each agent-loop turn after the first carried (the last message)."""
         turns = [r for r in self.requests if r["turn"] >= 0]
-        return [str(r["messages"][-1].get("content")) for r in turns[1:]
-                if r["messages"][-1].get("role") == "tool"]
+        return [
+            str(r["messages"][-1].get("content"))
+            for r in turns[1:]
+            if r["messages"][-1].get("role") == "tool"
+        ]
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap: str, kafka_broker_kind: str,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def worker(
+    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
     roles = unique_topics("hermes-loop")
     tmp = tmp_path_factory.mktemp("hermes-loop-worker")
     config = tmp / "loop-detection.json"
     config.write_text(json.dumps(CONFIG))
-    settings = worker_settings(kafka_bootstrap, kafka_broker_kind, roles,
-                               unique("hermes-loop"), tmp / "data", config_file=config)
+    settings = worker_settings(
+        kafka_bootstrap,
+        kafka_broker_kind,
+        roles,
+        unique("hermes-loop"),
+        tmp / "data",
+        config_file=config,
+    )
     process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
     try:
         process.wait_ready(90)
@@ -80,9 +95,15 @@ def worker(kafka_bootstrap: str, kafka_broker_kind: str,
         process.stop()
 
 
-def hermes_run(tmp: Path, steps: list[dict[str, Any]], plugin: dict[str, Any], *,
-               max_turns: int = 12, compress: bool = False,
-               after_compaction: dict[str, Any] | None = None) -> Run:
+def hermes_run(
+    tmp: Path,
+    steps: list[dict[str, Any]],
+    plugin: dict[str, Any],
+    *,
+    max_turns: int = 12,
+    compress: bool = False,
+    after_compaction: dict[str, Any] | None = None,
+) -> Run:
     """Hermes with the plugin, one query, the model answering ``steps`` then repeating."""
     home = tmp / f"home-{uuid.uuid4().hex[:6]}"
     home.mkdir()
@@ -93,15 +114,29 @@ def hermes_run(tmp: Path, steps: list[dict[str, Any]], plugin: dict[str, Any], *
     script.write_text(json.dumps(script_body))
     log = tmp / f"requests-{uuid.uuid4().hex[:6]}.jsonl"
     model = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.scripted_model", "--script", str(script),
-         "--log", str(log)], stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tests.support.scripted_model",
+            "--script",
+            str(script),
+            "--log",
+            str(log),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert model.stdout is not None
         url = model.stdout.readline().strip().rsplit(" ", 1)[-1]
         config: dict[str, Any] = {
-            "model": {"provider": "custom", "base_url": url, "default": "scripted",
-                      "api_key": "scripted", "context_length": 64_000},
+            "model": {
+                "provider": "custom",
+                "base_url": url,
+                "default": "scripted",
+                "api_key": "scripted",
+                "context_length": 64_000,
+            },
             "agent": {"max_turns": max_turns},
             # no background memory / skill review after the run (it asks the model again)
             "memory": {"nudge_interval": 0},
@@ -111,12 +146,19 @@ def hermes_run(tmp: Path, steps: list[dict[str, Any]], plugin: dict[str, Any], *
         if compress:
             # Compact in place once the transcript passes 76% of the 64k window (Hermes
             # raises any threshold under 0.75 to 0.75 for windows below 512k).
-            config["compression"] = {"enabled": True, "threshold": 0.76,
-                                     "protect_last_n": 2, "protect_first_n": 1}
+            config["compression"] = {
+                "enabled": True,
+                "threshold": 0.76,
+                "protect_last_n": 2,
+                "protect_first_n": 1,
+            }
         (home / "config.yaml").write_text(yaml.safe_dump(config))
         done = subprocess.run(
             [str(HERMES), "chat", "-q", "fix the build", "-Q", "--ignore-rules", "--yolo"],
-            capture_output=True, text=True, timeout=240, cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=tmp,
             env={**os.environ, "HERMES_HOME": str(home)},
         )
     finally:
@@ -124,9 +166,11 @@ def hermes_run(tmp: Path, steps: list[dict[str, Any]], plugin: dict[str, Any], *
         model.wait(10)
     assert done.returncode == 0, done.stderr[-3000:]
     requests = [json.loads(line) for line in log.read_text().splitlines()]
-    session = next(line.split(":", 1)[1].strip()
-                   for line in (done.stdout + done.stderr).splitlines()
-                   if line.startswith("session_id:"))
+    session = next(
+        line.split(":", 1)[1].strip()
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.startswith("session_id:")
+    )
     return Run(requests, done.stdout, session)
 
 
@@ -139,8 +183,11 @@ def test_a_loop_is_warned_then_blocked_and_the_tool_stops_running(
     tmp_path: Path, kafka_bootstrap: str, worker: dict[str, str]
 ) -> None:
     counter = tmp_path / "ran.txt"
-    run = hermes_run(tmp_path, [terminal(f"echo ran >> {counter}; echo still broken")],
-                     {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 20, **worker})
+    run = hermes_run(
+        tmp_path,
+        [terminal(f"echo ran >> {counter}; echo still broken")],
+        {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 20, **worker},
+    )
     results = run.tool_results()
     assert len(results) >= 8
     for n, result in enumerate(results, 1):  # what the model received after call n
@@ -150,11 +197,14 @@ def test_a_loop_is_warned_then_blocked_and_the_tool_stops_running(
         elif n <= 5:
             assert parsed["output"] == "still broken"
             assert parsed["loopfuse_warning"].startswith(
-                f"WARNING: You have called terminal {n - 1} times with identical arguments")
+                f"WARNING: You have called terminal {n - 1} times with identical arguments"
+            )
         else:
-            assert parsed == {"error": "CRITICAL: Called terminal with identical arguments and "
-                              "identical outcomes 5 times. Session execution blocked to "
-                              "prevent runaway loops."}
+            assert parsed == {
+                "error": "CRITICAL: Called terminal with identical arguments and "
+                "identical outcomes 5 times. Session execution blocked to "
+                "prevent runaway loops."
+            }
     assert counter.read_text().count("ran") == 5  # calls 1-5 ran; from call 6 none did
     # every call the model made was published, the blocked ones too
     calls = published(kafka_bootstrap, worker["topic_tool_calls"], run.session_key)
@@ -168,11 +218,19 @@ def test_a_compaction_in_place_reaches_kafka_and_a_loop_after_it_ends_the_run(
     # Calls with 30 kB of output each fill 76% of a 64k-token window after about
     # seven: Hermes compacts in place (same session id); right after, the model loops.
     growth = [terminal(f"head -c 30000 /dev/zero | tr '\\0' a; echo part {i}") for i in range(12)]
-    run = hermes_run(tmp_path, growth,
-                     {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 20, **worker},
-                     max_turns=40, compress=True, after_compaction=terminal("echo still broken"))
-    marked = [r["turn"] for r in run.requests if any(
-        "[CONTEXT COMPACTION" in str(m.get("content")) for m in r["messages"])]
+    run = hermes_run(
+        tmp_path,
+        growth,
+        {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 20, **worker},
+        max_turns=40,
+        compress=True,
+        after_compaction=terminal("echo still broken"),
+    )
+    marked = [
+        r["turn"]
+        for r in run.requests
+        if any("[CONTEXT COMPACTION" in str(m.get("content")) for m in r["messages"])
+    ]
     assert marked, "Hermes did not compact"
     events = published(kafka_bootstrap, worker["topic_compactions"], run.session_key)
     assert [e["type"] for e in events].count("compaction") == 1
@@ -186,9 +244,17 @@ def test_a_compaction_in_place_reaches_kafka_and_a_loop_after_it_ends_the_run(
 def test_with_run_endings_the_run_ends_at_its_second_critical(
     tmp_path: Path, kafka_bootstrap: str, worker: dict[str, str]
 ) -> None:
-    run = hermes_run(tmp_path, [terminal("echo still broken")],
-                     {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 20,
-                      "agent_id": "run-ender", **worker}, max_turns=40)
+    run = hermes_run(
+        tmp_path,
+        [terminal("echo still broken")],
+        {
+            "bootstrap_servers": kafka_bootstrap,
+            "gateway_timeout": 20,
+            "agent_id": "run-ender",
+            **worker,
+        },
+        max_turns=40,
+    )
     turns = [r for r in run.requests if r["turn"] >= 0]
     # calls 1-5 ran, 6 was blocked (the run's first critical), 7 blocked again: the
     # second critical (runEnding's criticalsPerRun, 2) aborts, and Hermes ends the run
@@ -203,21 +269,27 @@ def test_a_healthy_run_is_untouched(
     tmp_path: Path, kafka_bootstrap: str, worker: dict[str, str]
 ) -> None:
     steps = [terminal(f"echo step {i}") for i in range(6)] + [{"text": "built"}]
-    run = hermes_run(tmp_path, steps, {"bootstrap_servers": kafka_bootstrap,
-                                       "gateway_timeout": 20, **worker})
-    assert [json.loads(r)["output"] for r in run.tool_results()] == [
-        f"step {i}" for i in range(6)]
+    run = hermes_run(
+        tmp_path, steps, {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 20, **worker}
+    )
+    assert [json.loads(r)["output"] for r in run.tool_results()] == [f"step {i}" for i in range(6)]
     assert "built" in run.answer
 
 
-def test_without_a_worker_the_fail_policy_decides(
-    tmp_path: Path, kafka_bootstrap: str
-) -> None:
+def test_without_a_worker_the_fail_policy_decides(tmp_path: Path, kafka_bootstrap: str) -> None:
     topics = topic_settings(unique_topics("hermes-loop-down"))  # no worker reads them
     counter = tmp_path / "ran.txt"
-    run = hermes_run(tmp_path, [terminal(f"echo ran >> {counter}"), {"text": "gave up"}],
-                     {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 2,
-                      "fail_policy": "closed", **topics})
+    run = hermes_run(
+        tmp_path,
+        [terminal(f"echo ran >> {counter}"), {"text": "gave up"}],
+        {
+            "bootstrap_servers": kafka_bootstrap,
+            "gateway_timeout": 2,
+            "fail_policy": "closed",
+            **topics,
+        },
+    )
     assert [json.loads(r) for r in run.tool_results()] == [
-        {"error": TIMEOUT_MESSAGE.format(what="blocked", policy="closed")}]
+        {"error": TIMEOUT_MESSAGE.format(what="blocked", policy="closed")}
+    ]
     assert not counter.exists()

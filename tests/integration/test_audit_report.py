@@ -41,11 +41,13 @@ READ_PAGE = """(() => {
           timelineBars: [...document.querySelectorAll("#chart-timeline rect")].map(r => r.dataset.detector)};
 })()"""
 
-SESSIONS_ORDER = """[...document.querySelectorAll("#sessions-table tbody tr")].map(tr => tr.dataset.session)"""
+SESSIONS_ORDER = (
+    """[...document.querySelectorAll("#sessions-table tbody tr")].map(tr => tr.dataset.session)"""
+)
 
 
 def _click(key: str) -> str:
-    return f'document.querySelector(\'#sessions-table th[data-key="{key}"]\').click()'
+    return f"document.querySelector('#sessions-table th[data-key=\"{key}\"]').click()"
 
 
 def _terminal_rows(text: str, title: str) -> dict[str, list[int]]:
@@ -64,8 +66,10 @@ def _terminal_rows(text: str, title: str) -> dict[str, list[int]]:
 
 def _expected_metrics(data: dict[str, Any]) -> dict[str, str]:
     counts = ("total", "warn", "block", "abort", "allow", "shadow")
-    expected = {f"totals.{k}": str(data["totals"][k]) for k in
-                ("loop_events", "enforced", "shadow", "sessions", "runs", "agents")}
+    expected = {
+        f"totals.{k}": str(data["totals"][k])
+        for k in ("loop_events", "enforced", "shadow", "sessions", "runs", "agents")
+    }
     for prefix, rows in (("detector", "by_detector"), ("agent", "by_agent"), ("tool", "by_tool")):
         for row in data[rows]:
             expected.update({f"{prefix}.{row['name']}.{c}": str(row[c]) for c in counts})
@@ -86,7 +90,15 @@ async def test_report_renders_in_chromium_and_agrees_with_the_terminal(tmp_path:
         pytest.fail("chromium not found: apt-get install chromium (.ci/run installs it)")
     report = tmp_path / "audit.html"
     run = subprocess.run(
-        [sys.executable, "-m", "loopfuse.streams.cli", "audit", str(FIXTURE), "--html", str(report)],
+        [
+            sys.executable,
+            "-m",
+            "loopfuse.streams.cli",
+            "audit",
+            str(FIXTURE),
+            "--html",
+            str(report),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -150,7 +162,10 @@ def _report(tmp_path: Path, name: str, events: list[dict[str, Any]]) -> Path:
     report = tmp_path / f"{name}.html"
     run = subprocess.run(
         [sys.executable, "-m", "loopfuse.streams.cli", "audit", str(source), "--html", str(report)],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr
     return report
@@ -168,10 +183,14 @@ RENDERED = """(() => ({rendered: document.body.dataset.rendered || "",
 async def test_report_draws_any_time_span_and_times_no_date_can_hold(tmp_path: Path) -> None:
     base = fixture_records("loop_event")[0]
     year_ms = 365 * 86_400_000
-    apart = _report(tmp_path, "apart", [
-        {**base, "event_id": "a", "event_ts": base["event_ts"]},
-        {**base, "event_id": "b", "event_ts": base["event_ts"] + 3 * year_ms},
-    ])
+    apart = _report(
+        tmp_path,
+        "apart",
+        [
+            {**base, "event_id": "a", "event_ts": base["event_ts"]},
+            {**base, "event_id": "b", "event_ts": base["event_ts"] + 3 * year_ms},
+        ],
+    )
     # ts near 2**53-1, from a worker before ts was bounded: Date throws RangeError on it
     far = _report(tmp_path, "far", [{**base, "event_id": "c", "event_ts": 2**53 - 1}])
 
@@ -192,9 +211,9 @@ async def test_report_draws_any_time_span_and_times_no_date_can_hold(tmp_path: P
 
 async def test_report_runs_its_own_script_only(tmp_path: Path) -> None:
     base = fixture_records("loop_event")[0]
-    report = _report(tmp_path, "hostile", [
-        e for e in hostile_loop_events(base) if "\ud800" not in e["event_id"]
-    ])
+    report = _report(
+        tmp_path, "hostile", [e for e in hostile_loop_events(base) if "\ud800" not in e["event_id"]]
+    )
     page_text = report.read_text()
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page_text)
     assert csp is not None
@@ -203,11 +222,13 @@ async def test_report_runs_its_own_script_only(tmp_path: Path) -> None:
     assert (policy["base-uri"], policy["form-action"], policy["default-src"]) == ("'none'",) * 3
     # An escaping bug, simulated: markup that got into the page as markup.
     injected = report.with_name("injected.html")
-    injected.write_text(page_text.replace(
-        "</body>",
-        '<script>document.body.dataset.injected = "ran"</script>'
-        '<img src="x" onerror="document.body.dataset.injected = \'ran\'"></body>',
-    ))
+    injected.write_text(
+        page_text.replace(
+            "</body>",
+            '<script>document.body.dataset.injected = "ran"</script>'
+            '<img src="x" onerror="document.body.dataset.injected = \'ran\'"></body>',
+        )
+    )
 
     async with chromium_page() as page:
         await page.open(report.as_uri())

@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def _audit(*args: str) -> list[str]:
     run = subprocess.run(
         [sys.executable, "-m", "loopfuse.streams.cli", "audit", *args],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr
     return run.stdout.splitlines()
@@ -44,8 +47,16 @@ async def test_time_range_on_the_topic(kafka_bootstrap: str) -> None:
     expected = AuditSummary.of(e for e in events if in_range(e, since, until)).to_dict()["totals"]
     assert 0 < expected["loop_events"] < len(events)
 
-    lines = _audit("--bootstrap", kafka_bootstrap, "--topic", topic,
-                   "--since", str(since), "--until", str(until))
+    lines = _audit(
+        "--bootstrap",
+        kafka_bootstrap,
+        "--topic",
+        topic,
+        "--since",
+        str(since),
+        "--until",
+        str(until),
+    )
 
     assert lines[0].startswith(f"loop events: {expected['loop_events']} from {topic}")
     assert f"(enforced {expected['enforced']}, shadow {expected['shadow']})" in lines[0]

@@ -180,7 +180,8 @@ async def test_faust_recovery_highwaters_use_fetch(kafka_bootstrap: str) -> None
 
 
 async def test_faust_worker_recovers_every_update_of_a_batched_changelog(
-    kafka_bootstrap: str, tmp_path: Path,
+    kafka_bootstrap: str,
+    tmp_path: Path,
 ) -> None:
     """End to end: a changelog written as one batch of 100 is fully recovered.
 

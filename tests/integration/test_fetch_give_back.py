@@ -72,9 +72,7 @@ def _faust_fetch(flow: _Flow) -> Any:
     return functools.partial(AIOKafkaConsumerThread._fetch_records, thread)
 
 
-async def _records_arriving_after_flow_stopped(
-    bootstrap: str, give_back: bool
-) -> list[int]:
+async def _records_arriving_after_flow_stopped(bootstrap: str, give_back: bool) -> list[int]:
     """Offsets the fetches after the resume see, after 5 records came mid-rebalance.
 
     Apache Kafka answers the waiting fetch as soon as the first record arrives (the
@@ -112,7 +110,11 @@ async def _records_arriving_after_flow_stopped(
 
 async def test_records_fetched_while_flow_stopped_are_fetched_again(kafka_bootstrap: str) -> None:
     assert await _records_arriving_after_flow_stopped(kafka_bootstrap, give_back=True) == [
-        0, 1, 2, 3, 4
+        0,
+        1,
+        2,
+        3,
+        4,
     ]
 
 

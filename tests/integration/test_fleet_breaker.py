@@ -43,8 +43,13 @@ async def test_fifty_sessions_on_two_workers_break_a_tool_fleet_wide(
 ) -> None:
     topics = fleet.fleet_topics()
     settings = worker_settings(
-        kafka_bootstrap, kafka_broker_kind, topics, unique("loopfuse-fleet"), tmp_path / "data",
-        partitions=PARTITIONS, config_file=fleet.config(tmp_path / "fleet.json", TRIP_AT),
+        kafka_bootstrap,
+        kafka_broker_kind,
+        topics,
+        unique("loopfuse-fleet"),
+        tmp_path / "data",
+        partitions=PARTITIONS,
+        config_file=fleet.config(tmp_path / "fleet.json", TRIP_AT),
     )
     now = int(time.time() * 1000)
     prefix = unique("fleet")
@@ -57,8 +62,11 @@ async def test_fifty_sessions_on_two_workers_break_a_tool_fleet_wide(
             await produce(kafka_bootstrap, encode(topics, looping))
             await fleet.wait_tripped(out, topics["loop_events"], (a, b))
 
-            probes = [fleet.probe(f"{prefix}-{tool}{i}", tool, now + 60_000)
-                      for tool in ("exec", "read") for i in range(PROBES)]
+            probes = [
+                fleet.probe(f"{prefix}-{tool}{i}", tool, now + 60_000)
+                for tool in ("exec", "read")
+                for i in range(PROBES)
+            ]
             await produce(kafka_bootstrap, encode(topics, probes))
             await settle(out, kafka_bootstrap, settings)
             await fleet.strikes_committed(kafka_bootstrap, settings, PARTITIONS)
@@ -70,20 +78,31 @@ async def test_fifty_sessions_on_two_workers_break_a_tool_fleet_wide(
         b.stop()
 
     [breaker] = [e for e in loop_events if e["detector"] == "fleet_tool_breaker"]
-    assert (breaker["tool_name"], breaker["action"], breaker["count"], breaker["enforced"],
-            breaker["session_key"], breaker["fleet"]["sessions"]) == (
-        "exec", "warn", TRIP_AT, True, "fleet", TRIP_AT)
+    assert (
+        breaker["tool_name"],
+        breaker["action"],
+        breaker["count"],
+        breaker["enforced"],
+        breaker["session_key"],
+        breaker["fleet"]["sessions"],
+    ) == ("exec", "warn", TRIP_AT, True, "fleet", TRIP_AT)
     stuck_sessions = {e["session_key"] for e in loop_events if e["level"] == "critical"}
     assert len(stuck_sessions) == SESSIONS  # every session hit its own critical too
 
-    by_session = {v["session_key"]: v for v in verdicts if v["session_key"].startswith(
-        f"{prefix}-exec") or v["session_key"].startswith(f"{prefix}-read")}
+    by_session = {
+        v["session_key"]: v
+        for v in verdicts
+        if v["session_key"].startswith(f"{prefix}-exec")
+        or v["session_key"].startswith(f"{prefix}-read")
+    }
     assert len(by_session) == 2 * PROBES
     exec_probes = [v for k, v in by_session.items() if k.startswith(f"{prefix}-exec")]
     assert {(v["action"], v["detector"], v["count"]) for v in exec_probes} == {
-        ("warn", "fleet_tool_breaker", TRIP_AT)}
-    assert all(v["message"].startswith("WARNING: exec is failing across the fleet")
-               for v in exec_probes)
+        ("warn", "fleet_tool_breaker", TRIP_AT)
+    }
+    assert all(
+        v["message"].startswith("WARNING: exec is failing across the fleet") for v in exec_probes
+    )
     read_probes = [v for k, v in by_session.items() if k.startswith(f"{prefix}-read")]
     assert {(v["action"], v["detector"]) for v in read_probes} == {("allow", None)}
     # Warned on both workers: probes of partitions each of them owns.
@@ -96,15 +115,20 @@ async def test_a_block_breaker_blocks_a_gateways_calls_without_making_them_stick
 ) -> None:
     topics = fleet.fleet_topics()
     settings = worker_settings(
-        kafka_bootstrap, kafka_broker_kind, topics, unique("loopfuse-fleet-block"),
-        tmp_path / "data", config_file=fleet.config(tmp_path / "fleet.json", 3, action="block"),
+        kafka_bootstrap,
+        kafka_broker_kind,
+        topics,
+        unique("loopfuse-fleet-block"),
+        tmp_path / "data",
+        config_file=fleet.config(tmp_path / "fleet.json", 3, action="block"),
     )
     prefix = unique("block")
     now = int(time.time() * 1000)
     looping = [e for i in range(3) for e in fleet.stuck(f"{prefix}-s{i}", now + i)]
     worker = WorkerProcess(settings, log_path=tmp_path / "worker.log").start()
-    gateway_topics = Topics(topics["tool_calls"], topics["tool_results"], topics["compactions"],
-                            topics["verdicts"])
+    gateway_topics = Topics(
+        topics["tool_calls"], topics["tool_results"], topics["compactions"], topics["verdicts"]
+    )
     try:
         worker.wait_ready(90)
         async with Collector(kafka_bootstrap, [topics["loop_events"]]) as out:
@@ -118,9 +142,14 @@ async def test_a_block_breaker_blocks_a_gateways_calls_without_making_them_stick
     finally:
         worker.stop()
     assert (first.action, first.level, first.detector, first.count) == (
-        "block", "critical", "fleet_tool_breaker", 3)
+        "block",
+        "critical",
+        "fleet_tool_breaker",
+        3,
+    )
     assert first.message is not None and first.message.startswith(
-        "CRITICAL: exec is failing across the fleet (3 sessions hit a loop on exec")
+        "CRITICAL: exec is failing across the fleet (3 sessions hit a loop on exec"
+    )
     assert again.action == "block" and again.call_id != first.call_id
     assert gateway.stats.sticky_blocks == 0  # asked again: the breaker may have cleared
     # the breaker's raised verdicts came by reply routing: the gateway read nothing else

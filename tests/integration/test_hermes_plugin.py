@@ -91,7 +91,10 @@ class Hermes:
         from model_tools import handle_function_call
 
         result = handle_function_call(
-            tool, dict(args), task_id=task, session_id=session,
+            tool,
+            dict(args),
+            task_id=task,
+            session_id=session,
             tool_call_id=f"call_{uuid.uuid4().hex[:10]}",
         )
         assert isinstance(result, str)
@@ -103,7 +106,9 @@ class Hermes:
 
         invoke_hook(name, **kwargs)
 
-    def wait_events(self, done: Callable[[list[dict[str, Any]]], bool], timeout: float = 10) -> None:
+    def wait_events(
+        self, done: Callable[[list[dict[str, Any]]], bool], timeout: float = 10
+    ) -> None:
         deadline = time.monotonic() + timeout
         while not done(self.events):
             assert time.monotonic() < deadline, f"published so far: {self.events[-3:]}"
@@ -136,8 +141,14 @@ def worker(
     roles = unique_topics("hermes")
     topics = topic_settings(roles)
     tmp = tmp_path_factory.mktemp("hermes-worker")
-    settings = worker_settings(kafka_bootstrap, kafka_broker_kind, roles,
-                               unique("hermes-test"), tmp / "data", config_file=CONFIG)
+    settings = worker_settings(
+        kafka_bootstrap,
+        kafka_broker_kind,
+        roles,
+        unique("hermes-test"),
+        tmp / "data",
+        config_file=CONFIG,
+    )
     process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
     try:
         process.wait_ready(90)
@@ -155,8 +166,12 @@ def hermes(
     worker: dict[str, str],
 ) -> Iterator[Hermes]:
     """Hermes with the plugin in front of the module's worker (param: hash_locally)."""
-    entry = {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": 30, **worker,
-             "hash_locally": getattr(request, "param", False)}
+    entry = {
+        "bootstrap_servers": kafka_bootstrap,
+        "gateway_timeout": 30,
+        **worker,
+        "hash_locally": getattr(request, "param", False),
+    }
     agent = Hermes(hermes_home, entry)
     yield agent
     agent.plugin.close()
@@ -178,7 +193,13 @@ def test_a_looping_agent_is_warned_then_blocked_as_replay_judges_it(
 
     verdicts = hermes.replayed_verdicts()
     assert [v.action for v in verdicts] == [
-        "allow", "allow", "allow", "warn", "warn", "block", "block"
+        "allow",
+        "allow",
+        "allow",
+        "warn",
+        "warn",
+        "block",
+        "block",
     ]
     assert seen[:3] == [STUCK] * 3  # allowed: untouched
     for shown, verdict in zip(seen[3:5], verdicts[3:5], strict=True):  # warned: ran, and told
@@ -213,25 +234,27 @@ def test_parallel_tool_calls_of_a_turn_are_each_judged(hermes: Hermes, tools: To
     session = f"sess-{uuid.uuid4().hex[:8]}"
     paths = [f"/src/mod{i}.py" for i in range(6)]
     with ThreadPoolExecutor(6) as pool:
-        seen = list(pool.map(
-            lambda path: hermes.call("lf_read", {"path": path}, session=session, task="t"), paths
-        ))
+        seen = list(
+            pool.map(
+                lambda path: hermes.call("lf_read", {"path": path}, session=session, task="t"),
+                paths,
+            )
+        )
     assert seen == [json.dumps({"content": f"contents of {path}"}) for path in paths]
     hermes.wait_events(lambda events: len(events) == 12)
     assert sorted(e["seq"] for e in hermes.events) == list(range(12))
     assert [v.action for v in hermes.replayed_verdicts()] == ["allow"] * 6
 
 
-def test_a_loop_after_compaction_aborts_the_run_until_it_ends(
-    hermes: Hermes, tools: Tools
-) -> None:
+def test_a_loop_after_compaction_aborts_the_run_until_it_ends(hermes: Hermes, tools: Tools) -> None:
     session, task = f"sess-{uuid.uuid4().hex[:8]}", "task-1"
     args = {"command": "cargo test"}
     history = [{"role": "user", "content": "fix the tests"}] + [{"role": "tool"}] * 6
 
     def model_request(messages: list[dict[str, Any]], session_id: str = session) -> None:
-        hermes.hook("pre_api_request", task_id=task, session_id=session_id,
-                    conversation_history=messages)
+        hermes.hook(
+            "pre_api_request", task_id=task, session_id=session_id, conversation_history=messages
+        )
 
     model_request(history)
     hermes.call("lf_read", {"path": "/src/lib.rs"}, session=session, task=task)
@@ -244,8 +267,9 @@ def test_a_loop_after_compaction_aborts_the_run_until_it_ends(
     assert all(e["session_key"] == session for e in hermes.events)  # one loopfuse session
 
     deadline = time.monotonic() + 30
-    while (blocked := hermes.call("lf_read", {"path": "/x"}, session=child, task=task)) \
-            and "error" not in json.loads(blocked):
+    while (
+        blocked := hermes.call("lf_read", {"path": "/x"}, session=child, task=task)
+    ) and "error" not in json.loads(blocked):
         assert time.monotonic() < deadline, "no abort"
         time.sleep(0.1)
     message = json.loads(blocked)["error"]
@@ -261,8 +285,9 @@ def test_an_in_place_compaction_is_seen_at_the_next_model_request(hermes: Hermes
     session = f"sess-{uuid.uuid4().hex[:8]}"
     history: list[dict[str, Any]] = [{"role": "user", "content": "go"}, {"role": "tool"}] * 4
     for messages in (history, [*history, {"role": "tool"}], history[:3]):  # grows, then shrinks
-        hermes.hook("pre_api_request", task_id="t", session_id=session,
-                    conversation_history=messages)
+        hermes.hook(
+            "pre_api_request", task_id="t", session_id=session, conversation_history=messages
+        )
         hermes.call("lf_read", {"path": f"/{len(messages)}"}, session=session, task="t")
     hermes.wait_events(lambda events: len(events) == 7)
     assert [e["type"] for e in hermes.events].count("compaction") == 1
@@ -275,15 +300,32 @@ def test_hermes_in_place_compaction_is_seen_though_the_history_grows(hermes: Her
     longer than before (kept head + summary + tail + the new turn)."""
     session = f"sess-{uuid.uuid4().hex[:8]}"
     head = [{"role": "system", "content": "you are hermes"}, {"role": "user", "content": "go"}]
-    turns = [{"role": "assistant", "content": None, "tool_call_id": None},
-             {"role": "tool", "content": "out 1", "tool_call_id": "c1"},
-             {"role": "tool", "content": "out 2", "tool_call_id": "c2"}]
-    compacted = [*head, {"role": "user", "content": "[CONTEXT COMPACTION — REFERENCE ONLY] "
-                         "Earlier turns were compacted ..."}, *turns[1:], *turns]
-    for messages in ([*head, *turns], [*head, *turns, turns[1]], compacted,
-                     [*compacted, turns[2]]):  # grows, compacts longer, grows again
-        hermes.hook("pre_api_request", task_id="t", session_id=session,
-                    conversation_history=[dict(m, api_content="stamp") for m in messages])
+    turns = [
+        {"role": "assistant", "content": None, "tool_call_id": None},
+        {"role": "tool", "content": "out 1", "tool_call_id": "c1"},
+        {"role": "tool", "content": "out 2", "tool_call_id": "c2"},
+    ]
+    compacted = [
+        *head,
+        {
+            "role": "user",
+            "content": "[CONTEXT COMPACTION — REFERENCE ONLY] Earlier turns were compacted ...",
+        },
+        *turns[1:],
+        *turns,
+    ]
+    for messages in (
+        [*head, *turns],
+        [*head, *turns, turns[1]],
+        compacted,
+        [*compacted, turns[2]],
+    ):  # grows, compacts longer, grows again
+        hermes.hook(
+            "pre_api_request",
+            task_id="t",
+            session_id=session,
+            conversation_history=[dict(m, api_content="stamp") for m in messages],
+        )
         hermes.call("lf_read", {"path": f"/{len(messages)}"}, session=session, task="t")
     hermes.wait_events(lambda events: len(events) == 9)
     types = [e["type"] for e in hermes.events]
@@ -298,8 +340,15 @@ def test_without_a_worker_the_fail_policy_decides_within_the_timeout(
     topics = topic_settings(unique_topics("hermes-down"))
     _create_topics(kafka_bootstrap, [topics["topic_tool_calls"], topics["topic_verdicts"]])
     timeout = 1.0
-    agent = Hermes(hermes_home, {"bootstrap_servers": kafka_bootstrap, "gateway_timeout": timeout,
-                                 "fail_policy": policy, **topics})
+    agent = Hermes(
+        hermes_home,
+        {
+            "bootstrap_servers": kafka_bootstrap,
+            "gateway_timeout": timeout,
+            "fail_policy": policy,
+            **topics,
+        },
+    )
     try:
         agent.call("lf_read", {"path": "/warm-up"}, session="down", task="t")  # client start
         before = tools.runs.get("lf_read", 0)
@@ -321,8 +370,10 @@ def test_without_a_worker_the_fail_policy_decides_within_the_timeout(
 def test_an_unreachable_broker_is_a_fail_closed_block_not_a_crash(
     hermes_home: Path, tools: Tools
 ) -> None:
-    agent = Hermes(hermes_home, {"bootstrap_servers": "127.0.0.1:1", "gateway_timeout": 1.0,
-                                 "fail_policy": "closed"})
+    agent = Hermes(
+        hermes_home,
+        {"bootstrap_servers": "127.0.0.1:1", "gateway_timeout": 1.0, "fail_policy": "closed"},
+    )
     try:
         started = time.monotonic()
         seen = agent.call("lf_read", {"path": "/a"}, session="nobroker", task="t")
@@ -359,10 +410,13 @@ def secured_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
         security = kafka.security
         assert security is not None
         security.grant_roles(kafka.bootstrap)
-        variables = {key.removeprefix("LOOPFUSE_").lower(): value
-                     for key, value in security.client_env("worker").items()}
-        settings = worker_settings(kafka.bootstrap, "kafka", {}, "loopfuse", tmp / "data",
-                                   config_file=CONFIG, **variables)
+        variables = {
+            key.removeprefix("LOOPFUSE_").lower(): value
+            for key, value in security.client_env("worker").items()
+        }
+        settings = worker_settings(
+            kafka.bootstrap, "kafka", {}, "loopfuse", tmp / "data", config_file=CONFIG, **variables
+        )
         process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
         try:
             process.wait_ready(120)
@@ -372,7 +426,9 @@ def secured_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
 
 
 def test_over_sasl_ssl_as_a_gateway_a_loop_is_blocked_and_a_wrong_password_named_once(
-    hermes_home: Path, tools: Tools, secured_worker: tuple[str, Any],
+    hermes_home: Path,
+    tools: Tools,
+    secured_worker: tuple[str, Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The plugin's Kafka settings in Hermes' config (as the gateway user, with only a
@@ -380,15 +436,18 @@ def test_over_sasl_ssl_as_a_gateway_a_loop_is_blocked_and_a_wrong_password_named
     every call gets the fail policy and the log says once which variable to fix, never
     the password."""
     bootstrap, security = secured_worker
-    kafka = {key.removeprefix("LOOPFUSE_").lower(): value
-             for key, value in security.client_env("gateway").items()}
+    kafka = {
+        key.removeprefix("LOOPFUSE_").lower(): value
+        for key, value in security.client_env("gateway").items()
+    }
     entry = {"bootstrap_servers": bootstrap, "gateway_timeout": 20, **kafka}
     agent = Hermes(hermes_home, entry)
     before = tools.runs.get("lf_exec", 0)
     session = f"secure-{uuid.uuid4().hex[:8]}"
     try:
-        seen = [agent.call("lf_exec", {"command": "make"}, session=session, task="t")
-                for _ in range(7)]
+        seen = [
+            agent.call("lf_exec", {"command": "make"}, session=session, task="t") for _ in range(7)
+        ]
     finally:
         agent.plugin.close()
     assert seen[:3] == [STUCK] * 3
@@ -400,8 +459,10 @@ def test_over_sasl_ssl_as_a_gateway_a_loop_is_blocked_and_a_wrong_password_named
     agent = Hermes(hermes_home, {**entry, "sasl_password": wrong, "gateway_timeout": 5})
     try:
         with caplog.at_level("ERROR"):
-            seen = [agent.call("lf_exec", {"command": "make"}, session=f"{session}-2", task="t")
-                    for _ in range(3)]
+            seen = [
+                agent.call("lf_exec", {"command": "make"}, session=f"{session}-2", task="t")
+                for _ in range(3)
+            ]
     finally:
         agent.plugin.close()
     assert seen == [STUCK] * 3  # fail policy "open": the tool ran each time

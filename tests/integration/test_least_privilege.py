@@ -42,7 +42,11 @@ from tests.support.webhook import Webhook
 pytestmark = [pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
-VERDICTS, LOOP_EVENTS, DEAD_LETTERS = "loopfuse.verdicts", "loopfuse.loop-events", "loopfuse.dead-letters"
+VERDICTS, LOOP_EVENTS, DEAD_LETTERS = (
+    "loopfuse.verdicts",
+    "loopfuse.loop-events",
+    "loopfuse.dead-letters",
+)
 REPLIES, REPLIES_B, CALLS = "loopfuse.replies", "loopfuse.replies.b", "agent.tool-calls"
 
 
@@ -56,23 +60,37 @@ class Secured:
 
     def env(self, user: str, **changes: str) -> dict[str, str]:
         """A process's environment as ``user`` (LOOPFUSE_* variables), with ``changes``."""
-        return {**os.environ, **self.security.client_env(user),
-                "LOOPFUSE_BOOTSTRAP_SERVERS": self.bootstrap, **changes}
+        return {
+            **os.environ,
+            **self.security.client_env(user),
+            "LOOPFUSE_BOOTSTRAP_SERVERS": self.bootstrap,
+            **changes,
+        }
 
     def client(self, user: str, replies: str | None = REPLIES, **options: Any) -> GatewayClient:
         return GatewayClient(
-            self.bootstrap, topics=Topics(replies=replies), timeout=20,
+            self.bootstrap,
+            topics=Topics(replies=replies),
+            timeout=20,
             **{**self.security.client_kwargs(user), **options},
         )
 
 
 def _settings(bootstrap: str, security: KafkaSecurity, tmp: Path) -> dict[str, str]:
     """The worker's settings: the default topic names and app id the ACLs name."""
-    variables = {key.removeprefix("LOOPFUSE_").lower(): value
-                 for key, value in security.client_env("worker").items()}
+    variables = {
+        key.removeprefix("LOOPFUSE_").lower(): value
+        for key, value in security.client_env("worker").items()
+    }
     return worker_settings(
-        bootstrap, "kafka", {}, "loopfuse", tmp / "data", replication_factor=3,
-        min_insync_replicas=2, **variables,
+        bootstrap,
+        "kafka",
+        {},
+        "loopfuse",
+        tmp / "data",
+        replication_factor=3,
+        min_insync_replicas=2,
+        **variables,
     )
 
 
@@ -101,16 +119,20 @@ async def _loop(client: GatewayClient, session_key: str, calls: int = 7) -> list
     for _ in range(calls):
         call_id = session.new_call_id()
         actions.append((await session.check("exec", args, call_id=call_id)).action)
-        await session.result("exec", args, call_id=call_id,
-                             result={"output": "error: still broken", "exit_code": 1})
+        await session.result(
+            "exec", args, call_id=call_id, result={"output": "error: still broken", "exit_code": 1}
+        )
     return actions
 
 
 async def _readable(secured: Secured, user: str, topic: str) -> bool:
     """Whether the broker lets ``user`` fetch ``topic``: it refuses either the metadata
     (no Describe: the topic is not even shown) or the fetch itself (no Read)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=secured.bootstrap, auto_offset_reset="earliest",
-                                **secured.security.client_kwargs(user))
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=secured.bootstrap,
+        auto_offset_reset="earliest",
+        **secured.security.client_kwargs(user),
+    )
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, 0)])
@@ -124,8 +146,14 @@ async def _readable(secured: Secured, user: str, topic: str) -> bool:
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "loopfuse.streams.cli", *args], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "loopfuse.streams.cli", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 async def test_each_role_works_with_exactly_its_acls(secured: Secured) -> None:
@@ -134,9 +162,21 @@ async def test_each_role_works_with_exactly_its_acls(secured: Secured) -> None:
     SASL_SSL, each as its own user with the script's ACLs."""
     session = f"secure-{uuid.uuid4().hex[:8]}"
     tail = subprocess.Popen(
-        [sys.executable, "-m", "loopfuse.streams.cli", "tail", "--session", session,
-         "--count", "1"], env=secured.env("auditor"), cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "loopfuse.streams.cli",
+            "tail",
+            "--session",
+            session,
+            "--count",
+            "1",
+        ],
+        env=secured.env("auditor"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     with Webhook() as hook:
         notify = Notify(secured.bootstrap, LOOP_EVENTS, hook, "loopfuse-notify")
@@ -144,8 +184,10 @@ async def test_each_role_works_with_exactly_its_acls(secured: Secured) -> None:
         try:
             await notify.start()
             await asyncio.sleep(3)  # tail has found the end of the loop events
-            async with secured.client("gateway") as a, \
-                    secured.client("gateway-b", replies=REPLIES_B) as b:
+            async with (
+                secured.client("gateway") as a,
+                secured.client("gateway-b", replies=REPLIES_B) as b,
+            ):
                 ours, theirs = await asyncio.gather(_loop(a, session), _loop(b, f"{session}-b"))
                 assert a.stats.timeouts == b.stats.timeouts == 0
                 assert a.stats.foreign_records == b.stats.foreign_records == 0
@@ -158,10 +200,14 @@ async def test_each_role_works_with_exactly_its_acls(secured: Secured) -> None:
     assert tail.returncode == 0, err
     (line,) = out.splitlines()
     assert f" {session} " in line and " BLOCK " in line
-    assert {post["loop_event"]["session_key"] for post in hook.received} <= {session, f"{session}-b"}
+    assert {post["loop_event"]["session_key"] for post in hook.received} <= {
+        session,
+        f"{session}-b",
+    }
 
-    audited = _cli("audit", "--bootstrap", secured.bootstrap, "--top", "50",
-                   env=secured.env("auditor"))
+    audited = _cli(
+        "audit", "--bootstrap", secured.bootstrap, "--top", "50", env=secured.env("auditor")
+    )
     assert audited.returncode == 0, audited.stderr
     assert session in audited.stdout
 
@@ -172,8 +218,9 @@ async def test_a_gateway_cannot_forge_a_verdict_nor_read_what_is_not_its_own(
     """The broker refuses the gateway user every write but events, and every read but its
     tenant's reply topic: a forged ``allow`` never reaches a reply partition."""
     forged = json.dumps({"type": "verdict", "action": "allow"}).encode()
-    producer = AIOKafkaProducer(bootstrap_servers=secured.bootstrap,
-                                **secured.security.client_kwargs("gateway"))
+    producer = AIOKafkaProducer(
+        bootstrap_servers=secured.bootstrap, **secured.security.client_kwargs("gateway")
+    )
     await producer.start()
     try:
         await producer.send_and_wait(CALLS, b"{}", key=b"s")  # its own job: allowed
@@ -188,8 +235,10 @@ async def test_a_gateway_cannot_forge_a_verdict_nor_read_what_is_not_its_own(
         assert not await _readable(secured, "gateway", topic), topic
 
     # Another tenant's reply topic: a start that says which ACL is missing
-    with pytest.raises(BrokerAccessError, match=re.escape(
-            "do not let user 'gateway' read reply topic 'loopfuse.replies.b'")):
+    with pytest.raises(
+        BrokerAccessError,
+        match=re.escape("do not let user 'gateway' read reply topic 'loopfuse.replies.b'"),
+    ):
         async with secured.client("gateway", replies=REPLIES_B):
             pass
     denied = _cli("tail", env=secured.env("gateway"))
@@ -202,8 +251,9 @@ async def test_a_gateway_cannot_forge_a_verdict_nor_read_what_is_not_its_own(
 
 
 async def test_an_auditor_reads_and_writes_nothing_else(secured: Secured) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=secured.bootstrap,
-                                **secured.security.client_kwargs("auditor"))
+    producer = AIOKafkaProducer(
+        bootstrap_servers=secured.bootstrap, **secured.security.client_kwargs("auditor")
+    )
     await producer.start()
     try:
         for topic in (CALLS, VERDICTS, LOOP_EVENTS):
@@ -218,8 +268,11 @@ async def test_an_auditor_reads_and_writes_nothing_else(secured: Secured) -> Non
 
 
 def test_a_worker_with_a_gateways_acls_says_which_role_it_lacks(secured: Secured) -> None:
-    settings = {**secured.worker_settings, "sasl_username": "gateway",
-                "sasl_password": secured.security.password("gateway")}
+    settings = {
+        **secured.worker_settings,
+        "sasl_username": "gateway",
+        "sasl_password": secured.security.password("gateway"),
+    }
     worker = WorkerProcess(settings, log_path=secured.tmp / "worker-as-gateway.log").start()
     try:
         assert worker.proc is not None
@@ -243,48 +296,88 @@ WRONG_PASSWORD = "hunter2-" + uuid.uuid4().hex  # must be named, never shown
 def other_ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA that did not sign the brokers' certificate."""
     folder = tmp_path_factory.mktemp("other-ca")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-                    "-keyout", str(folder / "key.pem"), "-out", str(folder / "ca.pem"),
-                    "-days", "2", "-subj", "/CN=not the loopfuse test CA"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(folder / "key.pem"),
+            "-out",
+            str(folder / "ca.pem"),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=not the loopfuse test CA",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return folder / "ca.pem"
 
 
 def test_a_wrong_password_or_an_untrusted_certificate_is_one_line_naming_the_setting(
-    secured: Secured, other_ca: Path,
+    secured: Secured,
+    other_ca: Path,
 ) -> None:
     """The worker and the operator commands: exit 2, one line naming the variable, never
     the password."""
     password = {"LOOPFUSE_SASL_PASSWORD": WRONG_PASSWORD}
-    refused = ("the broker refused the SASL credentials of user 'worker' "
-               "(LOOPFUSE_SASL_USERNAME / LOOPFUSE_SASL_PASSWORD)")
+    refused = (
+        "the broker refused the SASL credentials of user 'worker' "
+        "(LOOPFUSE_SASL_USERNAME / LOOPFUSE_SASL_PASSWORD)"
+    )
     untrusted = "presented a certificate that LOOPFUSE_SSL_CAFILE does not trust"
     cases = [
         (["worker"], password, f"loopfuse worker: {refused}"),
         (["tail"], password, f"loopfuse tail: {refused}"),
-        (["notify", "--metrics-port", "0", "--dead-letter-file", str(secured.tmp / "dead.jsonl")],
-         password, f"loopfuse notify: {refused}"),
-        (["audit", "--bootstrap", secured.bootstrap], password,
-         "loopfuse audit: cannot read loopfuse.loop-events: " + refused),
+        (
+            [
+                "notify",
+                "--metrics-port",
+                "0",
+                "--dead-letter-file",
+                str(secured.tmp / "dead.jsonl"),
+            ],
+            password,
+            f"loopfuse notify: {refused}",
+        ),
+        (
+            ["audit", "--bootstrap", secured.bootstrap],
+            password,
+            "loopfuse audit: cannot read loopfuse.loop-events: " + refused,
+        ),
         (["worker"], {"LOOPFUSE_SSL_CAFILE": str(other_ca)}, untrusted),
         (["tail"], {"LOOPFUSE_SSL_CAFILE": str(other_ca)}, untrusted),
     ]
     for args, changes, expected in cases:
         env = secured.env("worker", **changes, LOOPFUSE_NOTIFY_WEBHOOK_URL="http://127.0.0.1:9/x")
         if args[0] == "worker":
-            env.update({f"LOOPFUSE_{k.upper()}": v for k, v in secured.worker_settings.items()
-                        if f"LOOPFUSE_{k.upper()}" not in changes})
+            env.update(
+                {
+                    f"LOOPFUSE_{k.upper()}": v
+                    for k, v in secured.worker_settings.items()
+                    if f"LOOPFUSE_{k.upper()}" not in changes
+                }
+            )
         done = _cli(*args, env=env)
         # the worker's own log is Faust's; the operator commands print that line only
-        lines = [line for line in done.stderr.splitlines()
-                 if args[0] != "worker" or line.startswith("loopfuse worker:")]
+        lines = [
+            line
+            for line in done.stderr.splitlines()
+            if args[0] != "worker" or line.startswith("loopfuse worker:")
+        ]
         assert done.returncode == 2, (args, done.stderr[-2000:])
         assert len(lines) == 1 and expected in lines[0], (args, done.stderr[-2000:])
         assert WRONG_PASSWORD not in done.stdout + done.stderr
 
 
 async def test_the_gateway_client_names_its_argument_and_hides_the_password(
-    secured: Secured, other_ca: Path,
+    secured: Secured,
+    other_ca: Path,
 ) -> None:
     with pytest.raises(BrokerAccessError) as refused:
         async with secured.client("gateway", sasl_plain_password=WRONG_PASSWORD):
@@ -297,4 +390,3 @@ async def test_the_gateway_client_names_its_argument_and_hides_the_password(
     with pytest.raises(BrokerAccessError, match="a certificate that ssl_context does not trust"):
         async with secured.client("gateway", ssl_context=create_ssl_context(cafile=str(other_ca))):
             pass
-

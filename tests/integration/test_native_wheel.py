@@ -72,9 +72,20 @@ def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("no cargo here: the wheel cannot be built")
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out),
-         str(ROOT / "native")],
-        check=True, timeout=540, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT / "native"),
+        ],
+        check=True,
+        timeout=540,
+        cwd=ROOT,
     )
     (wheel,) = out.glob("loopfuse_native-*.whl")
     unpacked = out / "site"
@@ -100,7 +111,10 @@ def test_the_wheel_judges_as_the_checkout_s_build_beside_its_own_sources(
     package = _engine_copy(tmp_path / "installed", change=sources == "changed")
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(package), sources, str(wheel_dir)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     print(done.stdout.strip())

@@ -43,8 +43,19 @@ class Notify:
         if "--dead-letter-file" not in flags:  # never the default, in the repository
             flags = (*flags, "--dead-letter-file", os.path.join(tempfile.mkdtemp(), "dead.jsonl"))
         self.args = [
-            "--bootstrap", bootstrap, "--topic", topic, "--group", group, "--metrics-port", "0",
-            "--backoff", "0.05", "--rate", "0", *flags,
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--group",
+            group,
+            "--metrics-port",
+            "0",
+            "--backoff",
+            "0.05",
+            "--rate",
+            "0",
+            *flags,
         ]
         self.env = {**os.environ, "LOOPFUSE_NOTIFY_WEBHOOK_URL": hook.url}
         self.lines: list[str] = []
@@ -55,13 +66,22 @@ class Notify:
         """Start, and return once it has its partitions (from then on it reads)."""
         self.lines = []
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "loopfuse.streams.cli", "notify", *self.args,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+            sys.executable,
+            "-m",
+            "loopfuse.streams.cli",
+            "notify",
+            *self.args,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=ROOT,
             env=self.env,
         )
         self._reader = asyncio.create_task(self._read())
-        await until(lambda: any(line.startswith("notify: assigned") for line in self.lines), 60,
-                    lambda: f"notify never got its partitions: {self.lines}")
+        await until(
+            lambda: any(line.startswith("notify: assigned") for line in self.lines),
+            60,
+            lambda: f"notify never got its partitions: {self.lines}",
+        )
         return self
 
     async def _read(self) -> None:
@@ -109,7 +129,9 @@ async def test_notify_posts_critical_loop_events_from_the_topic(kafka_bootstrap:
             await produce(kafka_bootstrap, topic, [warning, b"\x00 not json", critical])
             metrics = b""
             for _ in range(300):  # until the webhook has it and the notifier has counted it
-                metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+                metrics = urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/metrics", timeout=5
+                ).read()
                 if hook.received and b"loopfuse_notify_sent_total 1.0" in metrics:
                     break
                 await asyncio.sleep(0.1)
@@ -140,8 +162,11 @@ async def test_a_killed_and_restarted_notify_posts_every_event(kafka_bootstrap: 
             await produce(kafka_bootstrap, topic, while_down)
             await notify.start()
             wanted = {e["event_id"] for e in before + while_down}
-            await until(lambda: set(hook.event_ids()) >= wanted, 60,
-                        lambda: f"missing {sorted(wanted - set(hook.event_ids()))[:10]}")
+            await until(
+                lambda: set(hook.event_ids()) >= wanted,
+                60,
+                lambda: f"missing {sorted(wanted - set(hook.event_ids()))[:10]}",
+            )
             await asyncio.sleep(1)
         finally:
             await notify.ensure_stopped()
@@ -214,8 +239,14 @@ async def test_an_outage_of_the_webhook_delivers_all_and_one_refused_event_block
         return 200
 
     with Webhook(answer=answer) as hook:
-        notify = Notify(kafka_bootstrap, topic, hook, _group(), "--dead-letter-file",
-                        str(tmp_path / "dead.jsonl"))
+        notify = Notify(
+            kafka_bootstrap,
+            topic,
+            hook,
+            _group(),
+            "--dead-letter-file",
+            str(tmp_path / "dead.jsonl"),
+        )
         try:
             await notify.start()
             await produce(kafka_bootstrap, topic, [poison])
@@ -241,7 +272,10 @@ async def test_an_outage_of_the_webhook_delivers_all_and_one_refused_event_block
 async def test_a_flood_of_one_loop_is_coalesced_without_args(kafka_bootstrap: str) -> None:
     topic = await new_topic(kafka_bootstrap)
     flood = critical_loop_events(
-        50, "flood", session_key="sim:flood", warning_key="run-0:unknown-tool:deploy",
+        50,
+        "flood",
+        session_key="sim:flood",
+        warning_key="run-0:unknown-tool:deploy",
         args={"command": "deploy", "api_key": "sk-live-SECRET"},
     )
 
@@ -270,6 +304,7 @@ async def test_a_refused_event_goes_to_the_dead_letter_file_once(
     topic, group = await new_topic(kafka_bootstrap), _group()
     refused, fine = critical_loop_events(2, "refused")
     dead = tmp_path / "dead.jsonl"
+
     def answer(post: dict[str, Any]) -> int:
         return 400 if post["loop_event"]["event_id"] == refused["event_id"] else 200
 

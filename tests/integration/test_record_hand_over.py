@@ -26,8 +26,11 @@ async def test_appended_records_land_where_aiokafka_s_send_puts_them(
 ) -> None:
     topic = unique("rel-hand-over")
     await create_topics(kafka_bootstrap, [topic], PARTITIONS)
-    settings = Settings(bootstrap_servers=kafka_bootstrap, data_dir=tmp_path,
-                        embedded_broker=kafka_broker_kind == "tansu")
+    settings = Settings(
+        bootstrap_servers=kafka_bootstrap,
+        data_dir=tmp_path,
+        embedded_broker=kafka_broker_kind == "tansu",
+    )
     app = create_app(settings)
     await app.producer.start()
     try:
@@ -55,8 +58,12 @@ async def test_appended_records_land_where_aiokafka_s_send_puts_them(
     finally:
         await app.producer.stop()
 
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await consumer.start()
     try:
         seen: dict[bytes, tuple[bytes, int, list[tuple[str, bytes]]]] = {}

@@ -29,12 +29,18 @@ def worker(
     """One worker with a reply topic of its own (8 partitions)."""
     roles = new_topics()
     replies = unique("rel-replies")
-    topics = Topics(roles["tool_calls"], roles["tool_results"], roles["compactions"],
-                    roles["verdicts"], replies)
+    topics = Topics(
+        roles["tool_calls"], roles["tool_results"], roles["compactions"], roles["verdicts"], replies
+    )
     tmp = tmp_path_factory.mktemp("replies")
     settings = worker_settings(
-        kafka_bootstrap, kafka_broker_kind, roles, unique("reply-test"), tmp / "data",
-        reply_topics=replies, reply_partitions=REPLY_PARTITIONS,
+        kafka_bootstrap,
+        kafka_broker_kind,
+        roles,
+        unique("reply-test"),
+        tmp / "data",
+        reply_topics=replies,
+        reply_partitions=REPLY_PARTITIONS,
     )
     process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
     try:
@@ -90,7 +96,8 @@ async def test_gateways_sharing_a_partition_skip_each_others_replies_unparsed(
         GatewayClient(kafka_bootstrap, topics=topics, timeout=60, reply_partition=2) as two,
     ):
         first, second = await asyncio.gather(
-            _calls(one, 4, 25, unique("one")), _calls(two, 4, 25, unique("two")))
+            _calls(one, 4, 25, unique("one")), _calls(two, 4, 25, unique("two"))
+        )
         await asyncio.sleep(1.0)
     for client, actions in ((one, first), (two, second)):
         assert actions == ["allow"] * 100 and client.stats.verdicts == 100
@@ -105,12 +112,14 @@ async def test_a_restarted_gateway_reads_its_new_partition_and_continues_its_ses
     _, topics, _ = worker
     key = unique("restart")
     args = {"command": "make test"}
-    async with GatewayClient(kafka_bootstrap, topics=topics, timeout=60,
-                             reply_partition=3) as before:
+    async with GatewayClient(
+        kafka_bootstrap, topics=topics, timeout=60, reply_partition=3
+    ) as before:
         session = before.session(key, run_id="run-1")
         first = [(await session.check("exec", args)).action for _ in range(2)]
-    async with GatewayClient(kafka_bootstrap, topics=topics, timeout=60,
-                             reply_partition=4) as after:
+    async with GatewayClient(
+        kafka_bootstrap, topics=topics, timeout=60, reply_partition=4
+    ) as after:
         session = after.session(key, run_id="run-1")
         # the new incarnation's first call waits for the input to move on, then comes
         # back on the new partition; history carried over: the fourth call warns (as

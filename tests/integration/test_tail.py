@@ -17,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def _start_tail(*args: str) -> asyncio.subprocess.Process:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loopfuse.streams.cli", "tail", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        sys.executable,
+        "-m",
+        "loopfuse.streams.cli",
+        "tail",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
     )
     assert process.stderr is not None
     line = await asyncio.wait_for(process.stderr.readline(), 60)
@@ -40,20 +46,27 @@ async def test_tail_follows_loop_events_from_the_end(kafka_bootstrap: str) -> No
     topic = await new_topic(kafka_bootstrap)
     events = fixture_records("loop_event")
     old, fresh = events[0], [e for e in events if e["action"] == "block"][:6]
-    await produce(kafka_bootstrap, topic, [{**old, "agent_id": "ops-bot"}])  # before tail: not shown
+    await produce(
+        kafka_bootstrap, topic, [{**old, "agent_id": "ops-bot"}]
+    )  # before tail: not shown
     wanted = {**fresh[0], "agent_id": "ops-bot", "message": "line one\nline two " + "x" * 300}
     other = {**fresh[1], "agent_id": "someone-else"}
     shadow = {**fresh[2], "agent_id": "ops-bot", "enforced": False}
 
-    process = await _start_tail("--bootstrap", kafka_bootstrap, "--topic", topic,
-                                "--agent", "ops-bot", "--count", "2")
+    process = await _start_tail(
+        "--bootstrap", kafka_bootstrap, "--topic", topic, "--agent", "ops-bot", "--count", "2"
+    )
     await produce(kafka_bootstrap, topic, [other, b"not json", wanted, shadow])
     lines, err = await _finish(process)
 
     assert len(lines) == 2
     first = lines[0].split()
     assert first[2:7] == [
-        wanted["session_key"], wanted["run_id"], "ops-bot", wanted["tool_name"], "BLOCK",
+        wanted["session_key"],
+        wanted["run_id"],
+        "ops-bot",
+        wanted["tool_name"],
+        "BLOCK",
     ]
     assert first[7] == wanted["detector"] and first[8] == f"count={wanted['count']}"
     assert "line one line two xxx" in lines[0] and lines[0].endswith("…")
@@ -69,13 +82,25 @@ async def test_tail_verdicts_by_session_and_detector(kafka_bootstrap: str) -> No
     target = warned[0]["session_key"]
     same_session = [v for v in verdicts if v["session_key"] == target]
 
-    process = await _start_tail("--bootstrap", kafka_bootstrap, "--topic", topic, "--verdicts",
-                                "--session", target, "--detector", warned[0]["detector"],
-                                "--count", "1")
+    process = await _start_tail(
+        "--bootstrap",
+        kafka_bootstrap,
+        "--topic",
+        topic,
+        "--verdicts",
+        "--session",
+        target,
+        "--detector",
+        warned[0]["detector"],
+        "--count",
+        "1",
+    )
     await produce(kafka_bootstrap, topic, [*same_session[:5], warned[1], warned[0]])
     lines, _ = await _finish(process)
 
-    expected = next(v for v in [*same_session[:5], warned[0]] if v["detector"] == warned[0]["detector"])
+    expected = next(
+        v for v in [*same_session[:5], warned[0]] if v["detector"] == warned[0]["detector"]
+    )
     assert len(lines) == 1
     assert f" {target} " in lines[0] and f" {expected['action'].upper()} " in lines[0]
     assert f"count={expected['count']}" in lines[0]
@@ -93,8 +118,9 @@ async def test_tail_prints_each_record_once_on_one_plain_line(kafka_bootstrap: s
     records = [as_json(e) for e in hostile for _ in range(2)] + [as_json(far), as_json(last)]
     expected = len(readable) + 2
 
-    process = await _start_tail("--bootstrap", kafka_bootstrap, "--topic", topic,
-                                "--count", str(expected))
+    process = await _start_tail(
+        "--bootstrap", kafka_bootstrap, "--topic", topic, "--count", str(expected)
+    )
     await _produce_raw(kafka_bootstrap, topic, records)
     out, err = await asyncio.wait_for(process.communicate(), 60)
 

@@ -23,7 +23,9 @@ BROKERS = ["kafka_bootstrap", "embedded_bootstrap"]
 
 
 @pytest.mark.parametrize("broker", BROKERS)
-async def test_tail_starts_at_the_end_after_a_batch(broker: str, request: pytest.FixtureRequest) -> None:
+async def test_tail_starts_at_the_end_after_a_batch(
+    broker: str, request: pytest.FixtureRequest
+) -> None:
     bootstrap = request.getfixturevalue(broker)
     topic = await new_topic(bootstrap, partitions=1)
     old, (new,) = critical_loop_events(100, "old"), critical_loop_events(1, "new")

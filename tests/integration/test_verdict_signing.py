@@ -64,11 +64,26 @@ def workers(
     for name, extra in (("signed", {"verdict_key": f"{KEY},{OLD_KEY}"}), ("plain", {})):
         roles = new_topics()
         replies = unique("rel-replies")
-        topics = Topics(roles["tool_calls"], roles["tool_results"], roles["compactions"],
-                        roles["verdicts"], replies)
-        settings = worker_settings(kafka_bootstrap, kafka_broker_kind, roles, unique(name),
-                                   tmp / name, reply_topics=replies, reply_partitions=4, **extra)
-        started.append(Worker(WorkerProcess(settings, log_path=tmp / f"{name}.log").start(), topics))
+        topics = Topics(
+            roles["tool_calls"],
+            roles["tool_results"],
+            roles["compactions"],
+            roles["verdicts"],
+            replies,
+        )
+        settings = worker_settings(
+            kafka_bootstrap,
+            kafka_broker_kind,
+            roles,
+            unique(name),
+            tmp / name,
+            reply_topics=replies,
+            reply_partitions=4,
+            **extra,
+        )
+        started.append(
+            Worker(WorkerProcess(settings, log_path=tmp / f"{name}.log").start(), topics)
+        )
     try:
         for worker in started:
             worker.process.wait_ready(120)
@@ -112,13 +127,27 @@ def _frozen(process: WorkerProcess) -> Iterator[None]:
 def _forged_allow(event: dict[str, Any]) -> bytes:
     """An allow for the call ``event``: everything a gateway checks is right (the call
     id, seq, incarnation and args hash are all predictable or on the input topic)."""
-    return orjson.dumps({
-        "type": "verdict", "verdict_id": "forged", "session_key": event["session_key"],
-        "run_id": event["run_id"], "agent_id": None, "call_id": event["call_id"],
-        "seq": event["seq"], "incarnation": event["incarnation"], "tool_name": "exec",
-        "action": "allow", "level": "none", "detector": None, "count": 0, "message": None,
-        "args_hash": args_hash(event["args"]), "event_ts": event["ts"], "decided_ts": event["ts"],
-    })
+    return orjson.dumps(
+        {
+            "type": "verdict",
+            "verdict_id": "forged",
+            "session_key": event["session_key"],
+            "run_id": event["run_id"],
+            "agent_id": None,
+            "call_id": event["call_id"],
+            "seq": event["seq"],
+            "incarnation": event["incarnation"],
+            "tool_name": "exec",
+            "action": "allow",
+            "level": "none",
+            "detector": None,
+            "count": 0,
+            "message": None,
+            "args_hash": args_hash(event["args"]),
+            "event_ts": event["ts"],
+            "decided_ts": event["ts"],
+        }
+    )
 
 
 async def _until(what: str, probe: Any, timeout: float = 20.0) -> None:
@@ -148,13 +177,20 @@ async def _forge_the_sixth_call(
             forged = _forged_allow(published[0])
             key = gateway.incarnation.encode()  # keyed as its replies are: not skipped
             for forgery in forgeries:
-                await producer.send_and_wait(worker.topics.replies, forged, key=key,
-                                             partition=gateway.reply_partition,
-                                             headers=forgery(key, forged))
+                await producer.send_and_wait(
+                    worker.topics.replies,
+                    forged,
+                    key=key,
+                    partition=gateway.reply_partition,
+                    headers=forgery(key, forged),
+                )
             # the gateway has read every forgery before the worker can answer
-            await _until("the forgeries read",
-                         lambda: gateway.stats.records_read >= read_before + len(forgeries)
-                         or checking.done())
+            await _until(
+                "the forgeries read",
+                lambda: (
+                    gateway.stats.records_read >= read_before + len(forgeries) or checking.done()
+                ),
+            )
         return (await asyncio.wait_for(checking, 60)).action
 
 
@@ -165,8 +201,9 @@ async def test_a_gateway_with_the_key_gets_every_verdict_of_a_signing_worker(
     v1 = dataclasses.replace(signed.topics, replies=None)
     async with (
         # the new key listed after the old: any listed key verifies (rotation)
-        GatewayClient(kafka_bootstrap, topics=signed.topics, timeout=60,
-                      verdict_key=f"{OLD_KEY},{KEY}") as routed,
+        GatewayClient(
+            kafka_bootstrap, topics=signed.topics, timeout=60, verdict_key=f"{OLD_KEY},{KEY}"
+        ) as routed,
         GatewayClient(kafka_bootstrap, topics=v1, timeout=60, verdict_key=KEY) as old,
         GatewayClient(kafka_bootstrap, topics=signed.topics, timeout=60) as keyless,
     ):
@@ -186,8 +223,9 @@ async def test_a_forged_allow_is_dropped_and_counted_and_the_call_gets_the_worke
     kafka_bootstrap: str, workers: tuple[Worker, Worker]
 ) -> None:
     signed, _ = workers
-    async with GatewayClient(kafka_bootstrap, topics=signed.topics, timeout=60,
-                             verdict_key=KEY) as gateway:
+    async with GatewayClient(
+        kafka_bootstrap, topics=signed.topics, timeout=60, verdict_key=KEY
+    ) as gateway:
         forgeries = [UNSIGNED, WRONG_KEY, GARBAGE]
         action = await _forge_the_sixth_call(kafka_bootstrap, signed, gateway, forgeries)
     assert action == "block"
@@ -202,8 +240,9 @@ async def test_a_gateway_with_a_key_facing_a_worker_without_one_falls_to_its_fai
     kafka_bootstrap: str, workers: tuple[Worker, Worker]
 ) -> None:
     _, plain = workers
-    async with GatewayClient(kafka_bootstrap, topics=plain.topics, timeout=3.0,
-                             fail_policy="closed", verdict_key=KEY) as gateway:
+    async with GatewayClient(
+        kafka_bootstrap, topics=plain.topics, timeout=3.0, fail_policy="closed", verdict_key=KEY
+    ) as gateway:
         session = gateway.session(f"plain-{uuid.uuid4().hex}", run_id="run-1")
         verdicts = [await session.check("read", {"path": f"/f/{n}"}) for n in range(2)]
         await _until("both verdicts read", lambda: gateway.stats.unsigned_verdicts >= 2)

@@ -66,9 +66,7 @@ class Worker(WorkerProcess):
 
 
 @pytest.fixture
-def worker_factory(
-    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path
-) -> Iterator[Any]:
+def worker_factory(kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path) -> Iterator[Any]:
     workers: list[Worker] = []
 
     def make(**overrides: Any) -> Worker:
@@ -93,11 +91,24 @@ def healthy_session(key: str, n: int) -> list[dict[str, Any]]:
     """An agent reading different files and getting different content: no loop."""
     events: list[dict[str, Any]] = []
     for i in range(n):
-        common = {"session_key": key, "run_id": "run-1", "call_id": f"h{i}", "tool_name": "read",
-                  "args": {"path": f"/src/file{i}.py"}, "ts": 1_780_000_000_000 + i}
+        common = {
+            "session_key": key,
+            "run_id": "run-1",
+            "call_id": f"h{i}",
+            "tool_name": "read",
+            "args": {"path": f"/src/file{i}.py"},
+            "ts": 1_780_000_000_000 + i,
+        }
         events.append({**common, "type": "tool_call", "event_id": f"{key}-c{i}", "seq": 2 * i})
-        events.append({**common, "type": "tool_result", "event_id": f"{key}-r{i}",
-                       "seq": 2 * i + 1, "result": {"content": f"line {i}"}})
+        events.append(
+            {
+                **common,
+                "type": "tool_result",
+                "event_id": f"{key}-r{i}",
+                "seq": 2 * i + 1,
+                "result": {"content": f"line {i}"},
+            }
+        )
     return events
 
 
@@ -127,9 +138,18 @@ async def test_verdicts_loop_events_and_dead_letters(
         (t["tool_calls"], b"bad", orjson.dumps({"type": "tool_dance", "event_id": "x"})),
         (t["tool_calls"], None, orjson.dumps(looping[0] | {"event_id": "unkeyed"})),
     ]
-    after = {"type": "tool_call", "event_id": "after-garbage", "session_key": "bad",
-             "call_id": "c1", "tool_name": "exec", "args": {"cmd": "ls"}, "ts": 1}
-    async with Collector(kafka_bootstrap, [t["verdicts"], t["loop_events"], t["dead_letters"]]) as out:
+    after = {
+        "type": "tool_call",
+        "event_id": "after-garbage",
+        "session_key": "bad",
+        "call_id": "c1",
+        "tool_name": "exec",
+        "args": {"cmd": "ls"},
+        "ts": 1,
+    }
+    async with Collector(
+        kafka_bootstrap, [t["verdicts"], t["loop_events"], t["dead_letters"]]
+    ) as out:
         await produce(kafka_bootstrap, encode(worker.topics, looping) + healthy_msgs + garbage)
         await produce(kafka_bootstrap, [(t["tool_calls"], b"bad", orjson.dumps(after))])
         want = len(expected_verdicts(looping)) + len(expected_verdicts(healthy)) + 1
@@ -145,13 +165,20 @@ async def test_verdicts_loop_events_and_dead_letters(
     assert by_session["agent:ops:main"] == expected_verdicts(looping)
     block = by_session["agent:ops:main"][-1]
     assert (block["action"], block["detector"], block["count"], block["message"]) == (
-        "block", "known_poll_no_progress", 5, POLL_MESSAGE)
+        "block",
+        "known_poll_no_progress",
+        5,
+        POLL_MESSAGE,
+    )
     assert [v["action"] for v in by_session["agent:docs:main"]] == ["allow"] * 4
     assert [v["call_id"] for v in by_session["bad"]] == ["c1"]  # judged after the garbage
 
     (loop_event,) = out.of(t["loop_events"])
     assert (loop_event["detector"], loop_event["action"], loop_event["message"]) == (
-        "known_poll_no_progress", "block", POLL_MESSAGE)
+        "known_poll_no_progress",
+        "block",
+        POLL_MESSAGE,
+    )
     letters = sorted(out.of(t["dead_letters"]), key=lambda d: (d["source_topic"], d["offset"]))
     codes = {(d["source_topic"], d["error_code"]) for d in letters}
     assert codes == {
@@ -162,14 +189,17 @@ async def test_verdicts_loop_events_and_dead_letters(
         (t["tool_calls"], "invalid_event"),
     }
     assert len(letters) == len(garbage)
-    assert all(d["reason"] and d["partition"] is not None and d["offset"] is not None
-               for d in letters)
+    assert all(
+        d["reason"] and d["partition"] is not None and d["offset"] is not None for d in letters
+    )
     (bad_json,) = [d for d in letters if d["error_code"] == "invalid_json"]
     assert bad_json["original"] == "{not json"
     (unkeyed,) = [d for d in letters if d["original"] and "unkeyed" in d["original"]]
     assert "message key null is not the event's session key" in unkeyed["reason"]
 
-    assert 'loopfuse_verdicts_total{action="block",detector="known_poll_no_progress"} 1.0' in metrics
+    assert (
+        'loopfuse_verdicts_total{action="block",detector="known_poll_no_progress"} 1.0' in metrics
+    )
     assert 'loopfuse_dead_letters_total{reason="invalid_json"} 1.0' in metrics
     assert "agent:ops:main" not in metrics  # no session ids as labels
     assert f'loopfuse_consumer_lag{{partition="0",topic="{t["tool_calls"]}"}} 0.0' in metrics
@@ -190,8 +220,10 @@ async def test_restart_after_sigkill_gives_the_verdicts_of_an_uninterrupted_run(
 ) -> None:
     worker = worker_factory(commit_interval=0.5)
     sessions = [
-        [e | {"session_key": f"loop-{n}", "event_id": f"{n}-{e['event_id']}"}
-         for e in lines("polling_loop.jsonl")]
+        [
+            e | {"session_key": f"loop-{n}", "event_id": f"{n}-{e['event_id']}"}
+            for e in lines("polling_loop.jsonl")
+        ]
         for n in range(6)
     ]
     # Interleave the sessions, then cut the stream in three: before the crash,
@@ -243,8 +275,10 @@ async def test_a_restart_onto_a_written_changelog_restores_every_session(
     probes: list[dict[str, Any]] = []
     for n in range(300):
         key = f"restored-{n}"
-        events = [e | {"session_key": key, "event_id": f"{n}-{e['event_id']}"}
-                  for e in lines("polling_loop.jsonl")]
+        events = [
+            e | {"session_key": key, "event_id": f"{n}-{e['event_id']}"}
+            for e in lines("polling_loop.jsonl")
+        ]
         calls = [i for i, e in enumerate(events) if e["type"] == "tool_call"]
         cut = calls[3 + n % (len(calls) - 3)]  # 3 or more calls of history
         history[key], probes = events[:cut], [*probes, events[cut]]
@@ -255,8 +289,13 @@ async def test_a_restart_onto_a_written_changelog_restores_every_session(
             parsed = validate_event(event)
             state, _ = engine.step(state, parsed, parsed.ts)
         assert state is not None
-        changelog.append((f"{worker.env['LOOPFUSE_APP_ID']}-sessions-changelog",
-                          key.encode(), state_codec.encode(state)))
+        changelog.append(
+            (
+                f"{worker.env['LOOPFUSE_APP_ID']}-sessions-changelog",
+                key.encode(),
+                state_codec.encode(state),
+            )
+        )
 
     worker.start()
     worker.wait_ready()  # creates the changelog topic
@@ -288,8 +327,11 @@ async def test_a_rocksdb_worker_keeps_the_offset_of_each_partition_s_last_change
 
     worker = worker_factory(store="rocksdb://")
     t = worker.topics
-    events = [e | {"session_key": f"kept-{n}", "event_id": f"{n}-{e['event_id']}"}
-              for n in range(12) for e in lines("polling_loop.jsonl")]
+    events = [
+        e | {"session_key": f"kept-{n}", "event_id": f"{n}-{e['event_id']}"}
+        for n in range(12)
+        for e in lines("polling_loop.jsonl")
+    ]
     calls = sum(1 for e in events if e["type"] == "tool_call")
     worker.start()
     worker.wait_ready()
@@ -305,8 +347,7 @@ async def test_a_rocksdb_worker_keeps_the_offset_of_each_partition_s_last_change
     assert len(written) > 1  # the sessions spread over partitions
     kept: dict[int, int] = {}
     for path in (tmp_path / "data").rglob("sessions-*.db"):
-        db = Rdict(str(path), options=Options(raw_mode=True),
-                   access_type=AccessType.read_only())
+        db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
         try:
             offset = db.get(b"__faust\0offset__")
         finally:
@@ -331,8 +372,10 @@ async def test_a_backlog_writes_each_session_s_state_per_checkpoint_and_a_restar
     probes: list[dict[str, Any]] = []
     for n in range(100):
         key = f"backlog-{n}"
-        events = [e | {"session_key": key, "event_id": f"{n}-{e['event_id']}"}
-                  for e in lines("polling_loop.jsonl")]
+        events = [
+            e | {"session_key": key, "event_id": f"{n}-{e['event_id']}"}
+            for e in lines("polling_loop.jsonl")
+        ]
         calls = [i for i, e in enumerate(events) if e["type"] == "tool_call"]
         cut = calls[3 + n % (len(calls) - 3)]  # 3 or more calls of history
         history[key], probes = events[:cut], [*probes, events[cut]]
@@ -411,12 +454,21 @@ async def test_a_seq_gap_is_given_up_once_later_events_span_the_gap_timeout(
     worker.wait_ready()
     t = worker.topics
     # seq 0 is lost on the way; seq 1 and 2 wait for it until they span 1 s of event time.
-    call = {"type": "tool_call", "session_key": "gappy", "tool_name": "read", "args": {"path": "/a"}}
-    waiting = [call | {"event_id": "gap-1", "seq": 1, "call_id": "c1", "ts": 1_000},
-               call | {"event_id": "gap-2", "seq": 2, "call_id": "c2", "ts": 2_000}]
+    call = {
+        "type": "tool_call",
+        "session_key": "gappy",
+        "tool_name": "read",
+        "args": {"path": "/a"},
+    }
+    waiting = [
+        call | {"event_id": "gap-1", "seq": 1, "call_id": "c1", "ts": 1_000},
+        call | {"event_id": "gap-2", "seq": 2, "call_id": "c2", "ts": 2_000},
+    ]
     lost = call | {"event_id": "gap-0", "seq": 0, "call_id": "c0", "ts": 500}
     async with Collector(kafka_bootstrap, [t["verdicts"], t["loop_events"]]) as out:
-        await produce(kafka_bootstrap, [(t["tool_calls"], b"gappy", orjson.dumps(e)) for e in waiting])
+        await produce(
+            kafka_bootstrap, [(t["tool_calls"], b"gappy", orjson.dumps(e)) for e in waiting]
+        )
         await out.wait_for("the parked calls' verdicts", lambda: len(out.of(t["verdicts"])) >= 2)
         await out.wait_for("a sequence_gap loop event", lambda: out.of(t["loop_events"]))
         await produce(kafka_bootstrap, [(t["tool_calls"], b"gappy", orjson.dumps(lost))])

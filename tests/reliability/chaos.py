@@ -154,8 +154,13 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
         raise SystemExit("--broker-kills needs a cluster: --nodes 3")
     replicated = {"replication_factor": 3, "min_insync_replicas": 2} if cluster else {}
     settings = worker_settings(
-        bootstrap, kind, topics, unique("loopfuse-chaos"), workdir / "data",
-        config_file=opts.config, **replicated,
+        bootstrap,
+        kind,
+        topics,
+        unique("loopfuse-chaos"),
+        workdir / "data",
+        config_file=opts.config,
+        **replicated,
     )
     log_paths = [
         workdir / ("worker.log" if n == 0 else f"worker-{n + 1}.log") for n in range(opts.workers)
@@ -189,7 +194,10 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
             t0 = time.monotonic()
             producer = asyncio.create_task(
                 produce_paced(
-                    bootstrap, messages, rate, progress=lambda n: produced.__setitem__(0, n),
+                    bootstrap,
+                    messages,
+                    rate,
+                    progress=lambda n: produced.__setitem__(0, n),
                     acks_all=cluster is not None,
                 )
             )
@@ -201,8 +209,7 @@ async def _run(opts: ChaosOptions, bootstrap: str, kind: str, workdir: Path) -> 
             # and broker kills in one timeline.
             faults = sorted(
                 [(rng.uniform(0.05, 0.9) * duration, "worker") for _ in range(opts.kills)]
-                + [(rng.uniform(0.05, 0.9) * duration, "broker")
-                   for _ in range(opts.broker_kills)]
+                + [(rng.uniform(0.05, 0.9) * duration, "broker") for _ in range(opts.broker_kills)]
                 + ([(0.15 * duration, "rolling")] if opts.rolling_restart else [])
             )
             i = 0
@@ -376,21 +383,35 @@ async def create_led_topics(bootstrap: str, settings: dict[str, str], lead: int)
     parts = int(settings.get("partitions", "4"))
     others = [n for n in (1, 2, 3) if n != lead]
     changelog = f"{settings['app_id']}-sessions-changelog"
-    names = [settings[f"topic_{t}"] for t in
-             ("tool_calls", "tool_results", "compactions", "verdicts", "loop_events",
-              "dead_letters")] + [changelog]
+    names = [
+        settings[f"topic_{t}"]
+        for t in (
+            "tool_calls",
+            "tool_results",
+            "compactions",
+            "verdicts",
+            "loop_events",
+            "dead_letters",
+        )
+    ] + [changelog]
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
     await admin.start()
     try:
-        await admin.create_topics([
-            NewTopic(
-                name, -1, -1,
-                replica_assignments={p: [lead, *others] for p in range(parts)},
-                topic_configs={"min.insync.replicas": "2",
-                               **({"cleanup.policy": "compact"} if name == changelog else {})},
-            )
-            for name in names
-        ])
+        await admin.create_topics(
+            [
+                NewTopic(
+                    name,
+                    -1,
+                    -1,
+                    replica_assignments={p: [lead, *others] for p in range(parts)},
+                    topic_configs={
+                        "min.insync.replicas": "2",
+                        **({"cleanup.policy": "compact"} if name == changelog else {}),
+                    },
+                )
+                for name in names
+            ]
+        )
     finally:
         await admin.close()
 
@@ -427,7 +448,8 @@ async def kill_partition_leader(
     node = cluster.node_at(leaders[partition])
     changelog = f"{settings['app_id']}-sessions-changelog"
     also = [
-        name for name in (changelog, settings["topic_verdicts"])
+        name
+        for name in (changelog, settings["topic_verdicts"])
         if (await partition_leaders(bootstrap, name)).get(partition) == node.node_id
     ]
     node.kill()
@@ -544,11 +566,15 @@ def main(argv: list[str] | None = None) -> int:
         "--nodes", type=int, default=1, help="3: a three-node Apache Kafka cluster (--broker kafka)"
     )
     parser.add_argument(
-        "--broker-kills", type=int, default=0,
+        "--broker-kills",
+        type=int,
+        default=0,
         help="kill -9 of a partition leader, then its restart, N times (needs --nodes 3)",
     )
     parser.add_argument(
-        "--config", type=Path, default=CONFIG,
+        "--config",
+        type=Path,
+        default=CONFIG,
         help="the detection config (default tests/fixtures/worker.json5; "
         "tests/fixtures/chaos_rules.json5 has every opt-in rule)",
     )

@@ -160,7 +160,8 @@ class Outage:
 
 @pytest.fixture(scope="module", params=["kept", "empty"])
 async def outage(
-    request: pytest.FixtureRequest, kafka_broker_kind: str,
+    request: pytest.FixtureRequest,
+    kafka_broker_kind: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Outage:
     """Run an outage scenario once; the tests below assert on its figures."""
@@ -173,7 +174,11 @@ async def outage(
     topics = new_topics()
     app_id = unique("loopfuse-outage")
     settings = worker_settings(
-        broker.bootstrap, kind_of(broker), topics, app_id, tmp_path / "data",
+        broker.bootstrap,
+        kind_of(broker),
+        topics,
+        app_id,
+        tmp_path / "data",
         partitions=PARTITIONS,
     )
     events = generate(600, 12, seed=8, prefix=unique("out") + "-")

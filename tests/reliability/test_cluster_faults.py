@@ -100,8 +100,12 @@ def _assert_nothing_lost(result: ChaosResult) -> None:
 async def test_topics_are_replicated_and_producers_wait_for_the_in_sync_replicas(
     whole: KafkaCluster,
 ) -> None:
-    settings = Settings(bootstrap_servers=whole.bootstrap, app_id=unique("lf-rf"),
-                        **{f"topic_{k}": v for k, v in new_topics().items()}, **REPLICATED)
+    settings = Settings(
+        bootstrap_servers=whole.bootstrap,
+        app_id=unique("lf-rf"),
+        **{f"topic_{k}": v for k, v in new_topics().items()},
+        **REPLICATED,
+    )
     await ensure_topics(settings)
     admin = AIOKafkaAdminClient(bootstrap_servers=whole.bootstrap)
     await admin.start()
@@ -125,12 +129,18 @@ async def test_topics_are_replicated_and_producers_wait_for_the_in_sync_replicas
     # resources: (error code, message, type, topic, [(name, value, ...), ...])
     min_isr = {
         resource[3]: entry[1]
-        for response in configs for resource in response.resources
-        for entry in resource[4] if entry[0] == "min.insync.replicas"
+        for response in configs
+        for resource in response.resources
+        for entry in resource[4]
+        if entry[0] == "min.insync.replicas"
     }
     assert min_isr == dict.fromkeys(names, "2"), configs
-    gateway_topics = Topics(settings.topic_tool_calls, settings.topic_tool_results,
-                            settings.topic_compactions, settings.topic_verdicts)
+    gateway_topics = Topics(
+        settings.topic_tool_calls,
+        settings.topic_tool_results,
+        settings.topic_compactions,
+        settings.topic_verdicts,
+    )
     async with GatewayClient(whole.bootstrap, topics=gateway_topics) as gateway:
         producer = gateway._producer
         assert producer is not None
@@ -143,10 +153,18 @@ async def test_kill_9_of_the_leader_of_every_judged_partition_loses_no_verdict(
 ) -> None:
     """Node 1 leads every partition of the inputs, the changelog and the verdicts; it is
     killed mid-stream and started again."""
-    result = await run_chaos(ChaosOptions(
-        kills=0, broker_kills=1, events=2_000, sessions=50, cluster=whole, lead_node=1,
-        workdir=tmp_path, deadline=180.0,
-    ))
+    result = await run_chaos(
+        ChaosOptions(
+            kills=0,
+            broker_kills=1,
+            events=2_000,
+            sessions=50,
+            cluster=whole,
+            lead_node=1,
+            workdir=tmp_path,
+            deadline=180.0,
+        )
+    )
     _report("leader kill", result)
     assert result.broker_kills == 1
     _assert_nothing_lost(result)
@@ -156,10 +174,18 @@ async def test_kill_9_of_the_leader_of_every_judged_partition_loses_no_verdict(
 async def test_a_rolling_restart_of_all_three_nodes_under_load_loses_no_verdict(
     whole: KafkaCluster, tmp_path: Path
 ) -> None:
-    result = await run_chaos(ChaosOptions(
-        kills=0, rolling_restart=True, events=4_000, sessions=60, rate=50.0, cluster=whole,
-        workdir=tmp_path, deadline=180.0,
-    ))
+    result = await run_chaos(
+        ChaosOptions(
+            kills=0,
+            rolling_restart=True,
+            events=4_000,
+            sessions=60,
+            rate=50.0,
+            cluster=whole,
+            workdir=tmp_path,
+            deadline=180.0,
+        )
+    )
     _report("rolling restart", result)
     assert len(result.broker_restart_seconds) == 3  # each node stopped and started once
     _assert_nothing_lost(result)
@@ -167,10 +193,17 @@ async def test_a_rolling_restart_of_all_three_nodes_under_load_loses_no_verdict(
 
 @full
 async def test_chaos_worker_and_leader_kills_together(whole: KafkaCluster, tmp_path: Path) -> None:
-    result = await run_chaos(ChaosOptions(
-        kills=2, broker_kills=2, events=3_000, sessions=60, cluster=whole, workdir=tmp_path,
-        deadline=180.0,
-    ))
+    result = await run_chaos(
+        ChaosOptions(
+            kills=2,
+            broker_kills=2,
+            events=3_000,
+            sessions=60,
+            cluster=whole,
+            workdir=tmp_path,
+            deadline=180.0,
+        )
+    )
     _report("chaos on the cluster", result)
     assert result.kills == 2 and result.broker_kills == 2
     _assert_nothing_lost(result)
@@ -192,8 +225,9 @@ async def test_a_worker_restarted_while_a_node_is_down_restores_every_session(
     events = generate(2_000, 40, seed=11, prefix=unique("restore") + "-")
     expected = expected_verdicts(events)
     topics = new_topics()
-    settings = worker_settings(whole.bootstrap, "kafka", topics, unique("lf-restore"),
-                               tmp_path / "data", **REPLICATED)
+    settings = worker_settings(
+        whole.bootstrap, "kafka", topics, unique("lf-restore"), tmp_path / "data", **REPLICATED
+    )
     messages = encode(topics, events)
     half = len(messages) // 2
     worker = WorkerProcess(settings, log_path=tmp_path / "worker.log").start()
@@ -207,8 +241,9 @@ async def test_a_worker_restarted_while_a_node_is_down_restores_every_session(
             worker.kill()
             worker.stop()
             began = time.monotonic()
-            worker = WorkerProcess(settings, log_path=tmp_path / "worker-2.log",
-                                   web_port=worker.web_port).start()
+            worker = WorkerProcess(
+                settings, log_path=tmp_path / "worker-2.log", web_port=worker.web_port
+            ).start()
             await asyncio.to_thread(worker.wait_ready, 180)
             ready_after = time.monotonic() - began
             await produce(whole.bootstrap, messages[half:])
@@ -219,8 +254,10 @@ async def test_a_worker_restarted_while_a_node_is_down_restores_every_session(
             comparison = compare(expected, out.of(topics["verdicts"]))
     finally:
         worker.stop()
-    print(f"restore with node {down.node_id} down: {comparison.line('restore')}; "
-          f"restarted worker ready after {ready_after:.1f} s")
+    print(
+        f"restore with node {down.node_id} down: {comparison.line('restore')}; "
+        f"restarted worker ready after {ready_after:.1f} s"
+    )
     assert comparison.missing == 0 and comparison.wrong == 0, "\n".join(comparison.examples)
 
 
@@ -235,19 +272,24 @@ async def test_quorum_loss_makes_the_worker_unready_not_dead_and_loses_nothing(
     events = generate(1_500, 30, seed=13, prefix=unique("quorum") + "-")
     expected = expected_verdicts(events)
     topics = new_topics()
-    settings = worker_settings(whole.bootstrap, "kafka", topics, unique("lf-quorum"),
-                               tmp_path / "data", **REPLICATED)
+    settings = worker_settings(
+        whole.bootstrap, "kafka", topics, unique("lf-quorum"), tmp_path / "data", **REPLICATED
+    )
     messages = encode(topics, events)
     half = len(messages) // 2
     worker = WorkerProcess(settings, log_path=tmp_path / "worker.log").start()
     try:
         await asyncio.to_thread(worker.wait_ready, 120)
-        gateway_topics = Topics(topics["tool_calls"], topics["tool_results"],
-                                topics["compactions"], topics["verdicts"])
+        gateway_topics = Topics(
+            topics["tool_calls"], topics["tool_results"], topics["compactions"], topics["verdicts"]
+        )
         gateway_session = unique("quorum-gateway")
-        async with Collector(whole.bootstrap, [topics["verdicts"]]) as out, GatewayClient(
-            whole.bootstrap, topics=gateway_topics, timeout=2.0, fail_policy="closed"
-        ) as gateway:
+        async with (
+            Collector(whole.bootstrap, [topics["verdicts"]]) as out,
+            GatewayClient(
+                whole.bootstrap, topics=gateway_topics, timeout=2.0, fail_policy="closed"
+            ) as gateway,
+        ):
             await produce(whole.bootstrap, messages[:half])
             await settle(out, whole.bootstrap, settings)
             for node in whole.nodes[:2]:
@@ -270,8 +312,10 @@ async def test_quorum_loss_makes_the_worker_unready_not_dead_and_loses_nothing(
             while time.monotonic() - began < 45:
                 live.add(http_get(worker.web_port, "/livez", timeout=5)[0])
                 await asyncio.sleep(1.0)
-            print(f"quorum loss: /ready 503 after {unready_after:.1f} s ({body}); a gateway "
-                  f"call decided {decision.action!r} by its fail policy after {answered:.1f} s")
+            print(
+                f"quorum loss: /ready 503 after {unready_after:.1f} s ({body}); a gateway "
+                f"call decided {decision.action!r} by its fail policy after {answered:.1f} s"
+            )
             assert live == {200}, live
             assert gateway.stats.timeouts == 1 and decision.action == "block"
             await asyncio.to_thread(whole.start)
@@ -285,8 +329,9 @@ async def test_quorum_loss_makes_the_worker_unready_not_dead_and_loses_nothing(
             await settle(out, whole.bootstrap, settings)
             # the gateway's call of the outage is judged once the quorum is back: not
             # part of the uninterrupted run
-            delivered = [v for v in out.of(topics["verdicts"])
-                         if v["session_key"] != gateway_session]
+            delivered = [
+                v for v in out.of(topics["verdicts"]) if v["session_key"] != gateway_session
+            ]
             comparison = compare(expected, delivered)
     finally:
         worker.stop()
@@ -297,7 +342,10 @@ async def test_quorum_loss_makes_the_worker_unready_not_dead_and_loses_nothing(
 def test_loopfuse_broker_kafka_nodes_3_prints_three_addresses_and_stops_them_all() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "loopfuse.streams.cli", "broker", "--kafka", "--nodes", "3"],
-        cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         line = first_stdout_line(proc, 180).strip()
@@ -324,6 +372,10 @@ def test_loopfuse_broker_kafka_nodes_3_prints_three_addresses_and_stops_them_all
 def test_loopfuse_broker_nodes_needs_kafka() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "loopfuse.streams.cli", "broker", "--nodes", "3"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 2 and "--nodes needs --kafka" in done.stderr

@@ -32,8 +32,12 @@ async def test_a_breaker_is_not_tripped_again_when_its_counting_worker_dies(
 ) -> None:
     topics = fleet.fleet_topics()
     settings = worker_settings(
-        kafka_bootstrap, kafka_broker_kind, topics, unique("loopfuse-handover"),
-        tmp_path / "data", partitions=PARTITIONS,
+        kafka_bootstrap,
+        kafka_broker_kind,
+        topics,
+        unique("loopfuse-handover"),
+        tmp_path / "data",
+        partitions=PARTITIONS,
         config_file=fleet.config(tmp_path / "fleet.json", TRIP_AT),
     )
     now = int(time.time() * 1000)
@@ -47,8 +51,7 @@ async def test_a_breaker_is_not_tripped_again_when_its_counting_worker_dies(
     try:
         await start_pair(a, b, topics["tool_calls"], PARTITIONS)
         exec_partition = fleet.partition("exec", PARTITIONS)
-        owner, survivor = (a, b) if exec_partition in (await owned(a, strikes)
-                                                       or set()) else (b, a)
+        owner, survivor = (a, b) if exec_partition in (await owned(a, strikes) or set()) else (b, a)
         assert exec_partition in (await owned(owner, strikes) or set())
         async with Collector(kafka_bootstrap, [topics["verdicts"], topics["loop_events"]]) as out:
             await produce(kafka_bootstrap, encode(topics, before))

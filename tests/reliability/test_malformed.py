@@ -384,7 +384,15 @@ def test_the_same_corpus_through_replay(tmp_path: Path) -> None:
     bad_lines = {n for n, (is_bad, _) in enumerate(lines, start=1) if is_bad}
 
     proc = subprocess.run(
-        [sys.executable, "-m", "loopfuse.streams.cli", "replay", "--config", str(CONFIG), str(path)],
+        [
+            sys.executable,
+            "-m",
+            "loopfuse.streams.cli",
+            "replay",
+            "--config",
+            str(CONFIG),
+            str(path),
+        ],
         cwd=ROOT,
         capture_output=True,
         timeout=600,

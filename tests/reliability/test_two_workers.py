@@ -72,12 +72,15 @@ async def test_two_workers_split_partitions_and_one_takes_over_after_sigkill(
             # it once both workers have judged the next 500 events (A its share of them),
             # with ~1,500 still to come.
             producer = asyncio.create_task(produce_paced(kafka_bootstrap, rest, rate=150))
-            judged_before_kill = {(v["session_key"], v["seq"])
-                                  for v in expected_verdicts(events[:1_500])}
+            judged_before_kill = {
+                (v["session_key"], v["seq"]) for v in expected_verdicts(events[:1_500])
+            }
             await out.wait_for(
                 "verdicts of the next 500 events",
-                lambda: judged_before_kill
-                <= {(v["session_key"], v["seq"]) for v in out.of(topics["verdicts"])},
+                lambda: (
+                    judged_before_kill
+                    <= {(v["session_key"], v["seq"]) for v in out.of(topics["verdicts"])}
+                ),
                 60,
             )
             assert not producer.done(), "the rest was all produced before the kill"

@@ -100,9 +100,7 @@ def choose(value: str | None = None) -> BrokerChoice:
     if ":" in raw:
         return BrokerChoice("external", bootstrap=raw)
     if choice:
-        raise SystemExit(
-            f"unknown broker {raw!r}: kafka, embedded, docker or HOST:PORT"
-        )
+        raise SystemExit(f"unknown broker {raw!r}: kafka, embedded, docker or HOST:PORT")
     reason = kafka_unavailable_reason()
     if reason is None:
         return BrokerChoice("kafka")
@@ -130,9 +128,7 @@ def describe(choice: BrokerChoice) -> str:
 
 
 @contextmanager
-def started(
-    choice: BrokerChoice, workdir: Path, **kafka_options: Any
-) -> Iterator[StartedBroker]:
+def started(choice: BrokerChoice, workdir: Path, **kafka_options: Any) -> Iterator[StartedBroker]:
     """Start the chosen broker (logs in ``workdir``) and stop it afterwards."""
     workdir.mkdir(parents=True, exist_ok=True)
     with _using(_kind_of(choice)), _started(choice, workdir, **kafka_options) as broker:
@@ -155,12 +151,12 @@ def _using(kind: str) -> Iterator[None]:
 
 
 @contextmanager
-def _started(
-    choice: BrokerChoice, workdir: Path, **kafka_options: Any
-) -> Iterator[StartedBroker]:
+def _started(choice: BrokerChoice, workdir: Path, **kafka_options: Any) -> Iterator[StartedBroker]:
     if choice.kind == "external":
         assert choice.bootstrap is not None
-        yield StartedBroker(choice.bootstrap, _kind_of(choice), None, f"external {choice.bootstrap}")
+        yield StartedBroker(
+            choice.bootstrap, _kind_of(choice), None, f"external {choice.bootstrap}"
+        )
         return
     if choice.kind == "docker":
         from loopfuse.streams.local.kafka_broker import kafka_version
@@ -233,15 +229,14 @@ def restart_empty(broker: BrokerProcess) -> None:
     broker.start()
 
 
-def run_on(
-    value: str | None, run: Callable[[str, bool], Coroutine[Any, Any, _T]]
-) -> _T:
+def run_on(value: str | None, run: Callable[[str, bool], Coroutine[Any, Any, _T]]) -> _T:
     """``asyncio.run(run(bootstrap, embedded))`` on the broker ``value`` names
     (``--broker`` of the benchmarks: kafka, embedded, HOST:PORT), started for it and
     stopped after. The benchmarks run beside their baselines on whatever it is."""
     choice = choose(value)
     print(describe(choice), file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="loopfuse-bench-broker-") as workdir, started(
-        choice, Path(workdir)
-    ) as broker:
+    with (
+        tempfile.TemporaryDirectory(prefix="loopfuse-bench-broker-") as workdir,
+        started(choice, Path(workdir)) as broker,
+    ):
         return asyncio.run(run(broker.bootstrap, broker.kind == "tansu"))

@@ -120,8 +120,13 @@ async def chromium_page(width: int = 1280, height: int = 1600) -> AsyncIterator[
     profile = Path(tempfile.mkdtemp(prefix="loopfuse-chromium-"))
     log = open(profile / "chromium.log", "wb")  # noqa: SIM115 - closed in the finally below
     process = subprocess.Popen(
-        [binary, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
-         "about:blank"],
+        [
+            binary,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+            "about:blank",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=log,
     )

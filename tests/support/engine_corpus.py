@@ -91,34 +91,51 @@ def corpora() -> list[tuple[str, DetectionConfigFile, list[bytes]]]:
 _GENERATED_CONFIGS: dict[str, dict[str, Any]] = {
     "not set": {},
     "enabled": {"tools": {"loopDetection": {"enabled": True}}},
-    "tight": {"tools": {"loopDetection": {
-        "enabled": True, "historySize": 12, "warningThreshold": 3, "criticalThreshold": 5,
-        "globalCircuitBreakerThreshold": 7, "unknownToolThreshold": 3,
-        "postCompactionGuard": {"windowSize": 2},
-        "detectors": {"pingPong": True, "genericRepeat": True, "knownPollNoProgress": True},
-    }}},
-    "detectors off": {"tools": {"loopDetection": {
-        "enabled": True, "warningThreshold": 2,
-        "detectors": {"pingPong": False, "genericRepeat": False},
-    }}},
+    "tight": {
+        "tools": {
+            "loopDetection": {
+                "enabled": True,
+                "historySize": 12,
+                "warningThreshold": 3,
+                "criticalThreshold": 5,
+                "globalCircuitBreakerThreshold": 7,
+                "unknownToolThreshold": 3,
+                "postCompactionGuard": {"windowSize": 2},
+                "detectors": {"pingPong": True, "genericRepeat": True, "knownPollNoProgress": True},
+            }
+        }
+    },
+    "detectors off": {
+        "tools": {
+            "loopDetection": {
+                "enabled": True,
+                "warningThreshold": 2,
+                "detectors": {"pingPong": False, "genericRepeat": False},
+            }
+        }
+    },
     "disabled": {"tools": {"loopDetection": {"enabled": False}}},
     "shadow with payloads": {
         "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
         "loopfuse": {"enforce": False, "includePayloadsInLoopEvents": True},
     },
     "rules": {
-        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 4,
-                                    "criticalThreshold": 6}},
-        "loopfuse": {"rules": {
-            "cycle": {"maxPeriod": 4},
-            "repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 4},
-            "argumentChurn": {},
-            "runCaps": {"maxToolCalls": 30, "warnAt": 0.5},
-            "runEnding": {"criticalsPerRun": 2, "blockedStreak": 3},
-            "tools": {"read": {"exempt": True}, "exec": {"warningThreshold": 2}},
-        }},
-        "agents": {"list": [{"id": "run-ender", "tools": {"loopDetection": {
-            "warningThreshold": 2}}}]},
+        "tools": {
+            "loopDetection": {"enabled": True, "warningThreshold": 4, "criticalThreshold": 6}
+        },
+        "loopfuse": {
+            "rules": {
+                "cycle": {"maxPeriod": 4},
+                "repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 4},
+                "argumentChurn": {},
+                "runCaps": {"maxToolCalls": 30, "warnAt": 0.5},
+                "runEnding": {"criticalsPerRun": 2, "blockedStreak": 3},
+                "tools": {"read": {"exempt": True}, "exec": {"warningThreshold": 2}},
+            }
+        },
+        "agents": {
+            "list": [{"id": "run-ender", "tools": {"loopDetection": {"warningThreshold": 2}}}]
+        },
     },
 }
 
@@ -136,7 +153,8 @@ def corpus_steps() -> Iterator[tuple[SessionState, list[Output]]]:
             except EventRejected:
                 continue
             states[event.key], outputs = engine.step(
-                states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints)
+                states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints
+            )
             yield states[event.key], outputs
         for state in states.values():
             yield state, engine.release(state, state.touched_ms + 60_000, None)

@@ -62,12 +62,16 @@ def _usage(rng: random.Random) -> dict[str, Any]:
     if roll < 0.6:
         return {"total_tokens": rng.randint(0, 2_000), "input_tokens": 5}
     if roll < 0.9:
-        return {"output_tokens": rng.randint(0, 50), "cost": rng.choice([0.01, 0.125, 1, 0.0, -0.0])}
+        return {
+            "output_tokens": rng.randint(0, 50),
+            "cost": rng.choice([0.01, 0.125, 1, 0.0, -0.0]),
+        }
     return {"cost": rng.random() / 7, "total_tokens": None}
 
 
-def _session(rng: random.Random, index: int, events: int,
-             usage: random.Random | None) -> list[dict[str, Any]]:
+def _session(
+    rng: random.Random, index: int, events: int, usage: random.Random | None
+) -> list[dict[str, Any]]:
     key = _text(rng, f"agent:{index % 3}:session:{index}")
     agent = rng.choice([None, "run-ender", f"agent-{index % 4}", _text(rng, "a")])
     runs = [f"run-{index}", f" run-{index} ", f"run-{index}-b", None]
@@ -117,8 +121,11 @@ def _session(rng: random.Random, index: int, events: int,
             if rng.random() < 0.1:
                 call["args_action"] = rng.choice(["poll", "log", "send"])
             result: dict[str, Any] = {
-                **base, "type": "tool_result", "tool_name": tool,
-                "event_id": f"e-{index}-{step}-r", "ts": ts + 10,
+                **base,
+                "type": "tool_result",
+                "tool_name": tool,
+                "event_id": f"e-{index}-{step}-r",
+                "ts": ts + 10,
             }
             if call_id is not None:
                 result["call_id"] = call_id
@@ -166,13 +173,16 @@ def _disorder(rng: random.Random, events: list[dict[str, Any]]) -> list[dict[str
     return kept
 
 
-def generated_lines(seed: int, sessions: int = 120, events: int = 40,
-                    usage: bool = False) -> list[bytes]:
+def generated_lines(
+    seed: int, sessions: int = 120, events: int = 40, usage: bool = False
+) -> list[bytes]:
     """Wire lines of ``sessions`` random sessions, interleaved as topics deliver them."""
     rng = random.Random(seed)
     spent = random.Random(seed + 1) if usage else None
-    streams = [_disorder(rng, _session(rng, index, rng.randint(1, events), spent))
-               for index in range(sessions)]
+    streams = [
+        _disorder(rng, _session(rng, index, rng.randint(1, events), spent))
+        for index in range(sessions)
+    ]
     lines: list[bytes] = []
     while streams:
         stream = rng.choice(streams)

@@ -269,8 +269,13 @@ def expected_verdicts(
 def verdict_key(verdict: dict[str, Any]) -> tuple[str, int | None, str | None, str, bool]:
     """One verdict per tool_call (its seq) plus aborts: the post-compaction guard's (the
     result's seq), or a run ended by rule (the call's seq, beside the call's block)."""
-    return (verdict["session_key"], verdict["seq"], verdict["call_id"], verdict["type"],
-            verdict["action"] == "abort")
+    return (
+        verdict["session_key"],
+        verdict["seq"],
+        verdict["call_id"],
+        verdict["type"],
+        verdict["action"] == "abort",
+    )
 
 
 @dataclass
@@ -361,7 +366,8 @@ async def produce_paced(
     idempotent), so that a partition leader's crash loses or doubles no input: on a
     cluster, what is lost must be the worker's doing, not the producer's."""
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=2,
+        bootstrap_servers=bootstrap,
+        linger_ms=2,
         **({"acks": "all", "enable_idempotence": True} if acks_all else {}),
     )
     await producer.start()

@@ -67,8 +67,9 @@ class Script:
             return turn, {"text": "summary of the earlier turns"}
         if self.when_seen is not None:
             marker = str(self.when_seen["text"])
-            self.seen = self.seen or any(marker in json.dumps(m, ensure_ascii=False)
-                                         for m in record["messages"])
+            self.seen = self.seen or any(
+                marker in json.dumps(m, ensure_ascii=False) for m in record["messages"]
+            )
             if self.seen:
                 return turn, self.when_seen["step"]
         if turn < len(self.steps):
@@ -104,24 +105,33 @@ def _completion(turn: int, step: dict[str, Any], usage: dict[str, int]) -> dict[
         "object": "chat.completion",
         "created": int(time.time()),
         "model": MODEL,
-        "choices": [{"index": 0, "message": message,
-                     "finish_reason": "tool_calls" if calls else "stop"}],
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+        ],
         "usage": usage,
     }
 
 
 def _chunks(turn: int, step: dict[str, Any], usage: dict[str, int]) -> list[dict[str, Any]]:
-    base = {"id": f"chatcmpl-{turn}", "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": MODEL}
+    base = {
+        "id": f"chatcmpl-{turn}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": MODEL,
+    }
     calls = _tool_calls(turn, step)
     delta: dict[str, Any] = {"role": "assistant", "content": step.get("text") or ""}
     if calls:
         delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
     return [
         {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
-        {**base, "choices": [{"index": 0, "delta": {},
-                              "finish_reason": "tool_calls" if calls else "stop"}],
-         "usage": usage},
+        {
+            **base,
+            "choices": [
+                {"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}
+            ],
+            "usage": usage,
+        },
     ]
 
 
@@ -140,8 +150,14 @@ def build_app(script: Script) -> web.Application:
         return response
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": MODEL, "object": "model", "created": 0, "owned_by": "loopfuse-tests"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": MODEL, "object": "model", "created": 0, "owned_by": "loopfuse-tests"}
+                ],
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", completions)

@@ -54,7 +54,11 @@ def run_in_terminal(*args: str, columns: int = 200, timeout: float = 120) -> Ter
     env.update(TERM="xterm-256color", COLORTERM="truecolor")
     process = subprocess.Popen(
         [sys.executable, "-m", "loopfuse.streams.cli", *args],
-        stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, env=env, cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
     )
     os.close(slave)
     chunks: list[bytes] = []

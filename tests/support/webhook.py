@@ -40,7 +40,9 @@ class Webhook:
                         status = outer.statuses.pop(0)
                     elif outer.answer is not None:
                         answered = outer.answer(document)
-                        status, headers = answered if isinstance(answered, tuple) else (answered, {})
+                        status, headers = (
+                            answered if isinstance(answered, tuple) else (answered, {})
+                        )
                     else:
                         status = 200
                     if status == 200:
@@ -79,7 +81,9 @@ def critical_loop_events(n: int, tag: str = "s", **fields: Any) -> list[dict[str
     fixture's first block; ``fields`` override every one (e.g. one session: a flood)."""
     from tests.support.kafka import fixture_records
 
-    block = next(e for e in fixture_records() if e["level"] == "critical" and e["action"] == "block")
+    block = next(
+        e for e in fixture_records() if e["level"] == "critical" and e["action"] == "block"
+    )
     return [
         {
             **block,

@@ -27,23 +27,35 @@ def _next() -> int:
     return next(_counter)
 
 
-def _common(kind: str, session: str | None, run: str | None, agent: str | None,
-            seq: int | None, ts: int | None, event_id: str | None) -> dict[str, Any]:
+def _common(
+    kind: str,
+    session: str | None,
+    run: str | None,
+    agent: str | None,
+    seq: int | None,
+    ts: int | None,
+    event_id: str | None,
+) -> dict[str, Any]:
     n = _next()
     data: dict[str, Any] = {
         "type": kind,
         "event_id": event_id or f"ev-{n}",
         "ts": ts if ts is not None else 1_700_000_000_000 + n,
     }
-    for key, value in (("session_key", session), ("run_id", run), ("agent_id", agent),
-                       ("seq", seq)):
+    for key, value in (
+        ("session_key", session),
+        ("run_id", run),
+        ("agent_id", agent),
+        ("seq", seq),
+    ):
         if value is not None:
             data[key] = value
     return data
 
 
-def _with_args(data: dict[str, Any], args: Any, args_hash: str | None,
-               args_action: str | None) -> dict[str, Any]:
+def _with_args(
+    data: dict[str, Any], args: Any, args_hash: str | None, args_action: str | None
+) -> dict[str, Any]:
     if args_hash is not None:
         data["args_hash"] = args_hash
     else:
@@ -53,10 +65,20 @@ def _with_args(data: dict[str, Any], args: Any, args_hash: str | None,
     return data
 
 
-def call(tool: str, args: Any = None, *, session: str | None = "s1", run: str | None = "r1",
-         call_id: str | None = None, seq: int | None = None, agent: str | None = None,
-         ts: int | None = None, event_id: str | None = None, args_hash: str | None = None,
-         args_action: str | None = None) -> Any:
+def call(
+    tool: str,
+    args: Any = None,
+    *,
+    session: str | None = "s1",
+    run: str | None = "r1",
+    call_id: str | None = None,
+    seq: int | None = None,
+    agent: str | None = None,
+    ts: int | None = None,
+    event_id: str | None = None,
+    args_hash: str | None = None,
+    args_action: str | None = None,
+) -> Any:
     """A validated tool_call; ``args`` defaults to {} (pass args_hash to send a hash instead)."""
     data = _common("tool_call", session, run, agent, seq, ts, event_id)
     data["call_id"] = call_id or f"call-{data['event_id']}"
@@ -65,12 +87,25 @@ def call(tool: str, args: Any = None, *, session: str | None = "s1", run: str | 
     return validate_event(data)
 
 
-def result(tool: str, args: Any = None, *, result: Any = _MISSING, error: Any = None,
-           result_hash: str | None = None, unknown_tool: str | None = None,
-           session: str | None = "s1", run: str | None = "r1", call_id: str | None = None,
-           seq: int | None = None, agent: str | None = None, ts: int | None = None,
-           event_id: str | None = None, args_hash: str | None = None,
-           args_action: str | None = None, usage: dict[str, Any] | None = None) -> Any:
+def result(
+    tool: str,
+    args: Any = None,
+    *,
+    result: Any = _MISSING,
+    error: Any = None,
+    result_hash: str | None = None,
+    unknown_tool: str | None = None,
+    session: str | None = "s1",
+    run: str | None = "r1",
+    call_id: str | None = None,
+    seq: int | None = None,
+    agent: str | None = None,
+    ts: int | None = None,
+    event_id: str | None = None,
+    args_hash: str | None = None,
+    args_action: str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> Any:
     """A validated tool_result; with no outcome given the result is a plain "ok" success."""
     data = _common("tool_result", session, run, agent, seq, ts, event_id)
     data["call_id"] = call_id or f"orphan-{data['event_id']}"
@@ -99,21 +134,32 @@ def pair(tool: str, args: Any = None, **kwargs: Any) -> list[Any]:
     return [the_call, result(tool, args, call_id=the_call.call_id, **result_kwargs)]
 
 
-def compaction(*, session: str | None = "s1", run: str | None = "r1", reason: str | None =
-               "context_overflow", seq: int | None = None, agent: str | None = None,
-               ts: int | None = None, event_id: str | None = None) -> Any:
+def compaction(
+    *,
+    session: str | None = "s1",
+    run: str | None = "r1",
+    reason: str | None = "context_overflow",
+    seq: int | None = None,
+    agent: str | None = None,
+    ts: int | None = None,
+    event_id: str | None = None,
+) -> Any:
     data = _common("compaction", session, run, agent, seq, ts, event_id)
     if reason is not None:
         data["reason"] = reason
     return validate_event(data)
 
 
-def run_ended(*, session: str | None = "s1", run: str | None = "r1", seq: int | None = None,
-              agent: str | None = None, ts: int | None = None,
-              event_id: str | None = None) -> Any:
-    return validate_event(
-        _common("run_ended", session, run, agent, seq, ts, event_id)
-    )
+def run_ended(
+    *,
+    session: str | None = "s1",
+    run: str | None = "r1",
+    seq: int | None = None,
+    agent: str | None = None,
+    ts: int | None = None,
+    event_id: str | None = None,
+) -> Any:
+    return validate_event(_common("run_ended", session, run, agent, seq, ts, event_id))
 
 
 def loop_config(**loop: Any) -> dict[str, Any]:

@@ -16,17 +16,30 @@ from loopfuse.streams.cli import main
 from loopfuse.streams.ops.audit import AuditSummary, parse_time
 
 
-def _event(session: str, action: str, detector: str = "generic_repeat", **extra: Any) -> dict[str, Any]:
+def _event(
+    session: str, action: str, detector: str = "generic_repeat", **extra: Any
+) -> dict[str, Any]:
     return {
-        "type": "loop_event", "session_key": session, "run_id": "r1", "agent_id": "a1",
-        "tool_name": "exec", "action": action, "level": "critical" if action != "warn" else "warning",
-        "detector": detector, "count": 20, "enforced": True, "event_ts": 1_000, **extra,
+        "type": "loop_event",
+        "session_key": session,
+        "run_id": "r1",
+        "agent_id": "a1",
+        "tool_name": "exec",
+        "action": action,
+        "level": "critical" if action != "warn" else "warning",
+        "detector": detector,
+        "count": 20,
+        "enforced": True,
+        "event_ts": 1_000,
+        **extra,
     }
 
 
 def test_funnel_counts_events_and_sessions_and_shadow_stays_apart() -> None:
     events = [
-        _event("s1", "warn"), _event("s1", "warn"), _event("s1", "block"),
+        _event("s1", "warn"),
+        _event("s1", "warn"),
+        _event("s1", "block"),
         _event("s2", "warn"),
         _event("s3", "abort", "compaction_loop_persisted"),
         _event("s4", "block", enforced=False),  # shadow: the gateway was told allow
@@ -183,7 +196,10 @@ def test_a_report_that_cannot_be_written_whole_leaves_the_old_one(tmp_path: Path
 
     run = subprocess.run(
         [sys.executable, "-m", "loopfuse.streams.cli", "audit", str(events), "--html", str(target)],
-        capture_output=True, text=True, timeout=60, preexec_fn=small_files,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=small_files,
     )
     assert run.returncode == 1
     assert run.stderr.startswith(f"loopfuse audit: cannot write the report {target}: ")

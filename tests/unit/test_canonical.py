@@ -31,11 +31,41 @@ def as_javascript(value: Any) -> Any:
 
 
 CORPUS: list[Any] = [
-    None, True, False, 0, -1, 1, SAFE, -SAFE, "", "plain",
-    1e21, 1e-7, 0.1, -0.0, 0.0, 5e-324, 1.0, -2.0, 1e20, 123456789012.5, 1e300,
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    SAFE,
+    -SAFE,
+    "",
+    "plain",
+    1e21,
+    1e-7,
+    0.1,
+    -0.0,
+    0.0,
+    5e-324,
+    1.0,
+    -2.0,
+    1e20,
+    123456789012.5,
+    1e300,
     1.7976931348623157e308,
-    2.5e-5, 0.000001, 1e-6, 123e-20, 4.35, 0.30000000000000004, 9007199254740993.0,
-    "é", "日本語", "😀", "\u2028\u2029", "\x00\x01\x1f\x7f\x80", '"\\/\b\f\n\r\t',
+    2.5e-5,
+    0.000001,
+    1e-6,
+    123e-20,
+    4.35,
+    0.30000000000000004,
+    9007199254740993.0,
+    "é",
+    "日本語",
+    "😀",
+    "\u2028\u2029",
+    "\x00\x01\x1f\x7f\x80",
+    '"\\/\b\f\n\r\t',
     {"b": 1, "a": 2, "c": {"z": [], "y": {}}},
     {"\ue000": 1, "😀": 2, "a": 3, "\uffff": 4, "\u00e9": 5, "\U0001f600x": 6, "": 7},
     {"\U0010ffff": 1, "\ufb33": 2, "\ud7ff": 3},
@@ -67,10 +97,14 @@ def test_canonical_json_is_bytes_without_whitespace() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5)
+    ),
     max_leaves=20,
 )
 
@@ -82,6 +116,7 @@ def test_property_matches_rfc8785(value: Any) -> None:
 
 
 # --- args_hash and call signatures ---------------------------------------------------------------
+
 
 def test_args_hash_is_xxh3_128_of_canonical_json() -> None:
     args = {"path": "/tmp/x", "opts": {"b": 2, "a": [1, 1e21]}}
@@ -105,9 +140,11 @@ def test_different_args_different_hash() -> None:
 
 def test_same_args_in_any_key_order_count_as_repeats() -> None:
     engine = engine_with(warningThreshold=2, criticalThreshold=3)
-    events = [call("read", {"path": "/x", "limit": 5, "o": {"a": 1, "b": 2}}),
-              call("read", {"o": {"b": 2, "a": 1}, "limit": 5, "path": "/x"}),
-              call("read", {"limit": 5.0, "o": {"a": 1, "b": 2}, "path": "/x"})]
+    events = [
+        call("read", {"path": "/x", "limit": 5, "o": {"a": 1, "b": 2}}),
+        call("read", {"o": {"b": 2, "a": 1}, "limit": 5, "path": "/x"}),
+        call("read", {"limit": 5.0, "o": {"a": 1, "b": 2}, "path": "/x"}),
+    ]
     outputs = engine.replay(events)
     assert actions(outputs) == ["allow", "allow", "warn"]
     assert len({v.args_hash for v in verdicts(outputs)}) == 1

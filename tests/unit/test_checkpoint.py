@@ -21,8 +21,15 @@ class _Producer:
         self.log = log
         self.futures: dict[bytes, list[asyncio.Future[Any]]] = {}
 
-    async def send(self, topic: str, key: bytes | None, value: bytes | None,
-                   partition: int | None, timestamp: None, headers: Any) -> Any:
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None,
+        timestamp: None,
+        headers: Any,
+    ) -> Any:
         assert key is not None
         self.log.append(f"send {topic} {key.decode()}")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -90,8 +97,13 @@ async def test_a_batch_is_acked_after_its_outputs_are_on_the_broker_and_its_writ
     assert log[-1] == "send loop_events e2"  # no write while an output is unanswered
     producer.answer(b"e2")
     await checkpoint
-    assert log == ["send verdicts v1", "send loop_events e2", "send changelog s1",
-                   "ack batch-1", "ack batch-2"]
+    assert log == [
+        "send verdicts v1",
+        "send loop_events e2",
+        "send changelog s1",
+        "ack batch-1",
+        "ack batch-2",
+    ]
 
 
 async def test_an_output_the_broker_refused_is_sent_again_before_anything_is_acked() -> None:

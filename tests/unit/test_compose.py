@@ -150,7 +150,9 @@ def test_kafka_is_single_node_kraft_with_healthcheck(services: dict[str, dict[st
     assert kafka["healthcheck"]["test"]
     # the data dir is a named volume
     log_dir = env["KAFKA_LOG_DIRS"]
-    assert any(str(v).endswith(f":{log_dir}") and not str(v).startswith(".") for v in kafka["volumes"])
+    assert any(
+        str(v).endswith(f":{log_dir}") and not str(v).startswith(".") for v in kafka["volumes"]
+    )
 
 
 def test_startup_order(services: dict[str, dict[str, Any]]) -> None:
@@ -192,7 +194,7 @@ def test_every_loopfuse_variable_is_a_setting(compose: dict[str, Any]) -> None:
     unknown = [
         (name, where)
         for name, where in names
-        if name.startswith(PREFIX) and name[len(PREFIX):].lower() not in fields
+        if name.startswith(PREFIX) and name[len(PREFIX) :].lower() not in fields
     ]
     assert not unknown, f"not fields of loopfuse.streams.settings.Settings: {unknown}"
 
@@ -270,7 +272,7 @@ def test_create_topics_matches_worker_settings(
     assert env["BOOTSTRAP_SERVER"] == settings.bootstrap_servers
     # the script it runs is the one in the repo
     entrypoint = services["create-topics"]["entrypoint"]
-    (script, target, options), = bind_mounts(services["create-topics"])
+    ((script, target, options),) = bind_mounts(services["create-topics"])
     assert script == ROOT / "infra" / "create-topics.sh" and script.is_file()
     assert target in entrypoint and "ro" in options
 
@@ -440,9 +442,8 @@ def test_dockerfile_builds_the_native_judge_beside_its_engine() -> None:
     instructions = dockerfile_instructions()
     stages = [i for i, (word, _) in enumerate(instructions) if word == "FROM"]
     assert len(stages) == 2
-    build, final = instructions[: stages[1]], instructions[stages[1]:]
-    wheel = next(i for i, (word, rest) in enumerate(build)
-                 if word == "RUN" and "pip wheel" in rest)
+    build, final = instructions[: stages[1]], instructions[stages[1] :]
+    wheel = next(i for i, (word, rest) in enumerate(build) if word == "RUN" and "pip wheel" in rest)
     copied = {rest.split()[0] for word, rest in build[:wheel] if word == "COPY"}
     assert "native" in copied
     for module in MIRRORED:  # what build.rs reads, at the paths it reads them from
@@ -478,8 +479,12 @@ GRAFANA = ROOT / "infra" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "loopfuse.json"
 
 
-_SUFFIXES = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_sum", "_count"),
-             "Summary": ("_sum", "_count")}
+_SUFFIXES = {
+    "Counter": ("_total",),
+    "Gauge": ("",),
+    "Histogram": ("_bucket", "_sum", "_count"),
+    "Summary": ("_sum", "_count"),
+}
 
 
 def exported_metrics() -> dict[str, frozenset[str]]:
@@ -497,8 +502,10 @@ def exported_metrics() -> dict[str, frozenset[str]]:
             name = node.args[0]
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 continue
-            labels_node = node.args[2] if len(node.args) > 2 else next(
-                (k.value for k in node.keywords if k.arg == "labelnames"), None
+            labels_node = (
+                node.args[2]
+                if len(node.args) > 2
+                else next((k.value for k in node.keywords if k.arg == "labelnames"), None)
             )
             labels = frozenset(
                 e.value for e in getattr(labels_node, "elts", []) if isinstance(e, ast.Constant)
@@ -572,12 +579,18 @@ def test_dashboard_queries_only_metrics_the_workers_export() -> None:
             if metric not in exported:
                 problems.append(f"{title}: {metric} is not exported")
             elif not labels <= exported[metric]:
-                problems.append(f"{title}: {metric} has no label {sorted(labels - exported[metric])}")
+                problems.append(
+                    f"{title}: {metric} has no label {sorted(labels - exported[metric])}"
+                )
     assert not problems, problems
 
 
 def test_dashboard_covers_the_operations_view() -> None:
-    used = {(metric, frozenset(labels)) for _, e in dashboard_exprs() for metric, labels in promql_uses(e)}
+    used = {
+        (metric, frozenset(labels))
+        for _, e in dashboard_exprs()
+        for metric, labels in promql_uses(e)
+    }
     metrics = {metric for metric, _ in used}
     assert {
         "loopfuse_events_total",

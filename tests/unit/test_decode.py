@@ -116,7 +116,10 @@ def _reference_decode(raw: bytes, *, max_depth: int, max_identifier_bytes: int) 
         raise EventRejected("too_deep", f"JSON nested deeper than {max_depth}")
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in {
-        "tool_call", "tool_result", "compaction", "run_ended"
+        "tool_call",
+        "tool_result",
+        "compaction",
+        "run_ended",
     }:
         raise EventRejected("unknown_type", f"unknown event type {str(kind)[:40]!r}")
     try:
@@ -194,11 +197,30 @@ def test_the_events_have_the_fields_of_the_models() -> None:
 @pytest.mark.parametrize(
     "number",
     [
-        "0", "-0", "-0.0", "1", "1.0", "1e2", "1E2", "2.5e-3", "1e-400", "5e-324",
-        "9007199254740993", "18446744073709551615", "18446744073709551616",
-        "-9223372036854775808", "-9223372036854775809", "123456789012345678901234567890",
-        "1" + "0" * 308, "1" + "0" * 400, "1e400", "0.1", "0.30000000000000004",
-        "2.2250738585072014e-308", "1.7976931348623157e308", "4.9406564584124654e-324",
+        "0",
+        "-0",
+        "-0.0",
+        "1",
+        "1.0",
+        "1e2",
+        "1E2",
+        "2.5e-3",
+        "1e-400",
+        "5e-324",
+        "9007199254740993",
+        "18446744073709551615",
+        "18446744073709551616",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "123456789012345678901234567890",
+        "1" + "0" * 308,
+        "1" + "0" * 400,
+        "1e400",
+        "0.1",
+        "0.30000000000000004",
+        "2.2250738585072014e-308",
+        "1.7976931348623157e308",
+        "4.9406564584124654e-324",
     ],
 )
 @pytest.mark.parametrize("where", ["args", "result"])
@@ -206,8 +228,7 @@ def test_payload_numbers_are_read_as_orjson_reads_them(number: str, where: str) 
     kind = "tool_call" if where == "args" else "tool_result"
     raw = (
         b'{"type":"' + kind.encode() + b'","event_id":"e","session_key":"s","call_id":"c",'
-        b'"tool_name":"read","ts":5,"' + where.encode() + b'":{"n":[' + number.encode()
-        + b"]}}"
+        b'"tool_name":"read","ts":5,"' + where.encode() + b'":{"n":[' + number.encode() + b"]}}"
     )
     limits = {"max_depth": 64, "max_identifier_bytes": 512}
     assert _verdict(decode_event, raw, **limits) == _verdict(_reference_decode, raw, **limits)
@@ -313,9 +334,7 @@ _nested = st.recursive(
     st.one_of(st.none(), _nested),
     st.sampled_from([2, 3, 4, 5, 6, 64]),
     st.sampled_from([_LIMIT, _LIMIT + 1, 512]),
-    st.one_of(
-        st.none(), st.sampled_from(["run_ended", "tool", "", 1, ["tool_call"], {"t": 1}])
-    ),
+    st.one_of(st.none(), st.sampled_from(["run_ended", "tool", "", 1, ["tool_call"], {"t": 1}])),
 )
 def test_decode_gives_the_verdict_of_the_models_path(
     base: dict[str, Any],
@@ -359,8 +378,12 @@ def test_nesting_near_the_bound_gets_the_verdict_of_the_models_path(
     outcome = b'"result":' + payload if not extra.startswith(b',"error"') else extra[1:]
     raw = (
         b'{"type":"tool_result","event_id":"e","session_key":"s","call_id":"c",'
-        b'"tool_name":"read","ts":5,"args":' + payload + b"," + outcome
-        + (extra if extra.startswith(b',"usage"') else b"") + b"}"
+        b'"tool_name":"read","ts":5,"args":'
+        + payload
+        + b","
+        + outcome
+        + (extra if extra.startswith(b',"usage"') else b"")
+        + b"}"
     )
     limits = {"max_depth": max_depth, "max_identifier_bytes": 512}
     assert _verdict(decode_event, raw, **limits) == _verdict(_reference_decode, raw, **limits)
@@ -414,7 +437,9 @@ def test_an_identifier_over_the_bound_is_rejected_as_the_models_path_does(
         assert reference[0] == "event"
     else:
         assert reference == (
-            "rejected", "invalid_event", f"{name} is {size} bytes, the limit is 512"
+            "rejected",
+            "invalid_event",
+            f"{name} is {size} bytes, the limit is 512",
         )
 
 
@@ -437,12 +462,13 @@ def test_the_usual_events_take_the_msgspec_pass(monkeypatch: pytest.MonkeyPatch)
         raise AssertionError("left to the models")
 
     monkeypatch.setattr(decode_module, "_decode_by_the_models", refuse)
-    usual = [
-        _plain_with(name, "ok") for name in IDENTIFIER_FIELDS
-    ] + [
+    usual = [_plain_with(name, "ok") for name in IDENTIFIER_FIELDS] + [
         {**_plain_with("args_hash", "h"), "args_hash": None, "args": [1]},
-        {**_plain_with("x", "x"), "result": {"content": [{"type": "text", "text": "é"}]},
-         "args": {"command": "ls", "timeout": 1.5}},
+        {
+            **_plain_with("x", "x"),
+            "result": {"content": [{"type": "text", "text": "é"}]},
+            "args": {"command": "ls", "timeout": 1.5},
+        },
         {k: v for k, v in _plain_with("error", "boom").items() if k != "result"},
         {k: v for k, v in _plain_with("error", "x").items() if k not in ("result", "x")}
         | {"error": {"message": "boom", "name": "E"}, "usage": {"input_tokens": 3}},

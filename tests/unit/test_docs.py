@@ -87,7 +87,8 @@ def slug(heading: str) -> str:
     rendered = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links: their text
     rendered = re.sub(r"<[^>]+>", "", rendered).replace("`", "").replace("**", "")
     kept = "".join(
-        c for c in rendered.strip().lower()
+        c
+        for c in rendered.strip().lower()
         if c.isalnum() or c in "-_ " or unicodedata.category(c).startswith("M")
     )
     return kept.replace(" ", "-")
@@ -210,12 +211,17 @@ def script_flags(path: Path) -> frozenset[str]:
     """The flags an argparse script defines (``add_argument("--x", ...)``)."""
     flags = {"-h", "--help"}
     for node in ast.walk(ast.parse(path.read_text())):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
             continue
-        names = [a.value for a in node.args
-                 if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                 and a.value.startswith("-")]
+        names = [
+            a.value
+            for a in node.args
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+        ]
         flags.update(names)
         for keyword in node.keywords:
             if keyword.arg == "action" and "BooleanOptional" in ast.unparse(keyword.value):
@@ -227,7 +233,7 @@ def script_flags(path: Path) -> frozenset[str]:
 def dev_commands() -> frozenset[str]:
     """The subcommands of the ./dev script's case statement."""
     script = (ROOT / "dev").read_text()
-    case = script[script.index('case "$cmd" in'):script.index("esac")]
+    case = script[script.index('case "$cmd" in') : script.index("esac")]
     return frozenset(re.findall(r"^\s+([a-z][a-z-]*)\)", case, re.M))
 
 
@@ -354,24 +360,30 @@ def test_the_checks_see_the_examples() -> None:
     assert programs.count("loopfuse") >= 20
 
 
-@pytest.mark.parametrize("line, problem", [
-    ("loopfuse replay --confg x.json5 e.jsonl", "unknown flag --confg"),
-    ("loopfuse replay -v e.jsonl", "unknown flag -v"),
-    ("loopfuse config chek FILE", "unknown command 'chek'"),
-    ("./dev lint", "./dev has no command ['lint']"),
-    ("./dev demo --kafak", "unknown flag --kafak"),
-    ("python -m loopfuse.streams.nope", "no module loopfuse.streams.nope"),
-    ("python bench/stream.py --no-curvee", "unknown flag --no-curvee"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("loopfuse replay --confg x.json5 e.jsonl", "unknown flag --confg"),
+        ("loopfuse replay -v e.jsonl", "unknown flag -v"),
+        ("loopfuse config chek FILE", "unknown command 'chek'"),
+        ("./dev lint", "./dev has no command ['lint']"),
+        ("./dev demo --kafak", "unknown flag --kafak"),
+        ("python -m loopfuse.streams.nope", "no module loopfuse.streams.nope"),
+        ("python bench/stream.py --no-curvee", "unknown flag --no-curvee"),
+    ],
+)
 def test_a_wrong_example_is_caught(line: str, problem: str) -> None:
     [(_, tokens)] = shell_commands(f"```sh\n{line}   # a comment\n```\n")
     assert command_problems(tokens) == [problem]
 
 
 def test_placeholders_and_booleans_pass() -> None:
-    for line in ["loopfuse -v broker --kafka --data-dir D --port N",
-                 "loopfuse replay --no-progress -", "python bench/stream.py --no-curve",
-                 "LOOPFUSE_LONG=1 .venv/bin/pytest -s tests/reliability"]:
+    for line in [
+        "loopfuse -v broker --kafka --data-dir D --port N",
+        "loopfuse replay --no-progress -",
+        "python bench/stream.py --no-curve",
+        "LOOPFUSE_LONG=1 .venv/bin/pytest -s tests/reliability",
+    ]:
         [(_, tokens)] = shell_commands(f"```sh\n{line}\n```\n")
         assert command_problems(tokens) == [], line
 
@@ -396,8 +408,9 @@ def runnable_examples() -> list[tuple[str, list[str]]]:
 
 
 def test_the_cli_help_runs() -> None:
-    shown = subprocess.run([*loopfuse_command(), "--help"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=60)
+    shown = subprocess.run(
+        [*loopfuse_command(), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert shown.returncode == 0, shown.stderr
     from loopfuse.streams.cli import build_parser
 
@@ -408,8 +421,9 @@ def test_the_examples_that_can_run_here_run() -> None:
     examples = runnable_examples()
     assert {args[0] for _, args in examples} == {"replay", "config"}
     for place, args in examples:
-        ran = subprocess.run([*loopfuse_command(), *args], cwd=ROOT, capture_output=True,
-                             text=True, timeout=60)
+        ran = subprocess.run(
+            [*loopfuse_command(), *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
         assert ran.returncode == 0, f"{place}: loopfuse {' '.join(args)}: {ran.stderr}"
         assert ran.stdout.strip(), place
         if args[0] == "replay":
@@ -423,11 +437,18 @@ def test_python_examples_import_what_exists() -> None:
         for language, first, body in fenced_blocks(read(doc)):
             if language != "python":
                 continue
-            tree = compile("\n".join(body), str(doc), "exec",
-                           flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            tree = compile(
+                "\n".join(body),
+                str(doc),
+                "exec",
+                flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
+            )
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom) and node.module:
                     module = importlib.import_module(node.module)
-                    missing += [f"{where(doc, first)}: {node.module}.{a.name}"
-                                for a in node.names if not hasattr(module, a.name)]
+                    missing += [
+                        f"{where(doc, first)}: {node.module}.{a.name}"
+                        for a in node.names
+                        if not hasattr(module, a.name)
+                    ]
     assert missing == []

@@ -30,8 +30,18 @@ def _dumps(data: Any) -> bytes:
 
 
 def _event(**fields: Any) -> bytes:
-    return _dumps({"type": "tool_call", "event_id": "e", "session_key": "s", "ts": 5,
-                         "call_id": "c", "tool_name": "exec", "args": {}, **fields})
+    return _dumps(
+        {
+            "type": "tool_call",
+            "event_id": "e",
+            "session_key": "s",
+            "ts": 5,
+            "call_id": "c",
+            "tool_name": "exec",
+            "args": {},
+            **fields,
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -46,8 +56,9 @@ def _event(**fields: Any) -> bytes:
         ({"args_hash": "h" * 1000, "args": None}, "args"),
     ],
 )
-def test_values_out_of_bounds_are_rejected_with_a_reason(fields: dict[str, Any],
-                                                         reason: str) -> None:
+def test_values_out_of_bounds_are_rejected_with_a_reason(
+    fields: dict[str, Any], reason: str
+) -> None:
     data = _event(**fields)
     if "args_hash" in fields:
         data = _dumps({k: v for k, v in json.loads(data).items() if k != "args"})
@@ -66,8 +77,9 @@ def test_duplicate_config_keys_are_an_error_naming_the_key_path(tmp_path: Path) 
     path.write_text("{tools: {loopDetection: {enabled: true, enabled: false}}}")
     with pytest.raises(ConfigError, match=r"tools\.loopDetection\.enabled: duplicate key"):
         load_config(path)
-    path.write_text('{agents: {list: [{id: "a", tools: {loopDetection: '
-                    "{historySize: 5, historySize: 9}}}]}}")
+    path.write_text(
+        '{agents: {list: [{id: "a", tools: {loopDetection: {historySize: 5, historySize: 9}}}]}}'
+    )
     with pytest.raises(ConfigError, match=r"agents\.list\[0\]\.tools\.loopDetection\.historySize"):
         load_config(path)
 
@@ -80,11 +92,24 @@ def test_a_deeply_nested_config_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_a_settings_error_names_the_variable_and_never_prints_a_secret() -> None:
-    env = {**os.environ, "LOOPFUSE_SASL_MECHANISM": "PLAIN",
-           "LOOPFUSE_SASL_PASSWORD": "hunter2-very-secret", "LOOPFUSE_SASL_USERNAME": "u"}
-    for command in (["-m", "loopfuse.streams.worker.run"], ["-m", "loopfuse.streams.cli", "worker"]):
-        done = subprocess.run([sys.executable, *command], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "LOOPFUSE_SASL_MECHANISM": "PLAIN",
+        "LOOPFUSE_SASL_PASSWORD": "hunter2-very-secret",
+        "LOOPFUSE_SASL_USERNAME": "u",
+    }
+    for command in (
+        ["-m", "loopfuse.streams.worker.run"],
+        ["-m", "loopfuse.streams.cli", "worker"],
+    ):
+        done = subprocess.run(
+            [sys.executable, *command],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 2
         assert "LOOPFUSE_SASL_MECHANISM needs LOOPFUSE_SECURITY_PROTOCOL" in done.stderr
         assert "hunter2" not in done.stderr + done.stdout
@@ -93,42 +118,96 @@ def test_a_settings_error_names_the_variable_and_never_prints_a_secret() -> None
 
 def _looping(engine: Engine) -> list[LoopEvent]:
     args = {"command": "make test"}
-    events = [e for i in range(4) for e in (call("exec", args, call_id=f"c{i}"),
-                                            result("exec", args, call_id=f"c{i}"))]
+    events = [
+        e
+        for i in range(4)
+        for e in (call("exec", args, call_id=f"c{i}"), result("exec", args, call_id=f"c{i}"))
+    ]
     return [o for o in engine.replay(events) if isinstance(o, LoopEvent)]
 
 
 def test_payloads_in_loop_events_only_when_configured() -> None:
     block = {"enabled": True, "warningThreshold": 2, "criticalThreshold": 3}
     off = _looping(Engine(parse_config({"tools": {"loopDetection": block}})))
-    on = _looping(Engine(parse_config({"tools": {"loopDetection": block},
-                                       "loopfuse": {"includePayloadsInLoopEvents": True}})))
+    on = _looping(
+        Engine(
+            parse_config(
+                {
+                    "tools": {"loopDetection": block},
+                    "loopfuse": {"includePayloadsInLoopEvents": True},
+                }
+            )
+        )
+    )
     assert off and {e.args is None for e in off} == {True}
     assert on and {orjson.dumps(e.args) for e in on} == {b'{"command":"make test"}'}
 
 
 # -- nothing a gateway sends escapes -------------------------------------------------
 
-_KEYS = ["type", "event_id", "session_key", "run_id", "agent_id", "incarnation", "seq", "ts",
-         "call_id", "tool_name", "args", "args_hash", "args_action", "result", "result_hash",
-         "error", "unknown_tool", "reason", "\ue000key", "details", "content"]
+_KEYS = [
+    "type",
+    "event_id",
+    "session_key",
+    "run_id",
+    "agent_id",
+    "incarnation",
+    "seq",
+    "ts",
+    "call_id",
+    "tool_name",
+    "args",
+    "args_hash",
+    "args_action",
+    "result",
+    "result_hash",
+    "error",
+    "unknown_tool",
+    "reason",
+    "\ue000key",
+    "details",
+    "content",
+]
 _BIG = "x" * 600_000
 _scalars = st.one_of(
-    st.none(), st.booleans(),
+    st.none(),
+    st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=30), st.sampled_from(["tool_call", "tool_result", "compaction",
-                                           "run_ended", "s1", "exec", "process", "poll", _BIG,
-                                           "\ue000\U0001f600", "unknown tool: ghost"]),
+    st.text(max_size=30),
+    st.sampled_from(
+        [
+            "tool_call",
+            "tool_result",
+            "compaction",
+            "run_ended",
+            "s1",
+            "exec",
+            "process",
+            "poll",
+            _BIG,
+            "\ue000\U0001f600",
+            "unknown tool: ghost",
+        ]
+    ),
 )
 _json = st.recursive(
     _scalars,
-    lambda children: st.one_of(st.lists(children, max_size=4),
-                               st.dictionaries(st.sampled_from(_KEYS), children, max_size=6)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(st.sampled_from(_KEYS), children, max_size=6),
+    ),
     max_leaves=20,
 )
-_base = {"type": "tool_call", "event_id": "e", "session_key": "s1", "ts": 1_000,
-         "call_id": "c", "tool_name": "exec", "args": {}}
+_base = {
+    "type": "tool_call",
+    "event_id": "e",
+    "session_key": "s1",
+    "ts": 1_000,
+    "call_id": "c",
+    "tool_name": "exec",
+    "args": {},
+}
 
 
 @st.composite
@@ -139,8 +218,10 @@ def _events(draw: Any) -> bytes:
     if draw(st.integers(0, 9)) == 0 and raw.endswith(b"}"):
         # deeper than any JSON encoder recurses: written out, not encoded
         depth = draw(st.integers(50, 20_000))
-        raw = raw[:-1] + (b"," if len(raw) > 2 else b"") + (
-            b'"args":' + b"[" * depth + b"1" + b"]" * depth + b"}"
+        raw = (
+            raw[:-1]
+            + (b"," if len(raw) > 2 else b"")
+            + (b'"args":' + b"[" * depth + b"1" + b"]" * depth + b"}")
         )
     return raw
 
@@ -157,8 +238,9 @@ def test_any_json_gets_outputs_or_a_dead_letter_within_bounds(lines: list[bytes]
             event = decode_event(raw)
         except EventRejected:
             continue
-        fold = folds.setdefault(event.key, SessionFold(engine, event.key.encode(), limits,
-                                                       None, None))
+        fold = folds.setdefault(
+            event.key, SessionFold(engine, event.key.encode(), limits, None, None)
+        )
         for message in fold.apply(event, source, 2_000_000_000_000, None):
             assert len(message.value) <= limits.output_budget
         data, _ = fold.checkpoint()
@@ -170,8 +252,9 @@ def test_any_json_gets_outputs_or_a_dead_letter_within_bounds(lines: list[bytes]
 
 
 def test_a_state_over_its_cap_sheds_its_oldest_history() -> None:
-    engine = Engine(parse_config({"tools": {"loopDetection": {"enabled": True,
-                                                              "historySize": 5000}}}))
+    engine = Engine(
+        parse_config({"tools": {"loopDetection": {"enabled": True, "historySize": 5000}}})
+    )
     fold = SessionFold(engine, b"s1", Limits(max_state_bytes=16_384), None, None)
     for i in range(2_000):
         event = call(f"tool-{i % 300}-" + "n" * 400, {"i": i}, call_id=f"c{i}")

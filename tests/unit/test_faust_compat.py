@@ -59,8 +59,12 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
 
     assert "self.in_recovery = True" in inspect.getsource(Recovery._set_recovery_started)
     recovery_init = inspect.getsource(Recovery.__init__)
-    for attribute in ("active_tps", "active_highwaters", "active_offsets",
-                      "_active_events_received_at"):
+    for attribute in (
+        "active_tps",
+        "active_highwaters",
+        "active_offsets",
+        "_active_events_received_at",
+    ):
         assert f"self.{attribute} =" in recovery_init, attribute
     assert "offset > seen_offset" in inspect.getsource(Recovery)  # in _slurp_changelogs
     assert "value - 1" in inspect.getsource(Recovery._build_highwaters)  # the last offset
@@ -68,8 +72,14 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
     # with the per-partition bookkeeping Faust's loop and ack keep per message
     assert "await self._wait_next_records(timeout)" in inspect.getsource(Consumer.getmany)
     consumer_init = inspect.getsource(Consumer.__init__)
-    for attribute in ("_read_offset", "_acked", "_acked_index", "_unacked_messages",
-                      "_waiting_for_ack", "_buffered_partitions"):
+    for attribute in (
+        "_read_offset",
+        "_acked",
+        "_acked_index",
+        "_unacked_messages",
+        "_waiting_for_ack",
+        "_buffered_partitions",
+    ):
         assert f"self.{attribute} =" in consumer_init, attribute
     assert Consumer._n_acked == 0
     assert "message.acked" in inspect.getsource(Consumer._clean_unacked_messages)
@@ -91,21 +101,38 @@ def test_the_internals_the_workarounds_touch_exist() -> None:
     from aiokafka.producer.producer import AIOKafkaProducer
 
     producer_init = inspect.getsource(AIOKafkaProducer.__init__)
-    for attribute in ("_metadata", "_message_accumulator", "_partitioner", "_key_serializer",
-                      "_value_serializer", "_txn_manager", "_max_request_size",
-                      "_request_timeout_ms"):
+    for attribute in (
+        "_metadata",
+        "_message_accumulator",
+        "_partitioner",
+        "_key_serializer",
+        "_value_serializer",
+        "_txn_manager",
+        "_max_request_size",
+        "_request_timeout_ms",
+    ):
         assert f"self.{attribute} =" in producer_init, attribute
     assert "self._partitioner(serialized_key, all_partitions, available)" in inspect.getsource(
         AIOKafkaProducer._partition
     )
     assert "self._message_accumulator.add_message(" in inspect.getsource(AIOKafkaProducer.send)
     assert list(inspect.signature(MessageAccumulator.add_message).parameters) == [
-        "self", "tp", "key", "value", "timeout", "timestamp_ms", "headers"
+        "self",
+        "tp",
+        "key",
+        "value",
+        "timeout",
+        "timestamp_ms",
+        "headers",
     ]
     # web: the driver registry and the blueprint lists a driver may empty
     assert isinstance(DRIVERS.data, dict)
-    assert {"default_blueprints", "production_blueprints", "debug_blueprints",
-            "optional_blueprints"} <= set(dir(Web))
+    assert {
+        "default_blueprints",
+        "production_blueprints",
+        "debug_blueprints",
+        "optional_blueprints",
+    } <= set(dir(Web))
 
 
 def test_the_operators_only_web_driver_mounts_no_faust_view() -> None:
@@ -115,8 +142,12 @@ def test_the_operators_only_web_driver_mounts_no_faust_view() -> None:
 
     driver = by_url(operators_only_web())
     assert driver.__name__ == "OperatorsOnlyWeb"
-    assert not (driver.default_blueprints or driver.production_blueprints
-                or driver.debug_blueprints or driver.optional_blueprints)
+    assert not (
+        driver.default_blueprints
+        or driver.production_blueprints
+        or driver.debug_blueprints
+        or driver.optional_blueprints
+    )
 
 
 async def test_a_seek_to_the_committed_offsets_never_goes_back_past_our_own_commit() -> None:

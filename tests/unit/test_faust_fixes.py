@@ -33,4 +33,3 @@ def test_a_resume_while_flowing_keeps_the_queued_messages() -> None:
         assert queue.qsize() == 0 and flow_control.is_active()
 
     asyncio.run(scenario())
-

@@ -68,8 +68,9 @@ class StandInConsumer:
 
 
 def installed(consumer: StandInConsumer, max_batch: int = 100) -> FetchBatches:
-    app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(),
-                          consumer_generation_id=1)
+    app = SimpleNamespace(
+        consumer=consumer, flow_control=FlowControlEvent(), consumer_generation_id=1
+    )
     fetches = FetchBatches(app, frozenset({"calls"}), max_batch)  # type: ignore[arg-type]
     fetches.install()
     return fetches
@@ -85,8 +86,9 @@ def timed(topic: str, *stamps: int, first: int = 0) -> list[Record]:
 
 
 def two_topics(consumer: StandInConsumer) -> FetchBatches:
-    app = SimpleNamespace(consumer=consumer, flow_control=FlowControlEvent(),
-                          consumer_generation_id=1)
+    app = SimpleNamespace(
+        consumer=consumer, flow_control=FlowControlEvent(), consumer_generation_id=1
+    )
     fetches = FetchBatches(app, frozenset({"calls", "results"}), 100)  # type: ignore[arg-type]
     fetches.install()
     return fetches
@@ -98,10 +100,15 @@ CALLS0, CALLS1 = TP("calls", 0), TP("calls", 1)
 def test_a_fetch_reaches_the_agent_whole_and_other_topics_go_faust_s_way() -> None:
     async def scenario() -> None:
         changelog = TP("changelog", 0)
-        consumer = StandInConsumer(fetches=[{
-            CALLS0: records(0, 0, 1, 2), CALLS1: records(1, 5, 6),
-            changelog: records(0, 9, topic="changelog"),
-        }])
+        consumer = StandInConsumer(
+            fetches=[
+                {
+                    CALLS0: records(0, 0, 1, 2),
+                    CALLS1: records(1, 5, 6),
+                    changelog: records(0, 9, topic="changelog"),
+                }
+            ]
+        )
         fetches = installed(consumer)
         left, _ = await consumer._wait_next_records(1.0)
         assert list(left) == [changelog]  # Faust's loop iterates what is left
@@ -120,15 +127,24 @@ RESULTS0 = TP("results", 0)
 
 def test_calls_and_results_are_judged_in_the_order_they_were_produced() -> None:
     async def scenario() -> None:
-        consumer = StandInConsumer(fetches=[{
-            CALLS0: timed("calls", 10, 30, 50), RESULTS0: timed("results", 20, 40, 60),
-        }])
+        consumer = StandInConsumer(
+            fetches=[
+                {
+                    CALLS0: timed("calls", 10, 30, 50),
+                    RESULTS0: timed("results", 20, 40, 60),
+                }
+            ]
+        )
         fetches = two_topics(consumer)
         await consumer._wait_next_records(1.0)
         batch = await fetches.take()
         assert [(r.topic, r.timestamp) for r in batch] == [
-            ("calls", 10), ("results", 20), ("calls", 30), ("results", 40),
-            ("calls", 50), ("results", 60),
+            ("calls", 10),
+            ("results", 20),
+            ("calls", 30),
+            ("results", 40),
+            ("calls", 50),
+            ("results", 60),
         ]
 
     asyncio.run(scenario())
@@ -137,11 +153,14 @@ def test_calls_and_results_are_judged_in_the_order_they_were_produced() -> None:
 def test_calls_fetched_ahead_wait_for_the_results_still_on_the_broker() -> None:
     """The backlog case: a fetch brings calls further than results (a byte bound per
     partition); the later calls wait for the next fetch instead of being parked."""
+
     async def scenario() -> None:
-        consumer = StandInConsumer(fetches=[
-            {CALLS0: timed("calls", 10, 30, 50, 70), RESULTS0: timed("results", 20)},
-            {RESULTS0: timed("results", 40, 60, 80, first=1)},
-        ])
+        consumer = StandInConsumer(
+            fetches=[
+                {CALLS0: timed("calls", 10, 30, 50, 70), RESULTS0: timed("results", 20)},
+                {RESULTS0: timed("results", 40, 60, 80, first=1)},
+            ]
+        )
         consumer.highwaters = {CALLS0: 4, RESULTS0: 4}  # results 1..3 not fetched yet
         fetches = two_topics(consumer)
         await consumer._wait_next_records(1.0)
@@ -151,8 +170,12 @@ def test_calls_fetched_ahead_wait_for_the_results_still_on_the_broker() -> None:
         await consumer._wait_next_records(1.0)
         second = await fetches.take()
         assert [(r.topic, r.timestamp) for r in second] == [
-            ("calls", 30), ("results", 40), ("calls", 50), ("results", 60),
-            ("calls", 70), ("results", 80),
+            ("calls", 30),
+            ("results", 40),
+            ("calls", 50),
+            ("results", 60),
+            ("calls", 70),
+            ("results", 80),
         ]
         assert not fetches.alignment.holding
 
@@ -161,9 +184,12 @@ def test_calls_fetched_ahead_wait_for_the_results_still_on_the_broker() -> None:
 
 def test_records_are_held_only_while_a_sibling_has_unfetched_records_and_not_for_long() -> None:
     async def scenario() -> None:
-        consumer = StandInConsumer(fetches=[
-            {CALLS0: timed("calls", 10, 30)}, {CALLS0: timed("calls", 50, first=2)},
-        ])
+        consumer = StandInConsumer(
+            fetches=[
+                {CALLS0: timed("calls", 10, 30)},
+                {CALLS0: timed("calls", 50, first=2)},
+            ]
+        )
         consumer.highwaters = {CALLS0: 2, RESULTS0: 0}  # nothing on the results topic
         fetches = two_topics(consumer)
         await consumer._wait_next_records(1.0)
@@ -199,12 +225,15 @@ def test_offsets_already_delivered_are_never_a_gap() -> None:
     """perform_seek resets the read offset to the committed one while records past it
     were delivered: Faust's loop then counted those offsets as a gap (committed as if
     judged). Only offsets never delivered are one."""
+
     async def scenario() -> None:
-        consumer = StandInConsumer(fetches=[
-            {CALLS0: records(0, *range(869, 1363))},
-            {CALLS0: records(0, 1363, 1364)},
-            {CALLS0: records(0, 1370)},
-        ])
+        consumer = StandInConsumer(
+            fetches=[
+                {CALLS0: records(0, *range(869, 1363))},
+                {CALLS0: records(0, 1363, 1364)},
+                {CALLS0: records(0, 1370)},
+            ]
+        )
         fetches = installed(consumer, max_batch=1_000)
         await consumer._wait_next_records(1.0)
         consumer._read_offset[CALLS0] = 869  # perform_seek, to the committed offset
@@ -253,9 +282,11 @@ def test_an_offset_judged_twice_in_a_batch_is_acked_once() -> None:
     """A seek back can bring records again while their first copies still wait: the
     acked list must hold each offset once, or Faust's commit (which takes the first
     run of consecutive offsets) advances one offset per commit."""
+
     async def scenario() -> None:
-        consumer = StandInConsumer(fetches=[{CALLS0: records(0, 5, 6, 7)},
-                                            {CALLS0: records(0, 5, 6, 7)}])
+        consumer = StandInConsumer(
+            fetches=[{CALLS0: records(0, 5, 6, 7)}, {CALLS0: records(0, 5, 6, 7)}]
+        )
         fetches = installed(consumer)
         await consumer._wait_next_records(1.0)
         consumer._read_offset[CALLS0] = 5  # what Faust's seek to the committed 5 sets

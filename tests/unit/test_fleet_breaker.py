@@ -31,23 +31,33 @@ from tests.unit.conftest import call, loop_events, pair, verdicts
 
 T0 = 1_700_000_000_000
 BROKEN_EXEC = {"exec": ToolBreaker("exec", 3, 60, T0, T0 + 60_000)}
-WARN = ("WARNING: exec is failing across the fleet (3 sessions hit a loop on exec within "
-        "60 s). Avoid retrying it; change approach or report the task as failed.")
-BLOCK = ("CRITICAL: exec is failing across the fleet (3 sessions hit a loop on exec within "
-         "60 s). Calls to it are blocked fleet-wide until the failures stop: do not retry "
-         "it; change approach or report the task as failed.")
+WARN = (
+    "WARNING: exec is failing across the fleet (3 sessions hit a loop on exec within "
+    "60 s). Avoid retrying it; change approach or report the task as failed."
+)
+BLOCK = (
+    "CRITICAL: exec is failing across the fleet (3 sessions hit a loop on exec within "
+    "60 s). Calls to it are blocked fleet-wide until the failures stop: do not retry "
+    "it; change approach or report the task as failed."
+)
 
 
-def engine(breaker: dict[str, Any] | None = None, *, enforce: bool = True,
-           tools: dict[str, Any] | None = None, agents: list[dict[str, Any]] | None = None,
-           ) -> Engine:
-    rules: dict[str, Any] = {"fleetBreaker": {"sessions": 3, "windowSeconds": 60,
-                                              **(breaker or {})}}
+def engine(
+    breaker: dict[str, Any] | None = None,
+    *,
+    enforce: bool = True,
+    tools: dict[str, Any] | None = None,
+    agents: list[dict[str, Any]] | None = None,
+) -> Engine:
+    rules: dict[str, Any] = {
+        "fleetBreaker": {"sessions": 3, "windowSeconds": 60, **(breaker or {})}
+    }
     if tools is not None:
         rules["tools"] = tools
     document: dict[str, Any] = {
-        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
-                                    "criticalThreshold": 5}},
+        "tools": {
+            "loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}
+        },
         "loopfuse": {"enforce": enforce, "rules": rules},
     }
     if agents is not None:
@@ -79,8 +89,12 @@ def test_the_breaker_is_validated_strictly_and_resolved_with_defaults() -> None:
         parse_config({"loopfuse": {"rules": {"fleetBreaker": {"action": "abort"}}}})
     rule = Engine(parse_config({"loopfuse": {"rules": {"fleetBreaker": {}}}})).rules.resolver
     assert rule.fleet_breaker is not None
-    assert (rule.fleet_breaker.sessions, rule.fleet_breaker.window_seconds,
-            rule.fleet_breaker.action, rule.fleet_breaker.enforced) == (20, 300, "warn", True)
+    assert (
+        rule.fleet_breaker.sessions,
+        rule.fleet_breaker.window_seconds,
+        rule.fleet_breaker.action,
+        rule.fleet_breaker.enforced,
+    ) == (20, 300, "warn", True)
     assert Engine(parse_config({})).rules.resolver.fleet_breaker is None
     shown = describe_rules(engine({"action": "block"}).rules.resolve(None))
     assert shown == ["fleetBreaker: enforced (action=block, sessions=3, windowSeconds=60)"]
@@ -93,7 +107,11 @@ def test_a_call_to_a_broken_tool_is_warned_with_the_breakers_message() -> None:
     the_call = call("exec", {"cmd": "make"}, ts=T0 + 1_000)
     [verdict] = judged(engine(), [the_call], BROKEN_EXEC)
     assert (verdict.action, verdict.level, verdict.detector, verdict.count) == (
-        "warn", "warning", "fleet_tool_breaker", 3)
+        "warn",
+        "warning",
+        "fleet_tool_breaker",
+        3,
+    )
     assert verdict.message == WARN
     assert verdict.verdict_id == verdict_id("s1", "r1", the_call.call_id, "warn")
 
@@ -102,17 +120,22 @@ def test_a_block_breaker_blocks_a_call_the_session_only_warned() -> None:
     events = [*stuck_exec(3), call("exec", {"cmd": "make"}, ts=T0)]  # the 4th call: warned
     own = judged(engine(), events, {})
     assert [(v.action, v.detector) for v in own] == [
-        ("allow", None), ("allow", None), ("allow", None), ("warn", "generic_repeat")]
+        ("allow", None),
+        ("allow", None),
+        ("allow", None),
+        ("warn", "generic_repeat"),
+    ]
     broken = judged(engine({"action": "block"}), events, BROKEN_EXEC)
     assert [(v.action, v.detector, v.message) for v in broken] == [
-        ("block", "fleet_tool_breaker", BLOCK)] * 4
+        ("block", "fleet_tool_breaker", BLOCK)
+    ] * 4
 
 
 def test_a_warn_breaker_keeps_the_sessions_own_warning_and_block() -> None:
     events = [*stuck_exec(5), call("exec", {"cmd": "make"}, ts=T0)]
     assert [(v.action, v.detector) for v in judged(engine(), events, BROKEN_EXEC)] == [
-        ("warn", "fleet_tool_breaker")] * 3 + [
-        ("warn", "generic_repeat"), ("warn", "generic_repeat"), ("block", "generic_repeat")]
+        ("warn", "fleet_tool_breaker")
+    ] * 3 + [("warn", "generic_repeat"), ("warn", "generic_repeat"), ("block", "generic_repeat")]
 
 
 def test_another_tool_expiry_shadow_opt_out_and_exemption_leave_verdicts_alone() -> None:
@@ -126,8 +149,9 @@ def test_another_tool_expiry_shadow_opt_out_and_exemption_leave_verdicts_alone()
     assert action(engine({"shadow": True})) == "allow"
     assert action(engine(enforce=False)) == "allow"
     assert action(engine(tools={"exec": {"exempt": True}})) == "allow"
-    opted_out = engine(agents=[{"id": "ops", "loopfuse": {"rules": {
-        "fleetBreaker": {"enabled": False}}}}])
+    opted_out = engine(
+        agents=[{"id": "ops", "loopfuse": {"rules": {"fleetBreaker": {"enabled": False}}}}]
+    )
     assert action(opted_out, agent="ops") == "allow"
     assert action(opted_out, agent="other") == "warn"
 
@@ -156,58 +180,104 @@ def test_criticals_unknown_tool_streaks_and_failure_identities_strike_their_tool
         out += outputs
     [critical] = loop_events(out)
     assert [(e.detector, e.level) for e in strikes(out)] == [("generic_repeat", "critical")]
-    kinds = [("generic_repeat", "warning"), ("unknown_tool_repeat", "warning"),
-             ("repeated_failure", "warning"), ("fleet_tool_breaker", "critical"),
-             ("cycle", "critical")]
-    events = [critical.model_copy(update={"detector": d, "level": level})
-              for d, level in kinds]
+    kinds = [
+        ("generic_repeat", "warning"),
+        ("unknown_tool_repeat", "warning"),
+        ("repeated_failure", "warning"),
+        ("fleet_tool_breaker", "critical"),
+        ("cycle", "critical"),
+    ]
+    events = [critical.model_copy(update={"detector": d, "level": level}) for d, level in kinds]
     assert [(e.detector, e.level) for e in strikes(events)] == [
-        ("unknown_tool_repeat", "warning"), ("repeated_failure", "warning"),
-        ("cycle", "critical")]
+        ("unknown_tool_repeat", "warning"),
+        ("repeated_failure", "warning"),
+        ("cycle", "critical"),
+    ]
 
 
 def test_the_processor_sends_strikes_only_when_the_breaker_is_configured() -> None:
     events = []
     for i in range(6):  # the 6th identical call is a critical: the strike
-        base = {"session_key": "sess-1", "run_id": "r", "call_id": f"c{i}", "tool_name": "exec",
-                "args": {"command": "secret"}, "ts": T0 + i}
+        base = {
+            "session_key": "sess-1",
+            "run_id": "r",
+            "call_id": f"c{i}",
+            "tool_name": "exec",
+            "args": {"command": "secret"},
+            "ts": T0 + i,
+        }
         events.append({**base, "type": "tool_call", "event_id": f"e{2 * i}", "seq": 2 * i})
-        events.append({**base, "type": "tool_result", "event_id": f"e{2 * i + 1}",
-                       "seq": 2 * i + 1, "result": {"content": "failing"}})
-    records = [InputRecord("calls", 0, n, b"sess-1", orjson.dumps(e))
-               for n, e in enumerate(events)]
+        events.append(
+            {
+                **base,
+                "type": "tool_result",
+                "event_id": f"e{2 * i + 1}",
+                "seq": 2 * i + 1,
+                "result": {"content": "failing"},
+            }
+        )
+    records = [InputRecord("calls", 0, n, b"sess-1", orjson.dumps(e)) for n, e in enumerate(events)]
 
     def run(topics: OutputTopics) -> list[tuple[str, bytes | None, bytes]]:
-        return SessionProcessor(engine(), ("calls", "results", "compactions"), topics,
-                                DictStore(), _NoOffsets(), clock=lambda: T0 + 1_000,
-                                ).process(records)
+        return SessionProcessor(
+            engine(),
+            ("calls", "results", "compactions"),
+            topics,
+            DictStore(),
+            _NoOffsets(),
+            clock=lambda: T0 + 1_000,
+        ).process(records)
 
     plain = run(OutputTopics("verdicts", "loops", "dead"))
     with_breaker = run(OutputTopics("verdicts", "loops", "dead", "strikes"))
     assert [m for m in with_breaker if m[0] != "strikes"] == plain
-    sent = [(key, ToolStrike.model_validate_json(value)) for topic, key, value, _ in with_breaker
-            if topic == "strikes"]
+    sent = [
+        (key, ToolStrike.model_validate_json(value))
+        for topic, key, value, _ in with_breaker
+        if topic == "strikes"
+    ]
     assert [(key, s.tool_name, s.detector, s.ts) for key, s in sent] == [
-        (b"exec", "exec", "generic_repeat", T0 + 5)]
+        (b"exec", "exec", "generic_repeat", T0 + 5)
+    ]
     assert sent[0][1].session == f"{hash64('sess-1'):016x}"
-    late_clock = SessionProcessor(engine(), ("calls", "results", "compactions"),
-                                  OutputTopics("verdicts", "loops", "dead", "strikes"),
-                                  DictStore(), _NoOffsets(), clock=lambda: T0 + 2)
+    late_clock = SessionProcessor(
+        engine(),
+        ("calls", "results", "compactions"),
+        OutputTopics("verdicts", "loops", "dead", "strikes"),
+        DictStore(),
+        _NoOffsets(),
+        clock=lambda: T0 + 2,
+    )
     [(_, _, value, _)] = [m for m in late_clock.process(records) if m[0] == "strikes"]
     assert ToolStrike.model_validate_json(value).ts == T0 + 2  # a clock ahead counts as now
-    assert b"secret" not in b"".join(value for topic, _, value, _ in with_breaker
-                                      if topic == "strikes")
+    assert b"secret" not in b"".join(
+        value for topic, _, value, _ in with_breaker if topic == "strikes"
+    )
 
 
 def test_the_processor_overlays_the_board_it_is_given() -> None:
     board: dict[str, ToolBreaker] = {}
-    proc = SessionProcessor(engine(), ("calls", "results", "compactions"),
-                            OutputTopics("verdicts", "loops", "dead", "strikes"), DictStore(),
-                            _NoOffsets(), clock=lambda: T0, breakers=board)
+    proc = SessionProcessor(
+        engine(),
+        ("calls", "results", "compactions"),
+        OutputTopics("verdicts", "loops", "dead", "strikes"),
+        DictStore(),
+        _NoOffsets(),
+        clock=lambda: T0,
+        breakers=board,
+    )
 
     def verdict_of(n: int) -> dict[str, Any]:
-        event = {"type": "tool_call", "session_key": "s", "call_id": f"c{n}", "seq": n,
-                 "event_id": f"e{n}", "tool_name": "exec", "args": {"n": n}, "ts": T0 + n}
+        event = {
+            "type": "tool_call",
+            "session_key": "s",
+            "call_id": f"c{n}",
+            "seq": n,
+            "event_id": f"e{n}",
+            "tool_name": "exec",
+            "args": {"n": n},
+            "ts": T0 + n,
+        }
         [(_, _, value, _)] = proc.process([InputRecord("calls", 0, n, b"s", orjson.dumps(event))])
         return orjson.loads(value)  # type: ignore[no-any-return]
 
@@ -243,18 +313,17 @@ def test_k_distinct_sessions_within_the_window_trip_it_once() -> None:
     assert windows.strike("exec", "c", T0 + 3_000) is None  # a redelivery changes nothing
     # Only the newest 3 strikes count: until moves with the oldest of them, and is
     # published again once it moved by a tenth of the window (6 s).
-    assert [windows.strike("exec", s, T0 + at) for s, at in
-            (("d", 4_000), ("e", 20_000), ("f", 30_000))] == [None] * 3
+    assert [
+        windows.strike("exec", s, T0 + at) for s, at in (("d", 4_000), ("e", 20_000), ("f", 30_000))
+    ] == [None] * 3
     extended = windows.strike("exec", "g", T0 + 40_000)
     assert extended is not None and not extended.new  # republished, no new loop event
     assert extended.breaker == ToolBreaker("exec", 3, 60, T0 + 3_000, T0 + 80_000)
 
 
-def test_strikes_further_apart_than_the_window_never_trip_and_a_cleared_tool_trips_again(
-) -> None:
+def test_strikes_further_apart_than_the_window_never_trip_and_a_cleared_tool_trips_again() -> None:
     windows = FleetWindows(3, 60_000)
-    assert [windows.strike("exec", s, T0 + i * 40_000) for i, s in enumerate("abcd")] == [
-        None] * 4
+    assert [windows.strike("exec", s, T0 + i * 40_000) for i, s in enumerate("abcd")] == [None] * 4
     windows = FleetWindows(2, 60_000)
     first = windows.strike("exec", "b", T0 + 1) or windows.strike("exec", "a", T0 + 2)
     assert first is not None and first.new and first.breaker.until_ts == T0 + 60_001
@@ -288,24 +357,45 @@ def test_windows_and_board_are_bounded() -> None:
 
 def test_the_breaker_publishes_its_state_and_one_loop_event_per_trip() -> None:
     board = BreakerBoard()
-    judge = FleetBreakerJudge(engine().rules.resolver.fleet_breaker,  # type: ignore[arg-type]
-                              True, board, ("breakers", "loops"))
+    judge = FleetBreakerJudge(
+        engine().rules.resolver.fleet_breaker,  # type: ignore[arg-type]
+        True,
+        board,
+        ("breakers", "loops"),
+    )
 
     def strike(session: str, ts: int) -> list[tuple[str, bytes | None, bytes, int | None]]:
-        value = orjson.dumps({"type": "tool_strike", "tool_name": "exec", "detector":
-                              "generic_repeat", "session": f"{hash64(session):016x}", "ts": ts})
+        value = orjson.dumps(
+            {
+                "type": "tool_strike",
+                "tool_name": "exec",
+                "detector": "generic_repeat",
+                "session": f"{hash64(session):016x}",
+                "ts": ts,
+            }
+        )
         return judge.on_strike(value, T0 + 99)
 
     assert strike("a", T0) == [] and strike("b", T0 + 1) == []
     messages = strike("c", T0 + 2)
     assert [(topic, key) for topic, key, _, _ in messages] == [
-        ("breakers", b"exec"), ("loops", b"exec")]
+        ("breakers", b"exec"),
+        ("loops", b"exec"),
+    ]
     event = WireLoopEvent.model_validate_json(messages[1][2])
-    assert (event.detector, event.action, event.level, event.count, event.enforced,
-            event.session_key, event.message) == (
-        "fleet_tool_breaker", "warn", "warning", 3, True, "fleet", WARN)
+    assert (
+        event.detector,
+        event.action,
+        event.level,
+        event.count,
+        event.enforced,
+        event.session_key,
+        event.message,
+    ) == ("fleet_tool_breaker", "warn", "warning", 3, True, "fleet", WARN)
     assert event.fleet is not None and (event.fleet.since_ts, event.fleet.until_ts) == (
-        T0 + 2, T0 + 60_000)
+        T0 + 2,
+        T0 + 60_000,
+    )
     assert board.broken["exec"].until_ts == T0 + 60_000
     assert judge.on_strike(b"not json", T0) == []
 
@@ -322,7 +412,15 @@ def test_a_shadow_breaker_says_so_in_its_loop_event() -> None:
     assert rule is not None and not rule.enforced
     judge = FleetBreakerJudge(rule, True, BreakerBoard(), ("breakers", "loops"))
     for n, session in enumerate("abc"):
-        messages = judge.on_strike(orjson.dumps({
-            "tool_name": "exec", "detector": "repeated_failure",
-            "session": f"{hash64(session):016x}", "ts": T0 + n}), T0)
+        messages = judge.on_strike(
+            orjson.dumps(
+                {
+                    "tool_name": "exec",
+                    "detector": "repeated_failure",
+                    "session": f"{hash64(session):016x}",
+                    "ts": T0 + n,
+                }
+            ),
+            T0,
+        )
     assert WireLoopEvent.model_validate_json(messages[-1][2]).enforced is False

@@ -22,9 +22,11 @@ from tests.unit.conftest import (
 
 
 def abort_message(tool: str, n: int, window: int) -> str:
-    return (f"CRITICAL: tool {tool} repeated {n} times with identical arguments and identical "
-            f"results within {window} attempts after auto-compaction. The compaction did not "
-            "break the loop. Aborting to prevent runaway resource use.")
+    return (
+        f"CRITICAL: tool {tool} repeated {n} times with identical arguments and identical "
+        f"results within {window} attempts after auto-compaction. The compaction did not "
+        "break the loop. Aborting to prevent runaway resource use."
+    )
 
 
 def aborts(outputs: list[Any]) -> list[Any]:
@@ -32,8 +34,7 @@ def aborts(outputs: list[Any]) -> list[Any]:
 
 
 def same_results(n: int, tool: str = "read", args: Any = None, **kw: Any) -> list[Any]:
-    return [result(tool, {"p": 1} if args is None else args, result="same", **kw)
-            for _ in range(n)]
+    return [result(tool, {"p": 1} if args is None else args, result="same", **kw) for _ in range(n)]
 
 
 def guard_engine(window: int | None = None, **loop: Any) -> Engine:
@@ -45,13 +46,20 @@ def guard_engine(window: int | None = None, **loop: Any) -> Engine:
 
 def test_aborts_when_the_first_window_results_after_compaction_are_identical() -> None:
     engine = guard_engine()
-    events = [compaction(), *same_results(2), result("read", {"p": 1}, result="same",
-                                                     call_id="c-last")]
+    events = [
+        compaction(),
+        *same_results(2),
+        result("read", {"p": 1}, result="same", call_id="c-last"),
+    ]
     found = aborts(engine.replay(events))
     assert len(found) == 1
     v = found[0]
-    assert (v.action, v.level, v.detector, v.count) == ("abort", "critical",
-                                                        "compaction_loop_persisted", 3)
+    assert (v.action, v.level, v.detector, v.count) == (
+        "abort",
+        "critical",
+        "compaction_loop_persisted",
+        3,
+    )
     assert (v.tool_name, v.call_id, v.run_id) == ("read", "c-last", "r1")
     assert v.message == abort_message("read", 3, 3)
 
@@ -84,8 +92,12 @@ def test_window_is_the_first_results_after_compaction_only() -> None:
 
 
 def test_args_and_tool_are_part_of_the_triple() -> None:
-    events = [compaction(), result("read", {"p": 1}, result="x"),
-              result("read", {"p": 2}, result="x"), result("stat", {"p": 1}, result="x")]
+    events = [
+        compaction(),
+        result("read", {"p": 1}, result="x"),
+        result("read", {"p": 2}, result="x"),
+        result("stat", {"p": 1}, result="x"),
+    ]
     assert aborts(guard_engine().replay(events)) == []
 
 
@@ -106,8 +118,11 @@ def test_rearming_resets_the_window() -> None:
 
 def test_results_without_fingerprint_are_not_fed() -> None:
     loop_block = {"content": [], "details": {"status": "blocked", "deniedReason": "tool-loop"}}
-    events = [compaction(), *[result("read", {"p": 1}, result=loop_block) for _ in range(3)],
-              *[result("read", {"p": 1}, result=None) for _ in range(3)]]
+    events = [
+        compaction(),
+        *[result("read", {"p": 1}, result=loop_block) for _ in range(3)],
+        *[result("read", {"p": 1}, result=None) for _ in range(3)],
+    ]
     assert aborts(guard_engine().replay(events)) == []
 
 
@@ -123,12 +138,15 @@ def test_guard_works_from_call_and_result_pairs_and_errors() -> None:
     assert actions(outputs).count("abort") == 1
 
 
-@pytest.mark.parametrize("engine_factory", [
-    pytest.param(lambda: Engine(), id="no-config-file"),
-    pytest.param(lambda: Engine(parse_config({"gateway": {"port": 1}})), id="no-loop-block"),
-    pytest.param(lambda: guard_engine(historySize=5), id="enabled-unset"),
-    pytest.param(lambda: engine_with(), id="enabled-true"),
-])
+@pytest.mark.parametrize(
+    "engine_factory",
+    [
+        pytest.param(lambda: Engine(), id="no-config-file"),
+        pytest.param(lambda: Engine(parse_config({"gateway": {"port": 1}})), id="no-loop-block"),
+        pytest.param(lambda: guard_engine(historySize=5), id="enabled-unset"),
+        pytest.param(lambda: engine_with(), id="enabled-true"),
+    ],
+)
 def test_guard_is_on_unless_enabled_is_explicitly_false(engine_factory: Any) -> None:
     outputs = engine_factory().replay([compaction(), *same_results(3)])
     assert len(aborts(outputs)) == 1
@@ -143,23 +161,37 @@ def test_guard_off_when_enabled_is_false() -> None:
 
 
 def test_per_agent_disable_and_window() -> None:
-    engine = Engine(parse_config({"agents": {"list": [
-        {"id": "off", "tools": {"loopDetection": {"enabled": False}}},
-        {"id": "one", "tools": {"loopDetection": {"postCompactionGuard": {"windowSize": 1}}}},
-    ]}}))
-    off = engine.replay([compaction(agent="off", session="a"),
-                         *same_results(3, agent="off", session="a")])
+    engine = Engine(
+        parse_config(
+            {
+                "agents": {
+                    "list": [
+                        {"id": "off", "tools": {"loopDetection": {"enabled": False}}},
+                        {
+                            "id": "one",
+                            "tools": {"loopDetection": {"postCompactionGuard": {"windowSize": 1}}},
+                        },
+                    ]
+                }
+            }
+        )
+    )
+    off = engine.replay(
+        [compaction(agent="off", session="a"), *same_results(3, agent="off", session="a")]
+    )
     assert aborts(off) == []
-    one = engine.replay([compaction(agent="one", session="b"),
-                         *same_results(1, agent="one", session="b")])
+    one = engine.replay(
+        [compaction(agent="one", session="b"), *same_results(1, agent="one", session="b")]
+    )
     assert len(aborts(one)) == 1
     assert [n.message for n in notices(one)] == ["post-compaction guard armed for 1 attempts"]
 
 
 def test_notice_on_every_arming() -> None:
     outputs = guard_engine(window=4).replay([compaction(), compaction(reason="timeout")])
-    assert [n.message for n in notices(outputs)] == \
-        ["post-compaction guard armed for 4 attempts"] * 2
+    assert [n.message for n in notices(outputs)] == [
+        "post-compaction guard armed for 4 attempts"
+    ] * 2
 
 
 def test_guard_does_not_change_call_verdicts() -> None:
@@ -170,8 +202,9 @@ def test_guard_does_not_change_call_verdicts() -> None:
 def test_abort_is_a_loop_event() -> None:
     outputs = guard_engine().replay([compaction(), *same_results(3)])
     events = [o for o in outputs if getattr(o, "type", None) == "loop_event"]
-    assert [(e.action, e.detector, e.count) for e in events] == \
-        [("abort", "compaction_loop_persisted", 3)]
+    assert [(e.action, e.detector, e.count) for e in events] == [
+        ("abort", "compaction_loop_persisted", 3)
+    ]
 
 
 def test_run_ended_disarms_the_guard() -> None:

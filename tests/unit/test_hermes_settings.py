@@ -23,8 +23,14 @@ def test_the_hermes_entry_wins_over_loopfuse_variables(monkeypatch: pytest.Monke
     monkeypatch.setenv("LOOPFUSE_FAIL_POLICY", "closed")
     monkeypatch.setenv("LOOPFUSE_BOOTSTRAP_SERVERS", "env-kafka:9092")
     monkeypatch.setenv("LOOPFUSE_SHADOW", "true")
-    config = load({"bootstrap_servers": "kafka:9092", "topic_verdicts": "v", "enabled": True,
-                   "allow_tool_override": False})
+    config = load(
+        {
+            "bootstrap_servers": "kafka:9092",
+            "topic_verdicts": "v",
+            "enabled": True,
+            "allow_tool_override": False,
+        }
+    )
     assert config.plugin.fail_policy == "closed" and config.plugin.shadow
     assert config.kafka.bootstrap_servers == "kafka:9092"
     assert config.kafka.topic_verdicts == "v"
@@ -32,8 +38,11 @@ def test_the_hermes_entry_wins_over_loopfuse_variables(monkeypatch: pytest.Monke
 
 @pytest.mark.parametrize(
     ("entry", "named"),
-    [({"fail_policy": "sometimes"}, "fail_policy"), ({"bootstrap": "k:9092"}, "bootstrap"),
-     ({"gateway_timeout": 0}, "gateway_timeout")],
+    [
+        ({"fail_policy": "sometimes"}, "fail_policy"),
+        ({"bootstrap": "k:9092"}, "bootstrap"),
+        ({"gateway_timeout": 0}, "gateway_timeout"),
+    ],
 )
 def test_a_bad_entry_is_refused_naming_the_key(entry: dict[str, object], named: str) -> None:
     with pytest.raises(ValidationError, match=named):
@@ -49,8 +58,11 @@ def test_a_warning_stays_inside_a_json_result() -> None:
 
 def test_every_plugin_setting_is_documented() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "gateway-integration.md").read_text()
-    missing = [n for n in PluginSettings.model_fields if f"LOOPFUSE_{n.upper()}" not in docs
-               or f"{n}:" not in docs]
+    missing = [
+        n
+        for n in PluginSettings.model_fields
+        if f"LOOPFUSE_{n.upper()}" not in docs or f"{n}:" not in docs
+    ]
     assert missing == []
 
 

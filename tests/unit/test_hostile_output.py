@@ -27,15 +27,32 @@ from tests.fixtures.hostile_strings import HOSTILE, as_json, benign, hostile_loo
 from tests.support.terminal import SGR, foreign_bytes, run_in_terminal
 
 LOOP_EVENT: dict[str, Any] = {
-    "type": "loop_event", "session_key": "s1", "run_id": "r1", "agent_id": "a1",
-    "call_id": "c1", "tool_name": "exec", "action": "block", "level": "critical",
-    "detector": "generic_repeat", "count": 20, "message": "CRITICAL: stop",
-    "enforced": True, "event_ts": 1_796_032_800_000,
+    "type": "loop_event",
+    "session_key": "s1",
+    "run_id": "r1",
+    "agent_id": "a1",
+    "call_id": "c1",
+    "tool_name": "exec",
+    "action": "block",
+    "level": "critical",
+    "detector": "generic_repeat",
+    "count": 20,
+    "message": "CRITICAL: stop",
+    "enforced": True,
+    "event_ts": 1_796_032_800_000,
 }
 # What a reader of the terminal must find verbatim: markup as text, escapes as text.
-VERBATIM = ("[/bold]", "[link=https://evil.example]click[/link]", "[bold red on white]x",
-            ":red_circle: :warning:", r"\x1b]0;owned\x07", r"ok\x0dFORGED", r"one\x0atwo",
-            r"abc\u202egnp.exe", r"\\x1b[31m")
+VERBATIM = (
+    "[/bold]",
+    "[link=https://evil.example]click[/link]",
+    "[bold red on white]x",
+    ":red_circle: :warning:",
+    r"\x1b]0;owned\x07",
+    r"ok\x0dFORGED",
+    r"one\x0atwo",
+    r"abc\u202egnp.exe",
+    r"\\x1b[31m",
+)
 
 
 def _jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
@@ -48,7 +65,9 @@ def test_audit_shows_every_payload_as_plain_text_and_writes_the_report(tmp_path:
     hostile = _jsonl(tmp_path / "hostile.jsonl", events)
     plain = _jsonl(tmp_path / "plain.jsonl", benign(events))
 
-    seen = run_in_terminal("audit", str(hostile), "--top", "200", "--html", str(tmp_path / "r.html"))
+    seen = run_in_terminal(
+        "audit", str(hostile), "--top", "200", "--html", str(tmp_path / "r.html")
+    )
     baseline = run_in_terminal("audit", str(plain), "--top", "200")
 
     assert seen.returncode == 0, seen.stderr
@@ -63,17 +82,21 @@ def test_audit_shows_every_payload_as_plain_text_and_writes_the_report(tmp_path:
 
 def test_config_check_shows_agent_ids_and_tool_names_as_plain_text(tmp_path: Path) -> None:
     def config(names: list[str]) -> str:
-        return json.dumps({
-            "tools": {"loopDetection": {"enabled": True}},
-            "agents": {"list": [{"id": name} for name in names]},
-            "loopfuse": {
-                "providerSendTools": names,
-                "rules": {"tools": {
-                    name: {"exempt": True} if i % 2 else {"warningThreshold": 5}
-                    for i, name in enumerate(names)
-                }},
-            },
-        })
+        return json.dumps(
+            {
+                "tools": {"loopDetection": {"enabled": True}},
+                "agents": {"list": [{"id": name} for name in names]},
+                "loopfuse": {
+                    "providerSendTools": names,
+                    "rules": {
+                        "tools": {
+                            name: {"exempt": True} if i % 2 else {"warningThreshold": 5}
+                            for i, name in enumerate(names)
+                        }
+                    },
+                },
+            }
+        )
 
     payloads = list(HOSTILE.values())
     (tmp_path / "hostile.json").write_text(config(payloads))

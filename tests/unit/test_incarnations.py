@@ -18,30 +18,58 @@ NOW = 2_000_000_000_000
 def engine() -> Engine:
     return Engine(
         parse_config(
-            {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
-                                         "criticalThreshold": 5}}}
+            {
+                "tools": {
+                    "loopDetection": {
+                        "enabled": True,
+                        "warningThreshold": 3,
+                        "criticalThreshold": 5,
+                    }
+                }
+            }
         )
     )
 
 
-def looping(n: int, *, incarnation: str | None, start_ts: int, run: str = "r1",
-            seq0: int = 0) -> list[Any]:
+def looping(
+    n: int, *, incarnation: str | None, start_ts: int, run: str = "r1", seq0: int = 0
+) -> list[Any]:
     """``n`` identical exec calls with identical results, numbered from ``seq0``."""
     events = []
     for i in range(n):
         seq = seq0 + 2 * i
         ts = start_ts + 10 * seq
-        events.append(call("exec", LOOP, call_id=f"c{i}", seq=seq, ts=ts, run=run,
-                           event_id=f"{incarnation}:{seq}"))
+        events.append(
+            call(
+                "exec",
+                LOOP,
+                call_id=f"c{i}",
+                seq=seq,
+                ts=ts,
+                run=run,
+                event_id=f"{incarnation}:{seq}",
+            )
+        )
         events[-1] = replace(events[-1], incarnation=incarnation)
-        events.append(result("exec", LOOP, call_id=f"c{i}", seq=seq + 1, ts=ts + 5, run=run,
-                             result={"content": "1 failing"}, event_id=f"{incarnation}:{seq + 1}"))
+        events.append(
+            result(
+                "exec",
+                LOOP,
+                call_id=f"c{i}",
+                seq=seq + 1,
+                ts=ts + 5,
+                run=run,
+                result={"content": "1 failing"},
+                event_id=f"{incarnation}:{seq + 1}",
+            )
+        )
         events[-1] = replace(events[-1], incarnation=incarnation)
     return events
 
 
-def judged(eng: Engine, events: list[Any], state: SessionState | None = None,
-           watermark: int | None = None) -> tuple[SessionState, list[Any]]:
+def judged(
+    eng: Engine, events: list[Any], state: SessionState | None = None, watermark: int | None = None
+) -> tuple[SessionState, list[Any]]:
     outputs: list[Any] = []
     for event in events:
         state, produced = eng.step(state, event, NOW, watermark)
@@ -67,8 +95,10 @@ def test_without_an_incarnation_a_restart_looks_like_redelivery() -> None:
     """What v1 gateways get: seq 0 again is taken for a duplicate (hence the extension)."""
     eng = engine()
     state, _ = judged(eng, looping(4, incarnation=None, start_ts=1_000))
-    restarted = [replace(e, event_id=f"new-{e.event_id}")
-                 for e in looping(4, incarnation=None, start_ts=2_000)]
+    restarted = [
+        replace(e, event_id=f"new-{e.event_id}")
+        for e in looping(4, incarnation=None, start_ts=2_000)
+    ]
     _, after = judged(eng, restarted, state)
     assert {v.action for v in verdicts(after)} == {"allow"}
 
@@ -103,8 +133,9 @@ def test_the_new_seq_space_waits_until_the_old_ones_last_events_are_read() -> No
 def test_release_opens_a_waiting_seq_space_when_nothing_is_left_to_read() -> None:
     eng = engine()
     state, _ = judged(eng, looping(2, incarnation="gw-a", start_ts=1_000))
-    state, waiting = judged(eng, looping(1, incarnation="gw-b", start_ts=2_000)[:1], state,
-                            watermark=1_500)
+    state, waiting = judged(
+        eng, looping(1, incarnation="gw-b", start_ts=2_000)[:1], state, watermark=1_500
+    )
     assert verdicts(waiting) == []
     assert [v.call_id for v in verdicts(eng.release(state, NOW, None))] == ["c0"]
     assert state.pending == []

@@ -36,7 +36,8 @@ def test_the_pom_pins_one_kafka_version_that_its_dependency_uses() -> None:
     pinned = pom.findtext("m:properties/m:kafka.version", namespaces=POM_NS)
     assert pinned == kafka_version()
     kafka = [
-        d for d in pom.iterfind("m:dependencies/m:dependency", POM_NS)
+        d
+        for d in pom.iterfind("m:dependencies/m:dependency", POM_NS)
         if d.findtext("m:artifactId", namespaces=POM_NS) == "kafka_2.13"
     ]
     assert [d.findtext("m:version", namespaces=POM_NS) for d in kafka] == ["${kafka.version}"]
@@ -60,9 +61,14 @@ def test_compose_gives_its_broker_the_settings_the_launcher_gives_the_suites_bro
     assert {k: env.get(k) for k in as_env} == as_env
     # and sets nothing of that kind the launcher does not (identity and listeners aside)
     node_own = {
-        "KAFKA_NODE_ID", "KAFKA_PROCESS_ROLES", "KAFKA_CONTROLLER_QUORUM_VOTERS",
-        "KAFKA_CONTROLLER_LISTENER_NAMES", "KAFKA_LISTENERS", "KAFKA_ADVERTISED_LISTENERS",
-        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP", "KAFKA_INTER_BROKER_LISTENER_NAME",
+        "KAFKA_NODE_ID",
+        "KAFKA_PROCESS_ROLES",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS",
+        "KAFKA_CONTROLLER_LISTENER_NAMES",
+        "KAFKA_LISTENERS",
+        "KAFKA_ADVERTISED_LISTENERS",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+        "KAFKA_INTER_BROKER_LISTENER_NAME",
         "KAFKA_LOG_DIRS",
     }
     extra = {k for k in env if k.startswith("KAFKA_")} - node_own - set(as_env)
@@ -86,12 +92,24 @@ def test_the_readmes_acl_commands_are_what_the_acl_script_runs() -> None:
     readme = (ROOT / "README.md").read_text()
     listed = [line for line in readme.splitlines() if line.startswith("kafka-acls.sh ")]
     ran: list[str] = []
-    for role in (["worker", "User:worker"], ["gateway", "User:gateway-a", "loopfuse.replies.a"],
-                 ["auditor", "User:auditor"]):
-        env = {"PATH": os.environ["PATH"], "BOOTSTRAP_SERVER": "$BOOTSTRAP",
-               "COMMAND_CONFIG": "admin.properties", "DRY_RUN": "1"}
-        done = subprocess.run(["sh", str(ROOT / "infra" / "kafka" / "kafka-acls.sh"), *role],
-                              env=env, capture_output=True, text=True, check=True)
+    for role in (
+        ["worker", "User:worker"],
+        ["gateway", "User:gateway-a", "loopfuse.replies.a"],
+        ["auditor", "User:auditor"],
+    ):
+        env = {
+            "PATH": os.environ["PATH"],
+            "BOOTSTRAP_SERVER": "$BOOTSTRAP",
+            "COMMAND_CONFIG": "admin.properties",
+            "DRY_RUN": "1",
+        }
+        done = subprocess.run(
+            ["sh", str(ROOT / "infra" / "kafka" / "kafka-acls.sh"), *role],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         ran += done.stdout.splitlines()
     assert len(ran) == 9
     assert listed == ran

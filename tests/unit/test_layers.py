@@ -24,8 +24,22 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "loopfuse"
 
 #: Third-party and standard modules that do I/O, run an event loop or read a clock.
-IO = {"aiokafka", "aiohttp", "asyncio", "faust", "http", "mode", "rocksdict", "selectors",
-      "socket", "ssl", "subprocess", "threading", "time", "urllib"}
+IO = {
+    "aiokafka",
+    "aiohttp",
+    "asyncio",
+    "faust",
+    "http",
+    "mode",
+    "rocksdict",
+    "selectors",
+    "socket",
+    "ssl",
+    "subprocess",
+    "threading",
+    "time",
+    "urllib",
+}
 #: What only the worker's install ([worker] extra) has.
 WORKER_ONLY = {"faust", "mode", "rocksdict"}
 
@@ -38,32 +52,66 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loopfuse.streams.end_offsets": (),
     # why a client cannot connect (one line naming the setting): every edge that connects
     "loopfuse.streams.broker_access": (),
-    "loopfuse.streams.gateway": ("loopfuse.schemas", "loopfuse.streams.engine",
-                                 "loopfuse.streams.settings", "loopfuse.streams.broker_access"),
-    "loopfuse.integrations": ("loopfuse.schemas", "loopfuse.streams.engine",
-                              "loopfuse.streams.settings", "loopfuse.streams.gateway",
-                              "loopfuse.streams.broker_access"),
-    "loopfuse.streams.ops": ("loopfuse.schemas", "loopfuse.streams.engine",
-                             "loopfuse.streams.settings", "loopfuse.streams.end_offsets",
-                             "loopfuse.streams.broker_access"),
-    "loopfuse.streams.worker": ("loopfuse.schemas", "loopfuse.streams.engine",
-                                "loopfuse.streams.settings", "loopfuse.streams.end_offsets",
-                                "loopfuse.streams.broker_access"),
+    "loopfuse.streams.gateway": (
+        "loopfuse.schemas",
+        "loopfuse.streams.engine",
+        "loopfuse.streams.settings",
+        "loopfuse.streams.broker_access",
+    ),
+    "loopfuse.integrations": (
+        "loopfuse.schemas",
+        "loopfuse.streams.engine",
+        "loopfuse.streams.settings",
+        "loopfuse.streams.gateway",
+        "loopfuse.streams.broker_access",
+    ),
+    "loopfuse.streams.ops": (
+        "loopfuse.schemas",
+        "loopfuse.streams.engine",
+        "loopfuse.streams.settings",
+        "loopfuse.streams.end_offsets",
+        "loopfuse.streams.broker_access",
+    ),
+    "loopfuse.streams.worker": (
+        "loopfuse.schemas",
+        "loopfuse.streams.engine",
+        "loopfuse.streams.settings",
+        "loopfuse.streams.end_offsets",
+        "loopfuse.streams.broker_access",
+    ),
     # offline replay: the session processor without Kafka
-    "loopfuse.streams.replay": ("loopfuse.schemas", "loopfuse.streams.engine",
-                                "loopfuse.streams.worker.processor",
-                                "loopfuse.streams.worker.progress"),
-    "loopfuse.streams.local": ("loopfuse.schemas", "loopfuse.streams.engine",
-                               "loopfuse.streams.settings", "loopfuse.streams.end_offsets",
-                               "loopfuse.streams.gateway", "loopfuse.streams.worker",
-                               "loopfuse.streams.ops"),
+    "loopfuse.streams.replay": (
+        "loopfuse.schemas",
+        "loopfuse.streams.engine",
+        "loopfuse.streams.worker.processor",
+        "loopfuse.streams.worker.progress",
+    ),
+    "loopfuse.streams.local": (
+        "loopfuse.schemas",
+        "loopfuse.streams.engine",
+        "loopfuse.streams.settings",
+        "loopfuse.streams.end_offsets",
+        "loopfuse.streams.gateway",
+        "loopfuse.streams.worker",
+        "loopfuse.streams.ops",
+    ),
     "loopfuse.streams.cli": ("loopfuse",),
 }
 #: The base install (no [worker] extra) runs these: they may not import WORKER_ONLY.
-BASE = ("loopfuse.schemas", "loopfuse.streams.engine", "loopfuse.streams.settings",
-        "loopfuse.streams.end_offsets", "loopfuse.streams.broker_access", "loopfuse.streams.gateway", "loopfuse.integrations",
-        "loopfuse.streams.ops", "loopfuse.streams.replay", "loopfuse.streams.cli",
-        "loopfuse.streams.worker.processor", "loopfuse.streams.worker.progress")
+BASE = (
+    "loopfuse.schemas",
+    "loopfuse.streams.engine",
+    "loopfuse.streams.settings",
+    "loopfuse.streams.end_offsets",
+    "loopfuse.streams.broker_access",
+    "loopfuse.streams.gateway",
+    "loopfuse.integrations",
+    "loopfuse.streams.ops",
+    "loopfuse.streams.replay",
+    "loopfuse.streams.cli",
+    "loopfuse.streams.worker.processor",
+    "loopfuse.streams.worker.progress",
+)
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -112,8 +160,10 @@ def imports_of(module: str, path: Path) -> set[str]:
 
 
 def _layer(module: str) -> str:
-    return max((prefix for prefix in ALLOWED if module == prefix or
-                module.startswith(prefix + ".")), key=len)
+    return max(
+        (prefix for prefix in ALLOWED if module == prefix or module.startswith(prefix + ".")),
+        key=len,
+    )
 
 
 def _under(name: str, prefix: str) -> bool:
@@ -125,22 +175,34 @@ MODULES = sorted(_modules())
 
 def test_the_package_is_walked_through_its_links() -> None:
     names = {module for module, _ in MODULES}
-    assert {"loopfuse.streams.engine.step", "loopfuse.streams.worker.app",
-            "loopfuse.streams.gateway.client", "loopfuse.integrations.hermes.plugin",
-            "loopfuse.schemas.events", "loopfuse.streams.ops.audit"} <= names
+    assert {
+        "loopfuse.streams.engine.step",
+        "loopfuse.streams.worker.app",
+        "loopfuse.streams.gateway.client",
+        "loopfuse.integrations.hermes.plugin",
+        "loopfuse.schemas.events",
+        "loopfuse.streams.ops.audit",
+    } <= names
     assert all(_layer(module) for module in names if module != "loopfuse")
 
 
-@pytest.mark.parametrize(("module", "path"), [m for m in MODULES if m[0] != "loopfuse"],
-                         ids=[m[0] for m in MODULES if m[0] != "loopfuse"])
+@pytest.mark.parametrize(
+    ("module", "path"),
+    [m for m in MODULES if m[0] != "loopfuse"],
+    ids=[m[0] for m in MODULES if m[0] != "loopfuse"],
+)
 def test_imports_point_down(module: str, path: Path) -> None:
     layer = _layer(module)
     allowed = (layer, *ALLOWED[layer])
     imported = imports_of(module, path)
-    wrong = sorted(name for name in imported if _under(name, "loopfuse")
-                   and not any(_under(name, prefix) for prefix in allowed)
-                   # a package's own name, imported for a submodule of an allowed one
-                   and not any(_under(prefix, name) for prefix in allowed))
+    wrong = sorted(
+        name
+        for name in imported
+        if _under(name, "loopfuse")
+        and not any(_under(name, prefix) for prefix in allowed)
+        # a package's own name, imported for a submodule of an allowed one
+        and not any(_under(prefix, name) for prefix in allowed)
+    )
     assert wrong == [], f"{module} ({layer}) imports {wrong}"
     if layer == "loopfuse.streams.engine":
         io = sorted(name for name in imported if name.split(".")[0] in IO)
@@ -152,8 +214,10 @@ def test_imports_point_down(module: str, path: Path) -> None:
 
 def test_only_the_cli_imports_the_local_tooling() -> None:
     users = sorted(
-        module for module, path in MODULES
-        if not _under(module, "loopfuse.streams.local") and module != "loopfuse.streams.cli"
+        module
+        for module, path in MODULES
+        if not _under(module, "loopfuse.streams.local")
+        and module != "loopfuse.streams.cli"
         and any(_under(name, "loopfuse.streams.local") for name in imports_of(module, path))
     )
     assert users == []

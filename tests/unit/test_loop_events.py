@@ -22,8 +22,13 @@ def test_every_critical_is_a_loop_event() -> None:
     criticals = [e for e in loop_events(outputs) if e.level == "critical"]
     assert len(blocks) == len(criticals) == 3
     for block, event in zip(blocks, criticals, strict=True):
-        assert (event.action, event.detector, event.count, event.message, event.call_id) == \
-            (block.action, block.detector, block.count, block.message, block.call_id)
+        assert (event.action, event.detector, event.count, event.message, event.call_id) == (
+            block.action,
+            block.detector,
+            block.count,
+            block.message,
+            block.call_id,
+        )
 
 
 def test_warning_events_at_threshold_10_start_at_count_10() -> None:
@@ -31,15 +36,18 @@ def test_warning_events_at_threshold_10_start_at_count_10() -> None:
     outputs = engine.replay([call("read", {}) for _ in range(32)])
     warn_counts = [v.count for v in verdicts(outputs) if v.action == "warn"]
     assert warn_counts == list(range(10, 32))
-    assert [(e.level, e.count) for e in loop_events(outputs)] == [("warning", 10),
-                                                                  ("warning", 20),
-                                                                  ("warning", 30)]
+    assert [(e.level, e.count) for e in loop_events(outputs)] == [
+        ("warning", 10),
+        ("warning", 20),
+        ("warning", 30),
+    ]
 
 
 def test_warning_events_at_threshold_3_still_start_at_count_10() -> None:
     # The last published bucket starts at 0, so counts 3..9 (bucket 0) publish nothing.
-    engine = engine_with(warningThreshold=3, criticalThreshold=40,
-                         globalCircuitBreakerThreshold=50, historySize=50)
+    engine = engine_with(
+        warningThreshold=3, criticalThreshold=40, globalCircuitBreakerThreshold=50, historySize=50
+    )
     outputs = engine.replay([call("read", {}) for _ in range(22)])
     assert [v.count for v in verdicts(outputs) if v.action == "warn"] == list(range(3, 22))
     assert [e.count for e in loop_events(outputs)] == [10, 20]
@@ -47,13 +55,19 @@ def test_warning_events_at_threshold_3_still_start_at_count_10() -> None:
 
 
 def test_warning_keys_are_separate_per_args_and_per_run() -> None:
-    engine = engine_with(warningThreshold=3, criticalThreshold=40,
-                         globalCircuitBreakerThreshold=50, historySize=60)
-    events = [*[call("read", {"p": 1}) for _ in range(11)],
-              *[call("read", {"p": 2}) for _ in range(11)],
-              *[call("read", {"p": 1}, run="r2") for _ in range(11)]]
-    assert [(e.run_id, e.count) for e in loop_events(engine.replay(events))] == \
-        [("r1", 10), ("r1", 10), ("r2", 10)]
+    engine = engine_with(
+        warningThreshold=3, criticalThreshold=40, globalCircuitBreakerThreshold=50, historySize=60
+    )
+    events = [
+        *[call("read", {"p": 1}) for _ in range(11)],
+        *[call("read", {"p": 2}) for _ in range(11)],
+        *[call("read", {"p": 1}, run="r2") for _ in range(11)],
+    ]
+    assert [(e.run_id, e.count) for e in loop_events(engine.replay(events))] == [
+        ("r1", 10),
+        ("r1", 10),
+        ("r2", 10),
+    ]
 
 
 def test_at_most_256_warning_keys_per_session_oldest_dropped_first() -> None:
@@ -61,8 +75,12 @@ def test_at_most_256_warning_keys_per_session_oldest_dropped_first() -> None:
         return [call("read", {"k": k}) for _ in range(11)]  # the 11th warns with count 10
 
     def published_again(distinct_keys: int) -> bool:
-        engine = engine_with(warningThreshold=3, criticalThreshold=40,
-                             globalCircuitBreakerThreshold=50, historySize=11)
+        engine = engine_with(
+            warningThreshold=3,
+            criticalThreshold=40,
+            globalCircuitBreakerThreshold=50,
+            historySize=11,
+        )
         first = [e for k in range(distinct_keys) for e in key_calls(k)]
         published = len(loop_events(engine.replay([*first, *key_calls(0)])))
         assert published in (distinct_keys, distinct_keys + 1)
@@ -79,12 +97,14 @@ def test_loop_event_carries_the_resolved_config() -> None:
     assert event.enforced is True
     assert event.config  # the resolved config in force travels with the audit event
     assert 5 in event.config.values() or any(
-        isinstance(v, dict) and 5 in v.values() for v in event.config.values())
+        isinstance(v, dict) and 5 in v.values() for v in event.config.values()
+    )
 
 
 def test_run_ended_forgets_the_run_warning_keys() -> None:
-    engine = engine_with(warningThreshold=3, criticalThreshold=40,
-                         globalCircuitBreakerThreshold=50, historySize=11)
+    engine = engine_with(
+        warningThreshold=3, criticalThreshold=40, globalCircuitBreakerThreshold=50, historySize=11
+    )
     calls = [call("read", {}) for _ in range(11)]
     again = [call("read", {}) for _ in range(11)]
     kept = engine.replay([*calls, *again])
@@ -95,9 +115,12 @@ def test_run_ended_forgets_the_run_warning_keys() -> None:
 
 
 def test_shadow_mode_allows_but_still_audits() -> None:
-    doc = {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 2,
-                                       "criticalThreshold": 3}},
-           "loopfuse": {"enforce": False}}
+    doc = {
+        "tools": {
+            "loopDetection": {"enabled": True, "warningThreshold": 2, "criticalThreshold": 3}
+        },
+        "loopfuse": {"enforce": False},
+    }
     outputs = Engine(parse_config(doc)).replay([*repeat_pairs("read", {}, 3), call("read", {})])
     assert {v.action for v in verdicts(outputs)} == {"allow"}
     (event,) = loop_events(outputs)

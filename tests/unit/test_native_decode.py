@@ -59,8 +59,11 @@ def _pure_tokens(event: InputEvent) -> tuple[str | None, str | None, bool]:
         return args_token, ERROR_PREFIX + xxh3_128_hexdigest(error.encode()), True
     action = action_of(event.args, event.args_action)
     outcome = normalised_result(event.tool_name, action, event.result, frozenset())
-    return args_token, (None if outcome is None else xxh3_128_hexdigest(
-        pure_canonical_json(outcome))), True
+    return (
+        args_token,
+        (None if outcome is None else xxh3_128_hexdigest(pure_canonical_json(outcome))),
+        True,
+    )
 
 
 def _json(value: Any) -> bytes:
@@ -89,8 +92,9 @@ def decided_natively(native: ModuleType, raw: bytes, **limits: int) -> bool:
     try:
         expected = decode_event(raw, max_bytes=limits["max_bytes"], **python)
     except EventRejected as exc:
-        raise AssertionError(f"native accepted what the decoder rejects: {exc.code} {exc.reason}"
-                             f" {raw[:200]!r}") from None
+        raise AssertionError(
+            f"native accepted what the decoder rejects: {exc.code} {exc.reason} {raw[:200]!r}"
+        ) from None
     event = _DECODER.decode(raw)
     assert _fields_of(event) == _fields_of(expected), raw[:200]
     args_token, result_token, known = tokens
@@ -115,20 +119,27 @@ def _wire_fields(event: InputEvent) -> dict[str, Any]:
     }
     reply = event.reply_to
     fields["type"] = event.type
-    fields["reply_to"] = None if reply is None else (reply.topic, reply.partition,
-                                                     reply.requester)
+    fields["reply_to"] = None if reply is None else (reply.topic, reply.partition, reply.requester)
     fields["key"] = event.key
     if isinstance(event, ToolCall | ToolResult):
-        fields.update(call_id=event.call_id, tool_name=event.tool_name,
-                      args_hash=event.args_hash, args_action=event.args_action,
-                      args=_canonical_or_none(getattr(event, "args", UNSET)))
+        fields.update(
+            call_id=event.call_id,
+            tool_name=event.tool_name,
+            args_hash=event.args_hash,
+            args_action=event.args_action,
+            args=_canonical_or_none(getattr(event, "args", UNSET)),
+        )
     if isinstance(event, ToolResult):
         usage = event.usage
         fields.update(
-            result=_canonical_or_none(event.result), result_hash=event.result_hash,
-            error_text=event.error_text, unknown_tool=event.unknown_tool,
-            usage=None if usage is None else (usage.input_tokens, usage.output_tokens,
-                                              usage.total_tokens, usage.cost))
+            result=_canonical_or_none(event.result),
+            result_hash=event.result_hash,
+            error_text=event.error_text,
+            unknown_tool=event.unknown_tool,
+            usage=None
+            if usage is None
+            else (usage.input_tokens, usage.output_tokens, usage.total_tokens, usage.cost),
+        )
     if isinstance(event, Compaction):
         fields["reason"] = event.reason
     return fields
@@ -184,7 +195,8 @@ def test_generated_sessions_with_hostile_strings(native: ModuleType) -> None:
 
 def test_the_examples_and_fixtures(native: ModuleType) -> None:
     paths = sorted((ROOT / "examples").rglob("*.jsonl")) + sorted(
-        (ROOT / "tests" / "fixtures").glob("*.jsonl"))
+        (ROOT / "tests" / "fixtures").glob("*.jsonl")
+    )
     lines = [line for path in paths for line in path.read_bytes().splitlines()]
     answered = sum(decided_natively(native, raw) for raw in lines)
     accepted = 0
@@ -331,15 +343,24 @@ def test_nesting_near_the_bound(native: ModuleType, max_depth: int, levels: int)
         args = b"[" * levels + leaf + b"]" * levels
         for field in (b"args", b"result"):
             kind = b"tool_call" if field == b"args" else b"tool_result"
-            raw = (b'{"type":"' + kind + b'","event_id":"a","session_key":"s","call_id":"c",'
-                   b'"tool_name":"t","ts":5,"' + field + b'":' + args + b"}")
+            raw = (
+                b'{"type":"' + kind + b'","event_id":"a","session_key":"s","call_id":"c",'
+                b'"tool_name":"t","ts":5,"' + field + b'":' + args + b"}"
+            )
             decided_natively(native, raw, max_depth=max_depth)
 
 
 @pytest.mark.parametrize("name", IDENTIFIER_FIELDS)
 def test_identifiers_at_the_bound_and_hostile(native: ModuleType, name: str) -> None:
-    base: dict[str, Any] = {"type": "tool_result", "event_id": "e", "session_key": "s",
-                            "call_id": "c", "tool_name": "t", "ts": 5, "result_hash": "r"}
+    base: dict[str, Any] = {
+        "type": "tool_result",
+        "event_id": "e",
+        "session_key": "s",
+        "call_id": "c",
+        "tool_name": "t",
+        "ts": 5,
+        "result_hash": "r",
+    }
     for value in ["x" * 16, "x" * 17, "é" * 8, "é" * 9, "😀" * 4, "€" * 6, *HOSTILE.values()]:
         raw = _json({**base, name: value})
         decided_natively(native, raw, max_identifier_bytes=16)
@@ -349,13 +370,21 @@ def test_identifiers_at_the_bound_and_hostile(native: ModuleType, name: str) -> 
 def test_hostile_strings_in_payloads(native: ModuleType) -> None:
     for payload in HOSTILE.values():
         for tool in ("exec", "process", "message", "read"):
-            raw = _json({
-                "type": "tool_result", "event_id": payload or "e", "session_key": payload or "s",
-                "call_id": payload, "tool_name": tool, "ts": 5,
-                "args": {"action": "poll", payload: [payload]},
-                "result": {"content": [{"type": "text", "text": payload}],
-                           "details": {"status": "completed", "aggregated": payload}},
-            })
+            raw = _json(
+                {
+                    "type": "tool_result",
+                    "event_id": payload or "e",
+                    "session_key": payload or "s",
+                    "call_id": payload,
+                    "tool_name": tool,
+                    "ts": 5,
+                    "args": {"action": "poll", payload: [payload]},
+                    "result": {
+                        "content": [{"type": "text", "text": payload}],
+                        "details": {"status": "completed", "aggregated": payload},
+                    },
+                }
+            )
             # answered, unless a lone surrogate is in it (the Python decoder's to judge)
             surrogate = any("\ud800" <= char <= "\udfff" for char in payload)
             assert decided_natively(native, raw) != surrogate
@@ -363,34 +392,92 @@ def test_hostile_strings_in_payloads(native: ModuleType) -> None:
 
 # -- results shaped like the outcomes fingerprint.py cuts -------------------------------
 
-_spaces = st.sampled_from(["", " ", "\n", "\t", "\x0b", "\x1c", "\x1f", "\x85", "\xa0",
-                           "\u1680", "\u2000", "\u200a", "\u200b", "\u2028", "\u3000", "\ufeff"])
+_spaces = st.sampled_from(
+    [
+        "",
+        " ",
+        "\n",
+        "\t",
+        "\x0b",
+        "\x1c",
+        "\x1f",
+        "\x85",
+        "\xa0",
+        "\u1680",
+        "\u2000",
+        "\u200a",
+        "\u200b",
+        "\u2028",
+        "\u3000",
+        "\ufeff",
+    ]
+)
 _text = st.builds(lambda a, b, c: a + b + c, _spaces, st.text(max_size=8), _spaces)
-_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**60), 2**60), _text,
-                    st.floats(allow_nan=False, allow_infinity=False))
+_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**60), 2**60),
+    _text,
+    st.floats(allow_nan=False, allow_infinity=False),
+)
 _details = st.fixed_dictionaries(
     {},
     optional={
-        "status": st.sampled_from(["running", "completed", "failed", "approval-pending",
-                                   "approval-unavailable", "blocked", "other", 1]),
+        "status": st.sampled_from(
+            [
+                "running",
+                "completed",
+                "failed",
+                "approval-pending",
+                "approval-unavailable",
+                "blocked",
+                "other",
+                1,
+            ]
+        ),
         "deniedReason": st.sampled_from(["tool-loop", "x"]),
-        "tail": _scalar, "aggregated": _scalar, "exitCode": _scalar, "timedOut": _scalar,
-        "reason": _scalar, "host": _scalar, "command": _scalar, "warningText": _scalar,
-        "exitSignal": _scalar, "totalLines": _scalar, "messageId": _scalar, "ts": _scalar,
-        "id": _scalar, "text": _scalar, "direction": _scalar, "conversation": st.just({}),
-        "nested": st.lists(st.fixed_dictionaries({"id": _text, "text": _text,
-                                                   "senderId": _text, "sentAt": _scalar})),
+        "tail": _scalar,
+        "aggregated": _scalar,
+        "exitCode": _scalar,
+        "timedOut": _scalar,
+        "reason": _scalar,
+        "host": _scalar,
+        "command": _scalar,
+        "warningText": _scalar,
+        "exitSignal": _scalar,
+        "totalLines": _scalar,
+        "messageId": _scalar,
+        "ts": _scalar,
+        "id": _scalar,
+        "text": _scalar,
+        "direction": _scalar,
+        "conversation": st.just({}),
+        "nested": st.lists(
+            st.fixed_dictionaries(
+                {"id": _text, "text": _text, "senderId": _text, "sentAt": _scalar}
+            )
+        ),
     },
 )
 _result = st.one_of(
     _scalar,
     st.lists(_scalar, max_size=3),
-    st.fixed_dictionaries({}, optional={
-        "content": st.one_of(_scalar, st.lists(st.one_of(
-            _scalar, st.fixed_dictionaries({}, optional={"type": _scalar, "text": _text})),
-            max_size=4)),
-        "details": st.one_of(_scalar, _details),
-    }),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "content": st.one_of(
+                _scalar,
+                st.lists(
+                    st.one_of(
+                        _scalar,
+                        st.fixed_dictionaries({}, optional={"type": _scalar, "text": _text}),
+                    ),
+                    max_size=4,
+                ),
+            ),
+            "details": st.one_of(_scalar, _details),
+        },
+    ),
 )
 
 
@@ -401,10 +488,18 @@ _result = st.one_of(
     st.booleans(),
     _result,
 )
-def test_result_tokens(native: ModuleType, tool: str, action: str | None, in_args: bool,
-                       result: Any) -> None:
-    event: dict[str, Any] = {"type": "tool_result", "event_id": "e", "session_key": "s",
-                             "call_id": "c", "tool_name": tool, "ts": 5, "result": result}
+def test_result_tokens(
+    native: ModuleType, tool: str, action: str | None, in_args: bool, result: Any
+) -> None:
+    event: dict[str, Any] = {
+        "type": "tool_result",
+        "event_id": "e",
+        "session_key": "s",
+        "call_id": "c",
+        "tool_name": tool,
+        "ts": 5,
+        "result": result,
+    }
     if action is not None:
         if in_args:
             event["args"] = {"action": action}
@@ -414,6 +509,7 @@ def test_result_tokens(native: ModuleType, tool: str, action: str | None, in_arg
 
 
 # -- hypothesis's bytes: valid-looking events written the ways JSON can be written ------
+
 
 def _escape(char: str, how: int) -> str:
     """One character of a JSON string: escaped where JSON must, else as drawn (0: as it
@@ -429,8 +525,10 @@ def _wire(draw: st.DrawFn, value: Any, depth: int = 0) -> str:
     duplicate key drawn."""
     space = draw(st.sampled_from(["", "", " ", "\n\t"]))
     if isinstance(value, dict):
-        items = [f"{draw(_wire(key, depth + 1))}:{space}{draw(_wire(child, depth + 1))}"
-                 for key, child in value.items()]
+        items = [
+            f"{draw(_wire(key, depth + 1))}:{space}{draw(_wire(child, depth + 1))}"
+            for key, child in value.items()
+        ]
         if items and draw(st.integers(0, 30)) == 0:
             items.append(items[0])  # a duplicate key
         return "{" + space + ("," + space).join(items) + space + "}"
@@ -445,23 +543,51 @@ def _wire(draw: st.DrawFn, value: Any, depth: int = 0) -> str:
 
 
 _odd_values = st.one_of(
-    st.sampled_from([MAX_WIRE_INT, MAX_WIRE_INT + 1, 2**63, 2**64, -(2**63) - 1, 10**30, -0.0,
-                     1e16, 1e21, 1e-7, 5e-324, 1.7976931348623157e308, 0.1, 100.0]),
+    st.sampled_from(
+        [
+            MAX_WIRE_INT,
+            MAX_WIRE_INT + 1,
+            2**63,
+            2**64,
+            -(2**63) - 1,
+            10**30,
+            -0.0,
+            1e16,
+            1e21,
+            1e-7,
+            5e-324,
+            1.7976931348623157e308,
+            0.1,
+            100.0,
+        ]
+    ),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(st.characters(codec="utf-8"), max_size=6),
     st.lists(st.integers(-3, 3), max_size=3),
-    st.recursive(st.integers(0, 2) | st.text(max_size=2),
-                 lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2),
-                                                                             inner, max_size=2),
-                 max_leaves=6),
+    st.recursive(
+        st.integers(0, 2) | st.text(max_size=2),
+        lambda inner: (
+            st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner, max_size=2)
+        ),
+        max_leaves=6,
+    ),
 )
 
 
 @settings(max_examples=3000, deadline=None)
-@given(_base, _fields, st.dictionaries(st.sampled_from(["args", "result", "seq", "ts"]),
-                                       _odd_values, max_size=2), st.data())
-def test_hypothesis_events(native: ModuleType, base: dict[str, Any], fields: dict[str, Any],
-                           odd: dict[str, Any], data: st.DataObject) -> None:
+@given(
+    _base,
+    _fields,
+    st.dictionaries(st.sampled_from(["args", "result", "seq", "ts"]), _odd_values, max_size=2),
+    st.data(),
+)
+def test_hypothesis_events(
+    native: ModuleType,
+    base: dict[str, Any],
+    fields: dict[str, Any],
+    odd: dict[str, Any],
+    data: st.DataObject,
+) -> None:
     event = {**base, **fields, **odd}
     text = data.draw(_wire(event))
     raw = text.encode("utf-8", "surrogatepass")
@@ -470,8 +596,14 @@ def test_hypothesis_events(native: ModuleType, base: dict[str, Any], fields: dic
         at = data.draw(st.integers(0, len(raw)))
         raw = raw[:at] + data.draw(st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80"])) + raw[at:]
     elif mangle == 1:  # a NaN-like or cut token
-        raw = raw.replace(b'"ts":5', data.draw(st.sampled_from(
-            [b'"ts":NaN', b'"ts":Infinity', b'"ts":-5', b'"ts":5.', b'"ts":.5', b'"ts":+5'])))
+        raw = raw.replace(
+            b'"ts":5',
+            data.draw(
+                st.sampled_from(
+                    [b'"ts":NaN', b'"ts":Infinity', b'"ts":-5', b'"ts":5.', b'"ts":.5', b'"ts":+5']
+                )
+            ),
+        )
     elif mangle == 2:  # a lone surrogate escape
         raw = raw.replace(b'"e"', data.draw(st.sampled_from([b'"\\ud800"', b'"a\\udfffb"'])))
     for max_depth in (3, 64):

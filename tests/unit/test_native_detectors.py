@@ -52,13 +52,24 @@ def fields(found: Detection | None) -> tuple[Any, ...]:
     """A Detection as the native entry point gives it: its fields, () for none."""
     if found is None:
         return ()
-    return (found.level, found.detector, found.count, found.message, found.warning_key,
-            found.paired_tool_name, found.detail)
+    return (
+        found.level,
+        found.detector,
+        found.count,
+        found.message,
+        found.warning_key,
+        found.paired_tool_name,
+        found.detail,
+    )
 
 
 def has_surrogate(*texts: str | None) -> bool:
-    return any(text is not None and not text.isascii() and any(
-        "\ud800" <= char <= "\udfff" for char in text) for text in texts)
+    return any(
+        text is not None
+        and not text.isascii()
+        and any("\ud800" <= char <= "\udfff" for char in text)
+        for text in texts
+    )
 
 
 def same_detection(native: ModuleType, history: list[Record], call: Call) -> tuple[Any, ...]:
@@ -109,13 +120,19 @@ hand_built = st.builds(
 @st.composite
 def resolved(draw: st.DrawFn) -> ResolvedConfig:
     block: dict[str, Any] = {"enabled": True}
-    for key in ("warningThreshold", "criticalThreshold", "globalCircuitBreakerThreshold",
-                "unknownToolThreshold", "historySize"):
+    for key in (
+        "warningThreshold",
+        "criticalThreshold",
+        "globalCircuitBreakerThreshold",
+        "unknownToolThreshold",
+        "historySize",
+    ):
         value = draw(block_value)
         if value is not None:
             block[key] = value
-    block["detectors"] = {name: draw(st.booleans())
-                          for name in ("genericRepeat", "knownPollNoProgress", "pingPong")}
+    block["detectors"] = {
+        name: draw(st.booleans()) for name in ("genericRepeat", "knownPollNoProgress", "pingPong")
+    }
     return resolve_config(block)
 
 
@@ -139,7 +156,9 @@ def judged(draw: st.DrawFn) -> tuple[list[Record], Call]:
 
 @settings(max_examples=2000, deadline=None)
 @given(judged())
-def test_every_detection_is_the_pythons(native: ModuleType, case: tuple[list[Record], Call]) -> None:
+def test_every_detection_is_the_pythons(
+    native: ModuleType, case: tuple[list[Record], Call]
+) -> None:
     same_detection(native, *case)
 
 
@@ -155,9 +174,15 @@ def looping(draw: st.DrawFn) -> tuple[list[Record], Call]:
     unknown = draw(st.sampled_from(UNKNOWN))
     tool = draw(st.sampled_from(TOOLS))
     history = [
-        Record(tool if i % 2 == 0 else "exec", sides[i % len(sides)], 0, 0,
-               outcome[sides[i % len(sides)]] if steady
-               else draw(st.sampled_from(RESULTS)), unknown, i)
+        Record(
+            tool if i % 2 == 0 else "exec",
+            sides[i % len(sides)],
+            0,
+            0,
+            outcome[sides[i % len(sides)]] if steady else draw(st.sampled_from(RESULTS)),
+            unknown,
+            i,
+        )
         for i in range(length)
     ]
     sig = draw(st.sampled_from((7, 11)))
@@ -169,8 +194,9 @@ def looping(draw: st.DrawFn) -> tuple[list[Record], Call]:
 
 @settings(max_examples=2000, deadline=None)
 @given(looping())
-def test_every_looping_detection_is_the_pythons(native: ModuleType,
-                                                 case: tuple[list[Record], Call]) -> None:
+def test_every_looping_detection_is_the_pythons(
+    native: ModuleType, case: tuple[list[Record], Call]
+) -> None:
     same_detection(native, *case)
 
 
@@ -186,10 +212,16 @@ def test_the_looping_histories_reach_every_row_of_the_table(native: ModuleType) 
             found.add((detected[0], detected[1]))
 
     collect()
-    assert found >= {("critical", "unknown_tool_repeat"), ("critical", "global_circuit_breaker"),
-                     ("critical", "known_poll_no_progress"), ("warning", "known_poll_no_progress"),
-                     ("critical", "ping_pong"), ("warning", "ping_pong"),
-                     ("critical", "generic_repeat"), ("warning", "generic_repeat")}
+    assert found >= {
+        ("critical", "unknown_tool_repeat"),
+        ("critical", "global_circuit_breaker"),
+        ("critical", "known_poll_no_progress"),
+        ("warning", "known_poll_no_progress"),
+        ("critical", "ping_pong"),
+        ("warning", "ping_pong"),
+        ("critical", "generic_repeat"),
+        ("warning", "generic_repeat"),
+    }
 
 
 def _engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Record], Call]]:
@@ -209,13 +241,18 @@ def _engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Record], C
     return seen
 
 
-def test_every_call_of_the_engine_corpus(native: ModuleType,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_call_of_the_engine_corpus(
+    native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     judged_calls = _engine_calls(monkeypatch)
     detections = [same_detection(native, history, call) for history, call in judged_calls]
     assert len(judged_calls) > 1_000
-    assert {d[1] for d in detections if d} >= {"generic_repeat", "ping_pong",
-                                                "known_poll_no_progress", "unknown_tool_repeat"}
+    assert {d[1] for d in detections if d} >= {
+        "generic_repeat",
+        "ping_pong",
+        "known_poll_no_progress",
+        "unknown_tool_repeat",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -226,10 +263,13 @@ def test_hostile_names_round_trip_into_messages_and_keys(native: ModuleType, nam
     # the payload as the tool and as the unknown-tool name: a block naming both
     unknown = [Record(payload, sig, 0, 0, 3, payload, i) for i in range(10)]
     assert same_detection(native, unknown, (payload, sig, "t", False, config, payload, 10)) or (
-        has_surrogate(payload))
+        has_surrogate(payload)
+    )
     # the payload as the tool of a ping-pong's other side, and of a generic repeat
-    pong = [Record(payload if i % 2 else "read", 11 if i % 2 else sig, 0, 0, 5, None, i)
-            for i in range(20)]
+    pong = [
+        Record(payload if i % 2 else "read", 11 if i % 2 else sig, 0, 0, 5, None, i)
+        for i in range(20)
+    ]
     for tool, call_sig in ((payload, sig), ("read", 11)):
         recent = sum(rec.sig == call_sig for rec in pong)
         same_detection(native, pong, (tool, call_sig, "t", False, config, None, recent))
@@ -242,8 +282,9 @@ def test_hostile_names_round_trip_into_messages_and_keys(native: ModuleType, nam
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.lists(record, max_size=60), st.integers(1, 40), st.sampled_from(RUNS),
-       st.sampled_from(SIGS))
+@given(
+    st.lists(record, max_size=60), st.integers(1, 40), st.sampled_from(RUNS), st.sampled_from(SIGS)
+)
 def test_the_run_view_and_recent_count_are_state_pys(
     native: ModuleType, records: list[Record], history_size: int, run: str | None, sig: int
 ) -> None:
@@ -256,8 +297,11 @@ def test_the_run_view_and_recent_count_are_state_pys(
     assert got_recent == state.recent_count(sig, view)
 
 
-names = st.one_of(st.sampled_from(sorted(HOSTILE.values())), st.text(max_size=40),
-                  st.sampled_from(("error:x", "error:", "", "process", "command_status")))
+names = st.one_of(
+    st.sampled_from(sorted(HOSTILE.values())),
+    st.text(max_size=40),
+    st.sampled_from(("error:x", "error:", "", "process", "command_status")),
+)
 
 
 def same_value(native_value: Any, python: Any, *texts: str | None) -> None:
@@ -267,8 +311,9 @@ def same_value(native_value: Any, python: Any, *texts: str | None) -> None:
 
 @settings(max_examples=1000, deadline=None)
 @given(names, names, st.one_of(st.none(), st.sampled_from(("poll", "log", "list")), names))
-def test_the_fingerprints_are_fingerprint_pys(native: ModuleType, tool: str, token: str,
-                                              action: str | None) -> None:
+def test_the_fingerprints_are_fingerprint_pys(
+    native: ModuleType, tool: str, token: str, action: str | None
+) -> None:
     same_value(native.signature(tool, token), signature, tool, token)
     same_value(native.hash64(token), hash64, token)
     same_value(native.hash32(token), hash32, token)
@@ -284,8 +329,13 @@ def test_lone_surrogates_are_left_to_python(native: ModuleType) -> None:
     config = ResolvedConfig(enabled=True)
     history = [Record("read", 7, 0, 0, 0, None, 0)] * 10
     assert native.detect_history(history, half, 7, "t", False, config, None, 10) is None
-    assert native.detect_history([Record(half, 7, 0, 0, 0, None, 0)], "read", 7, "t", False,
-                                 config, None, 1) is None
+    assert (
+        native.detect_history(
+            [Record(half, 7, 0, 0, 0, None, 0)], "read", 7, "t", False, config, None, 1
+        )
+        is None
+    )
     assert native.signature(half, "t") is None and native.hash64(half) is None
     assert native.detect_history(history, "read", 7, "t", False, config, None, 10) == fields(
-        detect(history, "read", 7, "t", False, config, None, 10))
+        detect(history, "read", 7, "t", False, config, None, 10)
+    )

@@ -47,20 +47,34 @@ pytestmark = pytest.mark.skipif(
 REPLIES = {"loopfuse.replies": 8}
 OUT = OutputTopics("verdicts", "loops", "dead", replies=REPLIES)
 CONFIGS: dict[str, dict[str, Any]] = {
-    "enabled": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
-                                            "criticalThreshold": 5}}},
+    "enabled": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}}
+    },
     "not set": {},
-    "detectors off": {"tools": {"loopDetection": {
-        "enabled": True, "detectors": {"genericRepeat": False, "pingPong": False}}}},
-    "rules": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
-              "loopfuse": {"rules": {
-                  "runEnding": {"blockedStreak": 2}, "cycle": {"shadow": True},
-                  "repeatedFailure": {"warningThreshold": 2},
-                  "runCaps": {"maxToolCalls": 12, "tokensPerRun": 4_000, "costPerSession": 0.5},
-                  "tools": {"read": {"exempt": True}, "exec": {"criticalThreshold": 4}}}}},
+    "detectors off": {
+        "tools": {
+            "loopDetection": {
+                "enabled": True,
+                "detectors": {"genericRepeat": False, "pingPong": False},
+            }
+        }
+    },
+    "rules": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+        "loopfuse": {
+            "rules": {
+                "runEnding": {"blockedStreak": 2},
+                "cycle": {"shadow": True},
+                "repeatedFailure": {"warningThreshold": 2},
+                "runCaps": {"maxToolCalls": 12, "tokensPerRun": 4_000, "costPerSession": 0.5},
+                "tools": {"read": {"exempt": True}, "exec": {"criticalThreshold": 4}},
+            }
+        },
+    },
 }
-TIGHT = Limits(max_state_bytes=3_000, max_output_bytes=RECORD_OVERHEAD_BYTES + 900,
-               max_identifier_bytes=256)
+TIGHT = Limits(
+    max_state_bytes=3_000, max_output_bytes=RECORD_OVERHEAD_BYTES + 900, max_identifier_bytes=256
+)
 
 
 def _records(seed: int) -> list[InputRecord]:
@@ -82,29 +96,48 @@ def _records(seed: int) -> list[InputRecord]:
                 "requester": f"gw-{event.get('incarnation')}",
             }
         elif ask == "bad" and rng.random() < 0.3:
-            event["reply_to"] = rng.choice([{"topic": 3}, "x", {"topic": "t", "partition": -1,
-                                                                "requester": "r"}])
+            event["reply_to"] = rng.choice(
+                [{"topic": 3}, "x", {"topic": "t", "partition": -1, "requester": "r"}]
+            )
         topic = {"tool_call": "calls", "tool_result": "results"}.get(event["type"], "compactions")
         record_key = key.encode("utf-8", "surrogatepass") if isinstance(key, str) else b""
         partition = sum(record_key) % 3
         offset = offsets.get((topic, partition), 0)
         offsets[(topic, partition)] = offset + 1
-        records.append(InputRecord(topic, partition, offset, record_key, json.dumps(event).encode()))
+        records.append(
+            InputRecord(topic, partition, offset, record_key, json.dumps(event).encode())
+        )
     return records
 
 
-def _run(records: list[InputRecord], config: dict[str, Any], limits: Limits, native: bool,
-         seed: int, breakers: dict[str, ToolBreaker] | None = None,
-         ) -> tuple[list[list[Message]], dict[bytes, bytes], bytes, set[type]]:
+def _run(
+    records: list[InputRecord],
+    config: dict[str, Any],
+    limits: Limits,
+    native: bool,
+    seed: int,
+    breakers: dict[str, ToolBreaker] | None = None,
+) -> tuple[list[list[Message]], dict[bytes, bytes], bytes, set[type]]:
     """Every batch's messages, the store at the end, the metrics, the folds used.
     ``breakers``: the fleet breaker's live tools (then strikes are sent too), changed
     between batches as the worker's board would be."""
     engine = Engine(parse_config(config))
     clock = Clock()
-    out = OUT if breakers is None else OutputTopics("verdicts", "loops", "dead", "strikes",
-                                                    replies=REPLIES)
-    proc = SessionProcessor(engine, INPUTS, out, DictStore(), Offsets(answered=None),
-                            limits=limits, clock=clock, breakers=breakers)
+    out = (
+        OUT
+        if breakers is None
+        else OutputTopics("verdicts", "loops", "dead", "strikes", replies=REPLIES)
+    )
+    proc = SessionProcessor(
+        engine,
+        INPUTS,
+        out,
+        DictStore(),
+        Offsets(answered=None),
+        limits=limits,
+        clock=clock,
+        breakers=breakers,
+    )
     assert (proc.native is not None) is True  # the native build judges this config
     if not native:
         proc.native = None
@@ -122,7 +155,7 @@ def _run(records: list[InputRecord], config: dict[str, Any], limits: Limits, nat
     at = 0
     while at < len(records):
         size = rng.randint(1, 40)
-        batches.append(proc.process(records[at:at + size]))
+        batches.append(proc.process(records[at : at + size]))
         at += size
         clock.now += rng.choice([0, 5, 1_000, 40_000])
         if rng.random() < 0.3:
@@ -134,12 +167,14 @@ def _run(records: list[InputRecord], config: dict[str, Any], limits: Limits, nat
             if tool in breakers:
                 del breakers[tool]
             else:
-                breakers[tool] = ToolBreaker(tool, rng.randint(2, 30), 300, 0,
-                                             1_790_000_000_000 + rng.randint(0, 200_000))
+                breakers[tool] = ToolBreaker(
+                    tool, rng.randint(2, 30), 300, 0, 1_790_000_000_000 + rng.randint(0, 200_000)
+                )
     assert isinstance(proc.store, DictStore)
     # the counters, without the wall time each was created at
-    counters = b"\n".join(line for line in proc.metrics.render().splitlines()
-                          if b"_created" not in line)
+    counters = b"\n".join(
+        line for line in proc.metrics.render().splitlines() if b"_created" not in line
+    )
     return batches, dict(proc.store.data), counters, folds
 
 
@@ -177,13 +212,20 @@ def test_the_native_fold_sends_what_the_python_fold_sends(
 
 FLEET: dict[str, Any] = {
     "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}},
-    "loopfuse": {"rules": {"fleetBreaker": {"action": "block"}, "repeatedFailure": {},
-                           "tools": {"write": {"exempt": True}}}},
-    "agents": {"list": [
-        {"id": "agent-1", "loopfuse": {"rules": {"fleetBreaker": {"action": "warn"}}}},
-        {"id": "agent-2", "loopfuse": {"rules": {"fleetBreaker": {"shadow": True}}}},
-        {"id": "agent-3", "loopfuse": {"rules": {"fleetBreaker": {"enabled": False}}}},
-    ]},
+    "loopfuse": {
+        "rules": {
+            "fleetBreaker": {"action": "block"},
+            "repeatedFailure": {},
+            "tools": {"write": {"exempt": True}},
+        }
+    },
+    "agents": {
+        "list": [
+            {"id": "agent-1", "loopfuse": {"rules": {"fleetBreaker": {"action": "warn"}}}},
+            {"id": "agent-2", "loopfuse": {"rules": {"fleetBreaker": {"shadow": True}}}},
+            {"id": "agent-3", "loopfuse": {"rules": {"fleetBreaker": {"enabled": False}}}},
+        ]
+    },
 }
 
 
@@ -192,8 +234,10 @@ def test_the_fleet_breaker_on_both_folds(seed: int) -> None:
     """The overlay of broken tools on verdicts (block, warn, shadowed, off, exempt, an
     event time past the breaker's end) and the strikes: the same messages."""
     records = _records(seed)
-    broken = {tool: ToolBreaker(tool, 7, 300, 0, 1_790_000_040_000)
-              for tool in ("exec", "read", "process", "web_search")}
+    broken = {
+        tool: ToolBreaker(tool, 7, 300, 0, 1_790_000_040_000)
+        for tool in ("exec", "read", "process", "web_search")
+    }
     native = _run(records, FLEET, Limits(), True, seed, dict(broken))
     python = _run(records, FLEET, Limits(), False, seed, dict(broken))
     assert native[3] == {NativeSessionFold} and python[3] == {SessionFold}
@@ -202,6 +246,9 @@ def test_the_fleet_breaker_on_both_folds(seed: int) -> None:
     assert native[1] == python[1] and native[2] == python[2]
     sent = [message for batch in native[0] for message in batch]
     assert any(topic == "strikes" for topic, _, _, _ in sent)
-    raised = [json.loads(value) for topic, _, value, _ in sent if topic in ("verdicts", "loopfuse.replies")
-              and b"fleet_tool_breaker" in value]
+    raised = [
+        json.loads(value)
+        for topic, _, value, _ in sent
+        if topic in ("verdicts", "loopfuse.replies") and b"fleet_tool_breaker" in value
+    ]
     assert {v["action"] for v in raised} == {"warn", "block"}

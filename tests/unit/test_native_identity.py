@@ -78,8 +78,12 @@ def payloads(lines: list[bytes]) -> list[Any]:
 
 def test_hostile_strings_as_keys_values_and_payloads(native: ModuleType) -> None:
     for payload in HOSTILE.values():
-        for value in (payload, {payload: payload}, [payload, {"k": payload}],
-                      {"a": payload, payload: 1, "\ue000" + payload: None}):
+        for value in (
+            payload,
+            {payload: payload},
+            [payload, {"k": payload}],
+            {"a": payload, payload: 1, "\ue000" + payload: None},
+        ):
             assert same_bytes(native, value) == _plain(value)
 
 
@@ -103,8 +107,19 @@ def test_what_it_leaves_to_python(native: ModuleType) -> None:
     class Text(str):
         pass
 
-    for value in (2**53, -(2**53), 2**64, "\ud800", {"\udfff": 1}, (1, 2), Text("x"),
-                  {1: "x"}, [math.nan], {"a": {"b": [math.inf]}}, [2**53, 0.5]):
+    for value in (
+        2**53,
+        -(2**53),
+        2**64,
+        "\ud800",
+        {"\udfff": 1},
+        (1, 2),
+        Text("x"),
+        {1: "x"},
+        [math.nan],
+        {"a": {"b": [math.inf]}},
+        [2**53, 0.5],
+    ):
         assert native.canonical_json(value) is None
     deep: Any = "leaf"
     for _ in range(300):
@@ -114,8 +129,26 @@ def test_what_it_leaves_to_python(native: ModuleType) -> None:
 
 @pytest.mark.parametrize(
     "number",
-    [0.0, -0.0, 1.0, -1.5, 1e16, 1e21, 1e-7, 1e-6, 123456789012345680000.0, 1.5e300, 5e-324,
-     1.7976931348623157e308, 0.1, 0.30000000000000004, 2.0**53, -(2.0**60), 1e20, 4.35],
+    [
+        0.0,
+        -0.0,
+        1.0,
+        -1.5,
+        1e16,
+        1e21,
+        1e-7,
+        1e-6,
+        123456789012345680000.0,
+        1.5e300,
+        5e-324,
+        1.7976931348623157e308,
+        0.1,
+        0.30000000000000004,
+        2.0**53,
+        -(2.0**60),
+        1e20,
+        4.35,
+    ],
 )
 def test_floats_as_ecmascript_writes_them(native: ModuleType, number: float) -> None:
     assert same_bytes(native, number)
@@ -129,10 +162,15 @@ def test_key_order_is_utf16_code_units(native: ModuleType) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**60), 2**60)
+    | st.floats(allow_nan=False)
     | st.text(st.characters(codec=None)),
-    lambda children: st.lists(children, max_size=6)
-    | st.dictionaries(st.text(st.characters(codec=None), max_size=6), children, max_size=6),
+    lambda children: (
+        st.lists(children, max_size=6)
+        | st.dictionaries(st.text(st.characters(codec=None), max_size=6), children, max_size=6)
+    ),
     max_leaves=30,
 )
 
@@ -158,8 +196,13 @@ def test_the_engine_corpus_gives_the_same_outputs_and_states(
             f"assert (NATIVE is None) == {pure}, NATIVE; "
             "from tests.support.engine_corpus import main; main()"
         )
-        subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", script, str(out)],
-                       env=env, cwd=ROOT, check=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-W", "error::RuntimeWarning", "-c", script, str(out)],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            timeout=300,
+        )
         return out.read_bytes().splitlines()
 
     pure, built = corpus(pure=True), corpus(pure=False)

@@ -24,8 +24,17 @@ from loopfuse.schemas import LoopEvent, Verdict
 from tests.fixtures.hostile_strings import HOSTILE
 from tests.support.engine_corpus import corpus_steps
 
-_STRING_FIELDS = ("session_key", "run_id", "agent_id", "call_id", "incarnation", "tool_name",
-                  "message", "args_hash", "paired_tool_name")
+_STRING_FIELDS = (
+    "session_key",
+    "run_id",
+    "agent_id",
+    "call_id",
+    "incarnation",
+    "tool_name",
+    "message",
+    "args_hash",
+    "paired_tool_name",
+)
 _TEXTS = [text for name, text in HOSTILE.items() if name != "lone_surrogate"] + [
     "".join(map(chr, range(0x20))) + '"\\/\x7f\u2028\u00e9\U0001f600',
     "",
@@ -33,8 +42,12 @@ _TEXTS = [text for name, text in HOSTILE.items() if name != "lone_surrogate"] + 
 
 
 def _outputs() -> list[Verdict | LoopEvent]:
-    return [output for _, outputs in corpus_steps() for output in outputs
-            if isinstance(output, Verdict | LoopEvent)]
+    return [
+        output
+        for _, outputs in corpus_steps()
+        for output in outputs
+        if isinstance(output, Verdict | LoopEvent)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +72,25 @@ def test_every_output_of_the_corpus(native: ModuleType, outputs: list[Any]) -> N
     # the corpus has both, with every detector and a config of each kind
     assert verdicts > 10_000 and loop_events > 1_000, (verdicts, loop_events)
     detectors = {output.detector for output in outputs}
-    assert {"generic_repeat", "ping_pong", "known_poll_no_progress", "unknown_tool_repeat",
-            "global_circuit_breaker", "compaction_loop_persisted", "sequence_gap", "cycle",
-            "run_call_cap", "tool_loop_run_ended"} <= detectors
+    assert {
+        "generic_repeat",
+        "ping_pong",
+        "known_poll_no_progress",
+        "unknown_tool_repeat",
+        "global_circuit_breaker",
+        "compaction_loop_persisted",
+        "sequence_gap",
+        "cycle",
+        "run_call_cap",
+        "tool_loop_run_ended",
+    } <= detectors
 
 
 def test_hostile_strings_in_every_field(native: ModuleType, outputs: list[Any]) -> None:
-    samples = [next(o for o in outputs if isinstance(o, Verdict)),
-               next(o for o in outputs if isinstance(o, LoopEvent) and not _left_to_python(o))]
+    samples = [
+        next(o for o in outputs if isinstance(o, Verdict)),
+        next(o for o in outputs if isinstance(o, LoopEvent) and not _left_to_python(o)),
+    ]
     checked = 0
     for sample in samples:
         for field in (*_STRING_FIELDS, "warning_key" if isinstance(sample, LoopEvent) else "level"):
@@ -82,8 +106,11 @@ def test_what_it_leaves_to_python(native: ModuleType, outputs: list[Any]) -> Non
     record are orjson's: it says None for them, as for a config value of another type.
     (The fold writes args from the wire's value: test_payloads_as_orjson_writes_them.)"""
     event = next(o for o in outputs if isinstance(o, LoopEvent) and not _left_to_python(o))
-    for update in ({"args": {"f": 1e-7}}, {"args": [1]},
-                   {"config": {**event.config, "ratio": 0.5}}):
+    for update in (
+        {"args": {"f": 1e-7}},
+        {"args": [1]},
+        {"config": {**event.config, "ratio": 0.5}},
+    ):
         assert native.output_json(event.model_copy(update=update).__dict__) is None
     shadowed = [o for o in outputs if _left_to_python(o)]
     assert shadowed, "the corpus's payload config puts args in some loop events"
@@ -92,10 +119,14 @@ def test_what_it_leaves_to_python(native: ModuleType, outputs: list[Any]) -> Non
 #: JSON values as a gateway sends them in args: every float, 64-bit integers, any text
 #: (no lone surrogates: orjson refuses them, and the native reader leaves them to Python).
 _ARGS = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5)
+    ),
     max_leaves=25,
 )
 
@@ -123,9 +154,15 @@ def test_payloads_as_orjson_writes_them(native: ModuleType, value: Any) -> None:
         assert got == orjson.dumps(orjson.loads(wire)["v"])
 
 
-@pytest.mark.parametrize("text", [
-    b"-0", b'"\\u00e9\\ud83d\\ude00\\u2028\\/"', b'{"b":1,"a":[{}]}', b"[1,-2,null,true]",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"-0",
+        b'"\\u00e9\\ud83d\\ude00\\u2028\\/"',
+        b'{"b":1,"a":[{}]}',
+        b"[1,-2,null,true]",
+    ],
+)
 def test_payload_texts_as_the_decoder_reads_them(native: ModuleType, text: bytes) -> None:
     """Other spellings of a number or a string (the gateway's, not orjson's) come out
     as orjson writes what the decoder reads from them."""

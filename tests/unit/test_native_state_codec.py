@@ -67,8 +67,9 @@ def test_every_cut_is_refused_natively(native: ModuleType) -> None:
 
 @settings(max_examples=2000, deadline=None)
 @given(st.sampled_from(V5), st.data())
-def test_corrupt_bytes_are_refused_or_read_alike(native: ModuleType, data: bytes,
-                                                 draw: Any) -> None:
+def test_corrupt_bytes_are_refused_or_read_alike(
+    native: ModuleType, data: bytes, draw: Any
+) -> None:
     """Bytes overwritten, inserted, deleted or copied from elsewhere: both codecs raise
     ValueError, or both read the same state (which can be written again)."""
     damaged = bytearray(data)

@@ -60,13 +60,18 @@ def _same_as_python(native: ModuleType, data: bytes) -> bool:
 
 def test_every_corpus_state(native: ModuleType, state_bytes: list[bytes]) -> None:
     read = sum(_same_as_python(native, data) for data in state_bytes)
-    waiting = sum(bool(state_codec.decode(data).parked or state_codec.decode(data).pending)
-                  for data in state_bytes)
+    waiting = sum(
+        bool(state_codec.decode(data).parked or state_codec.decode(data).pending)
+        for data in state_bytes
+    )
     # all but the states with an event waiting (parked on a gap, pending a restart)
     assert len(state_bytes) > 20_000
     assert read == len(state_bytes) - waiting, (read, len(state_bytes), waiting)
-    rules = sum(bool(NativeEngine.to_python(native.NativeState.read(data)).rules)
-                for data in state_bytes[::50] if native.NativeState.read(data) is not None)
+    rules = sum(
+        bool(NativeEngine.to_python(native.NativeState.read(data)).rules)
+        for data in state_bytes[::50]
+        if native.NativeState.read(data) is not None
+    )
     assert rules > 0, "the corpus's rule configs leave rule tallies in some states"
 
 

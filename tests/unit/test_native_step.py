@@ -42,18 +42,33 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS: dict[str, dict[str, Any]] = {
     "not set": {},
     "enabled": {"tools": {"loopDetection": {"enabled": True}}},
-    "tight": {"tools": {"loopDetection": {
-        "enabled": True, "historySize": 8, "warningThreshold": 2, "criticalThreshold": 4,
-        "globalCircuitBreakerThreshold": 5, "unknownToolThreshold": 2,
-        "postCompactionGuard": {"windowSize": 2}}}},
-    "shadow": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
-               "loopfuse": {"enforce": False}},
+    "tight": {
+        "tools": {
+            "loopDetection": {
+                "enabled": True,
+                "historySize": 8,
+                "warningThreshold": 2,
+                "criticalThreshold": 4,
+                "globalCircuitBreakerThreshold": 5,
+                "unknownToolThreshold": 2,
+                "postCompactionGuard": {"windowSize": 2},
+            }
+        }
+    },
+    "shadow": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+        "loopfuse": {"enforce": False},
+    },
     # a send tool's outcome is its details without per-send ids (fingerprint.py)
-    "send tools": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
-                   "loopfuse": {"providerSendTools": ["process", "write", "notify"]}},
+    "send tools": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+        "loopfuse": {"providerSendTools": ["process", "write", "notify"]},
+    },
     # a call's loop event carries its raw args, written natively as orjson writes them
-    "payloads": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
-                 "loopfuse": {"includePayloadsInLoopEvents": True}},
+    "payloads": {
+        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
+        "loopfuse": {"includePayloadsInLoopEvents": True},
+    },
 }
 #: Every opt-in rule (issue 14) but the fleet breaker (the worker's overlay, not the
 #: engine's), tight enough to fire on the generated sessions: enforced, only reported,
@@ -63,36 +78,75 @@ _RULES: dict[str, Any] = {
     "cycle": {"maxPeriod": 4},
     "repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3},
     "argumentChurn": {},
-    "runCaps": {"maxToolCalls": 14, "tokensPerRun": 6_000, "tokensPerSession": 9_000,
-                "costPerRun": 0.5, "costPerSession": 1, "warnAt": 0.7},
-    "tools": {"read": {"exempt": True},
-              "exec": {"warningThreshold": 2, "criticalThreshold": 3},
-              "write": {"globalCircuitBreakerThreshold": 4}},
+    "runCaps": {
+        "maxToolCalls": 14,
+        "tokensPerRun": 6_000,
+        "tokensPerSession": 9_000,
+        "costPerRun": 0.5,
+        "costPerSession": 1,
+        "warnAt": 0.7,
+    },
+    "tools": {
+        "read": {"exempt": True},
+        "exec": {"warningThreshold": 2, "criticalThreshold": 3},
+        "write": {"globalCircuitBreakerThreshold": 4},
+    },
 }
 RULE_CONFIGS: dict[str, dict[str, Any]] = {
-    "rules": {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
-                                          "criticalThreshold": 6}},
-              "loopfuse": {"rules": _RULES}},
+    "rules": {
+        "tools": {
+            "loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 6}
+        },
+        "loopfuse": {"rules": _RULES},
+    },
     "rules shadowed": {
         "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
-        "loopfuse": {"rules": {name: ({**rule, "shadow": True} if name != "tools" else rule)
-                               for name, rule in _RULES.items()}}},
+        "loopfuse": {
+            "rules": {
+                name: ({**rule, "shadow": True} if name != "tools" else rule)
+                for name, rule in _RULES.items()
+            }
+        },
+    },
     "rules per agent": {
-        "tools": {"loopDetection": {"enabled": True, "warningThreshold": 4,
-                                    "criticalThreshold": 7}},
+        "tools": {
+            "loopDetection": {"enabled": True, "warningThreshold": 4, "criticalThreshold": 7}
+        },
         "loopfuse": {"rules": {"runCaps": {"maxToolCalls": 9}, "cycle": {"shadow": True}}},
-        "agents": {"list": [
-            {"id": "run-ender", "loopfuse": {"rules": {
-                "runEnding": {}, "repeatedFailure": {"criticalThreshold": 2},
-                "cycle": {"shadow": False, "maxPeriod": 3}}}},
-            {"id": "agent-1", "tools": {"loopDetection": {"enabled": False}},
-             "loopfuse": {"rules": {"argumentChurn": {}, "tools": {"exec": {"exempt": True}}}}},
-            {"id": "agent-2", "loopfuse": {"rules": {
-                "runCaps": {"maxToolCalls": None, "costPerSession": 0.3, "warnAt": 0.5}}}},
-        ]}},
+        "agents": {
+            "list": [
+                {
+                    "id": "run-ender",
+                    "loopfuse": {
+                        "rules": {
+                            "runEnding": {},
+                            "repeatedFailure": {"criticalThreshold": 2},
+                            "cycle": {"shadow": False, "maxPeriod": 3},
+                        }
+                    },
+                },
+                {
+                    "id": "agent-1",
+                    "tools": {"loopDetection": {"enabled": False}},
+                    "loopfuse": {
+                        "rules": {"argumentChurn": {}, "tools": {"exec": {"exempt": True}}}
+                    },
+                },
+                {
+                    "id": "agent-2",
+                    "loopfuse": {
+                        "rules": {
+                            "runCaps": {"maxToolCalls": None, "costPerSession": 0.3, "warnAt": 0.5}
+                        }
+                    },
+                },
+            ]
+        },
+    },
     "rules not enforced": {
         "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
-        "loopfuse": {"enforce": False, "rules": _RULES}},
+        "loopfuse": {"enforce": False, "rules": _RULES},
+    },
 }
 
 
@@ -107,7 +161,8 @@ def _python(config: DetectionConfigFile, lines: list[bytes]) -> tuple[list[bytes
             out.append(orjson.dumps(["dead_letter", exc.code, exc.reason]))
             continue
         states[event.key], outputs = engine.step(
-            states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints)
+            states.get(event.key), event, event.ts, event.ts - 1_000, fingerprints
+        )
         out.extend(map(_line, outputs))
     finals = []
     for _key, state in sorted(states.items()):
@@ -116,8 +171,9 @@ def _python(config: DetectionConfigFile, lines: list[bytes]) -> tuple[list[bytes
     return out, finals
 
 
-def _native(config: DetectionConfigFile, lines: list[bytes],
-            restart_every: int = 0) -> tuple[list[bytes], list[bytes]]:
+def _native(
+    config: DetectionConfigFile, lines: list[bytes], restart_every: int = 0
+) -> tuple[list[bytes], list[bytes]]:
     engine = Engine(config, max_parked=16, gap_timeout_ms=5_000)
     native = native_for(engine)
     assert native is not None, "a default-path config"
@@ -174,16 +230,23 @@ def test_the_rules_fire_in_the_generated_sessions(native: ModuleType) -> None:
     found: set[tuple[str, str, bool]] = set()
     finals: list[bytes] = []
     for name in ("rules", "rules shadowed"):
-        out, states = _python(parse_config(RULE_CONFIGS[name]),
-                              generated_lines(101, 80, 60, usage=True))
+        out, states = _python(
+            parse_config(RULE_CONFIGS[name]), generated_lines(101, 80, 60, usage=True)
+        )
         finals += states
         for value in map(orjson.loads, out):
             if isinstance(value, dict) and value.get("detector"):
                 found.add((value["detector"], value["action"], value.get("enforced", True)))
     detectors = {detector for detector, _, _ in found}
     # (argument churn needs a rotation chance does not draw: the next test's)
-    assert {"tool_loop_run_ended", "cycle", "repeated_failure", "run_call_cap", "token_budget",
-            "cost_budget"} <= detectors, detectors
+    assert {
+        "tool_loop_run_ended",
+        "cycle",
+        "repeated_failure",
+        "run_call_cap",
+        "token_budget",
+        "cost_budget",
+    } <= detectors, detectors
     assert ("run_call_cap", "abort", True) in found
     assert ("tool_loop_run_ended", "abort", True) in found
     assert {d for d, _, enforced in found if enforced is False} >= {"cycle", "repeated_failure"}
@@ -194,20 +257,32 @@ def test_the_rules_fire_in_the_generated_sessions(native: ModuleType) -> None:
 def test_decisions_happen_in_the_generated_sessions(native: ModuleType) -> None:
     """The comparisons above are not of allows only."""
     out, _ = _python(parse_config(CONFIGS["tight"]), generated_lines(101, 80, 60))
-    found = {(v["action"], v["detector"]) for v in map(orjson.loads, out)
-             if isinstance(v, dict)}
-    assert {("warn", "generic_repeat"), ("block", "generic_repeat"), ("warn", "ping_pong"),
-            ("abort", "compaction_loop_persisted"), ("allow", "sequence_gap")} <= found
+    found = {(v["action"], v["detector"]) for v in map(orjson.loads, out) if isinstance(v, dict)}
+    assert {
+        ("warn", "generic_repeat"),
+        ("block", "generic_repeat"),
+        ("warn", "ping_pong"),
+        ("abort", "compaction_loop_persisted"),
+        ("allow", "sequence_gap"),
+    } <= found
 
 
 def test_events_left_to_the_python_decoder(native: ModuleType) -> None:
     """RFC 3339 timestamps: the native decoder leaves these events to Python, whose
     event and tokens the fold then takes."""
-    lines = [line for name in ("polling_loop", "compaction_loop")
-             for line in (ROOT / "tests" / "fixtures" / f"{name}.jsonl").read_bytes().splitlines()]
+    lines = [
+        line
+        for name in ("polling_loop", "compaction_loop")
+        for line in (ROOT / "tests" / "fixtures" / f"{name}.jsonl").read_bytes().splitlines()
+    ]
     assert all(native.event_fingerprints(raw, 1 << 20, 64, 512) is None for raw in lines)
-    config = parse_config({"tools": {"loopDetection": {
-        "enabled": True, "warningThreshold": 3, "criticalThreshold": 5}}})
+    config = parse_config(
+        {
+            "tools": {
+                "loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}
+            }
+        }
+    )
     python = _python(config, lines)
     assert any(b'"action":"block"' in line or b'"action":"abort"' in line for line in python[0])
     assert _native(config, lines) == python
@@ -221,13 +296,25 @@ def test_run_ids_padded_with_what_str_strip_removes(native: ModuleType) -> None:
     for index, space in enumerate([*spaces, "\u200b", "x"]):  # U+200B is no space to Python
         for step in range(12):
             run = (space * rng.randint(0, 2)) + "run" + (space * rng.randint(1, 2))
-            body = {"type": "tool_call", "session_key": f"s{index}", "run_id": run,
-                    "event_id": f"e{index}-{step}", "call_id": f"c{step}", "tool_name": "exec",
-                    "args": {"command": "make"}, "ts": 1_790_000_000_000 + step}
+            body = {
+                "type": "tool_call",
+                "session_key": f"s{index}",
+                "run_id": run,
+                "event_id": f"e{index}-{step}",
+                "call_id": f"c{step}",
+                "tool_name": "exec",
+                "args": {"command": "make"},
+                "ts": 1_790_000_000_000 + step,
+            }
             lines.append(orjson.dumps(body))
             if step % 4 == 3:
-                ended = {"type": "run_ended", "session_key": f"s{index}", "run_id": run,
-                         "event_id": f"end{index}-{step}", "ts": 1_790_000_000_000 + step}
+                ended = {
+                    "type": "run_ended",
+                    "session_key": f"s{index}",
+                    "run_id": run,
+                    "event_id": f"end{index}-{step}",
+                    "ts": 1_790_000_000_000 + step,
+                }
                 lines.append(orjson.dumps(ended))
     config = parse_config({"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}}})
     python = _python(config, lines)
@@ -249,23 +336,46 @@ def test_failures_waiting_and_hashed(native: ModuleType) -> None:
             args = {"url": f"https://example.com/{step}"}
             outcome: dict[str, Any] = (
                 {"result_hash": result_token("fetch", None, error="HTTP 503")}
-                if session % 2 else {"error": f"timeout (request id req_{step:04d}9f8e7d6c5b)"})
+                if session % 2
+                else {"error": f"timeout (request id req_{step:04d}9f8e7d6c5b)"}
+            )
             incarnation = "g1" if step < 4 else "g2"
             seq = 2 * (step % 4)
             events += [
-                {"type": "tool_call", "event_id": f"c{step}", "call_id": f"c{step}",
-                 "tool_name": "fetch", "args": args, "seq": seq, "incarnation": incarnation,
-                 "ts": 1_790_000_000_000 + 10 * step},
-                {"type": "tool_result", "event_id": f"r{step}", "call_id": f"c{step}",
-                 "tool_name": "fetch", "args": args, "seq": seq + 1, "incarnation": incarnation,
-                 "ts": 1_790_000_000_001 + 10 * step, **outcome}]
+                {
+                    "type": "tool_call",
+                    "event_id": f"c{step}",
+                    "call_id": f"c{step}",
+                    "tool_name": "fetch",
+                    "args": args,
+                    "seq": seq,
+                    "incarnation": incarnation,
+                    "ts": 1_790_000_000_000 + 10 * step,
+                },
+                {
+                    "type": "tool_result",
+                    "event_id": f"r{step}",
+                    "call_id": f"c{step}",
+                    "tool_name": "fetch",
+                    "args": args,
+                    "seq": seq + 1,
+                    "incarnation": incarnation,
+                    "ts": 1_790_000_000_001 + 10 * step,
+                    **outcome,
+                },
+            ]
         # each result before its call, and the restarted gateway's first events early
         for index in range(0, len(events), 2):
             events[index], events[index + 1] = events[index + 1], events[index]
         events[6:10] = [*events[8:10], *events[6:8]]
         lines += [orjson.dumps({**common, **event}) for event in events]
-    config = parse_config({"loopfuse": {"rules": {
-        "repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}}}})
+    config = parse_config(
+        {
+            "loopfuse": {
+                "rules": {"repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}}
+            }
+        }
+    )
     python = _python(config, lines)
     found = [line for line in python[0] if b'"repeated_failure"' in line]
     assert len(found) > 6
@@ -278,16 +388,38 @@ def test_argument_churn(native: ModuleType) -> None:
     no-progress argument churn), with the cycle rule off and on: the same lines."""
     lines = []
     for step in range(30):
-        common = {"session_key": "churn", "run_id": "r", "call_id": f"c{step}",
-                  "tool_name": "exec", "args": {"command": f"make {step % 3}"},
-                  "ts": 1_790_000_000_000 + step}
+        common = {
+            "session_key": "churn",
+            "run_id": "r",
+            "call_id": f"c{step}",
+            "tool_name": "exec",
+            "args": {"command": f"make {step % 3}"},
+            "ts": 1_790_000_000_000 + step,
+        }
         lines.append(orjson.dumps({**common, "type": "tool_call", "event_id": f"e{step}"}))
-        lines.append(orjson.dumps({**common, "type": "tool_result", "event_id": f"r{step}",
-                                   "result": {"content": [{"type": "text", "text": "same"}]}}))
+        lines.append(
+            orjson.dumps(
+                {
+                    **common,
+                    "type": "tool_result",
+                    "event_id": f"r{step}",
+                    "result": {"content": [{"type": "text", "text": "same"}]},
+                }
+            )
+        )
     for rules in ({"argumentChurn": {}}, {"argumentChurn": {}, "cycle": {"shadow": True}}):
-        config = parse_config({"tools": {"loopDetection": {"enabled": True, "warningThreshold": 5,
-                                                           "criticalThreshold": 40}},
-                               "loopfuse": {"rules": rules}})
+        config = parse_config(
+            {
+                "tools": {
+                    "loopDetection": {
+                        "enabled": True,
+                        "warningThreshold": 5,
+                        "criticalThreshold": 40,
+                    }
+                },
+                "loopfuse": {"rules": rules},
+            }
+        )
         python = _python(config, lines)
         churned = [line for line in python[0] if b'"argument_churn"' in line]
         assert churned, rules
@@ -296,11 +428,13 @@ def test_argument_churn(native: ModuleType) -> None:
 
 
 def test_native_for_takes_every_config(native: ModuleType) -> None:
-    for config in ({"tools": {"loopDetection": {"enabled": True}}},
-                   {"loopfuse": {"rules": {"cycle": {}}}},
-                   {"loopfuse": {"providerSendTools": ["notify"]}},
-                   {"loopfuse": {"includePayloadsInLoopEvents": True}},
-                   {"agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {}}}}]}}):
+    for config in (
+        {"tools": {"loopDetection": {"enabled": True}}},
+        {"loopfuse": {"rules": {"cycle": {}}}},
+        {"loopfuse": {"providerSendTools": ["notify"]}},
+        {"loopfuse": {"includePayloadsInLoopEvents": True}},
+        {"agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {}}}}]}},
+    ):
         assert native_for(Engine(parse_config(config))) is not None, config
 
 
@@ -309,7 +443,7 @@ def test_native_for_takes_every_config(native: ModuleType) -> None:
 #: leaves to Python (an integer past 64 bits): the same bytes in each call's loop event.
 _PAYLOADS: tuple[Any, ...] = (
     {"f": [1e-7, 1e16, 1.5e300, 5e-324, 0.1, 123456789.125, -0.0, 1e15, 0.00001, 2.5e-5]},
-    {"\u0000 \u001f \"\\ \u2028 \u00e9 \U0001f600": ["\x1b[31m", "<@here>", "\x7f"]},
+    {'\u0000 \u001f "\\ \u2028 \u00e9 \U0001f600': ["\x1b[31m", "<@here>", "\x7f"]},
     {"big": "x" * 70_000},
     {"n": 2**70, "m": -(2**63), "k": 2**63 - 1},
     [[], {}, None, True, False, ""],
@@ -324,18 +458,32 @@ def test_payloads_in_loop_events(native: ModuleType) -> None:
     lines = []
     for index, args in enumerate(_PAYLOADS):
         for step in range(8):
-            common = {"session_key": f"s{index}", "call_id": f"c{step}", "tool_name": "exec",
-                      "args": args, "ts": 1_790_000_000_000 + step}
+            common = {
+                "session_key": f"s{index}",
+                "call_id": f"c{step}",
+                "tool_name": "exec",
+                "args": args,
+                "ts": 1_790_000_000_000 + step,
+            }
             # the standard library's writer: orjson refuses integers past 64 bits
             lines.append(_wire({**common, "type": "tool_call", "event_id": f"e{step}"}))
-            lines.append(_wire({**common, "type": "tool_result", "event_id": f"r{step}",
-                                "result": "same"}))
-    config = parse_config({"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
-                                                       "criticalThreshold": 5}},
-                           "loopfuse": {"includePayloadsInLoopEvents": True}})
+            lines.append(
+                _wire({**common, "type": "tool_result", "event_id": f"r{step}", "result": "same"})
+            )
+    config = parse_config(
+        {
+            "tools": {
+                "loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}
+            },
+            "loopfuse": {"includePayloadsInLoopEvents": True},
+        }
+    )
     python = _python(config, lines)
-    published = {orjson.loads(line)["session_key"]: orjson.loads(line)["args"]
-                 for line in python[0] if b'"loop_event"' in line}
+    published = {
+        orjson.loads(line)["session_key"]: orjson.loads(line)["args"]
+        for line in python[0]
+        if b'"loop_event"' in line
+    }
     # every session's blocks carry its args (the big integer as the decoder's float),
     # but the one over the bound: null
     assert published["s0"] == _PAYLOADS[0] and published["s1"] == _PAYLOADS[1], published
@@ -352,34 +500,67 @@ def test_send_tools_outcomes_without_their_volatile_ids(native: ModuleType) -> N
     lines = []
     for step in range(8):
         for tool in ("notify", "other"):
-            common = {"session_key": f"send-{tool}", "run_id": "r", "call_id": f"c{step}",
-                      "tool_name": tool, "args": {"to": "ops", "text": "stuck"},
-                      "ts": 1_790_000_000_000 + step}
-            details = {"messageId": f"m-{step}", "sentAt": 1_790_000_000_000 + step,
-                       "channel": "ops", "receipt": {"n": step}}
+            common = {
+                "session_key": f"send-{tool}",
+                "run_id": "r",
+                "call_id": f"c{step}",
+                "tool_name": tool,
+                "args": {"to": "ops", "text": "stuck"},
+                "ts": 1_790_000_000_000 + step,
+            }
+            details = {
+                "messageId": f"m-{step}",
+                "sentAt": 1_790_000_000_000 + step,
+                "channel": "ops",
+                "receipt": {"n": step},
+            }
             lines.append(orjson.dumps({**common, "type": "tool_call", "event_id": f"e{step}"}))
-            lines.append(orjson.dumps({**common, "type": "tool_result", "event_id": f"r{step}",
-                                       "result": {"details": details}}))
-    config = parse_config({"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
-                                                       "criticalThreshold": 5}},
-                           "loopfuse": {"providerSendTools": ["notify"]}})
+            lines.append(
+                orjson.dumps(
+                    {
+                        **common,
+                        "type": "tool_result",
+                        "event_id": f"r{step}",
+                        "result": {"details": details},
+                    }
+                )
+            )
+    config = parse_config(
+        {
+            "tools": {
+                "loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}
+            },
+            "loopfuse": {"providerSendTools": ["notify"]},
+        }
+    )
     python = _python(config, lines)
-    blocked = {orjson.loads(line)["session_key"] for line in python[0]
-               if b'"action":"block"' in line}
+    blocked = {
+        orjson.loads(line)["session_key"] for line in python[0] if b'"action":"block"' in line
+    }
     assert blocked == {"send-notify"}
     assert _native(config, lines) == python
 
 
-def test_replay_gives_the_python_folds_lines(native: ModuleType,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_gives_the_python_folds_lines(
+    native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``loopfuse replay`` (streams/replay.py) takes the native fold on the default path:
     every line it writes is the Python fold's, dead letters and checkpoints included."""
     from bench.engine import build_workload
     from loopfuse.streams import replay
 
     fixtures = (ROOT / "tests" / "fixtures" / "polling_loop.jsonl").read_bytes().splitlines()
-    orphan = orjson.dumps({"type": "tool_result", "session_key": "o", "event_id": "o1",
-                           "call_id": "never", "tool_name": "read", "result": "x", "ts": 5})
+    orphan = orjson.dumps(
+        {
+            "type": "tool_result",
+            "session_key": "o",
+            "event_id": "o1",
+            "call_id": "never",
+            "tool_name": "read",
+            "result": "x",
+            "ts": 5,
+        }
+    )
     lines = generated_lines(303, sessions=60, events=50) + build_workload(60, 30, 9)
     # across batches: lines ending CRLF, blank ones, RFC 3339 times (the Python
     # decoder's to read), a rejection by the step (its dead letter names its line)
@@ -401,7 +582,8 @@ def test_replay_gives_the_python_folds_lines(native: ModuleType,
 
 
 def test_replay_says_which_line_a_native_step_failed_on(
-        native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A native step that raises (the Python it asks failed) makes its line's dead
     letter; the lines after it are judged as ever."""
     from loopfuse.streams import replay
@@ -411,12 +593,35 @@ def test_replay_says_which_line_a_native_step_failed_on(
         raise RuntimeError("the identity of a failure could not be taken")
 
     config = parse_config({"loopfuse": {"rules": {"repeatedFailure": {}}}})
-    lines = [orjson.dumps({"type": "tool_call", "session_key": "s", "event_id": f"c{n}",
-                           "call_id": f"c{n}", "tool_name": "read", "args": {"n": n},
-                           "ts": 10 + n}) for n in range(600)]
-    lines.insert(400, orjson.dumps({"type": "tool_result", "session_key": "s", "event_id": "r",
-                                    "call_id": "c1", "tool_name": "read", "args": {"n": 1},
-                                    "error": "boom", "ts": 500}))
+    lines = [
+        orjson.dumps(
+            {
+                "type": "tool_call",
+                "session_key": "s",
+                "event_id": f"c{n}",
+                "call_id": f"c{n}",
+                "tool_name": "read",
+                "args": {"n": n},
+                "ts": 10 + n,
+            }
+        )
+        for n in range(600)
+    ]
+    lines.insert(
+        400,
+        orjson.dumps(
+            {
+                "type": "tool_result",
+                "session_key": "s",
+                "event_id": "r",
+                "call_id": "c1",
+                "tool_name": "read",
+                "args": {"n": 1},
+                "error": "boom",
+                "ts": 500,
+            }
+        ),
+    )
     monkeypatch.setattr(native_step, "failure_identity", failing)
     out = [orjson.loads(line) for line in replay.replay_lines(iter(lines), Engine(config))]
     letters = [line for line in out if line["type"] == "dead_letter"]
@@ -433,16 +638,27 @@ def test_replay_says_which_line_a_native_step_failed_on(
 
 
 def test_replay_sheds_a_state_over_its_cap_as_the_python_fold_does(
-        native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A history of 2,000 records does not fit the state's 64 KiB: at its checkpoints the
     state sheds its oldest records (state_codec.fit), which changes what is detected
     later; the native replay does it at the same steps, to the same lines."""
     from bench.engine import build_workload
     from loopfuse.streams import replay
 
-    config = parse_config({"tools": {"loopDetection": {
-        "enabled": True, "historySize": 3000, "warningThreshold": 300,
-        "criticalThreshold": 5000, "globalCircuitBreakerThreshold": 6000}}})
+    config = parse_config(
+        {
+            "tools": {
+                "loopDetection": {
+                    "enabled": True,
+                    "historySize": 3000,
+                    "warningThreshold": 300,
+                    "criticalThreshold": 5000,
+                    "globalCircuitBreakerThreshold": 6000,
+                }
+            }
+        }
+    )
     lines = build_workload(17, 2_000, 4)  # the 17th session loops (a generic repeat)
     native_lines = list(replay.replay_lines(iter(lines), Engine(config)))
     with monkeypatch.context() as patched:
@@ -488,21 +704,62 @@ def test_waiting_events_are_written_as_the_python_engine_writes_them(native: Mod
     common = {"session_key": 'agent:1:"s"\n\u2028\u00e9\x7f', "run_id": "r\t1", "agent_id": "a"}
     reply = {"topic": "loopfuse.replies", "partition": 1, "requester": "gw-\\1"}
     events: list[dict[str, Any]] = [
-        {"type": "tool_call", "event_id": "e0", "incarnation": "g1", "seq": 0, "ts": ts,
-         "call_id": "c0", "tool_name": "read", "args": {"path": "x"}},
+        {
+            "type": "tool_call",
+            "event_id": "e0",
+            "incarnation": "g1",
+            "seq": 0,
+            "ts": ts,
+            "call_id": "c0",
+            "tool_name": "read",
+            "args": {"path": "x"},
+        },
         # seq 1 never comes: these wait on the gap
-        {"type": "tool_result", "event_id": "e2", "incarnation": "g1", "seq": 2, "ts": ts + 1,
-         "call_id": "c1", "tool_name": "read", "args": {"path": "x"}, "result": None,
-         "usage": {"input_tokens": 3, "total_tokens": 9}, "reply_to": reply},
-        {"type": "tool_result", "event_id": "e3", "incarnation": "g1", "seq": 3, "ts": ts + 2,
-         "call_id": "c2", "tool_name": "nope", "error": "Tool nope not found",
-         "unknown_tool": "Nope"},
-        {"type": "compaction", "event_id": "e4", "incarnation": "g1", "seq": 4, "ts": ts + 3,
-         "reason": "full"},
+        {
+            "type": "tool_result",
+            "event_id": "e2",
+            "incarnation": "g1",
+            "seq": 2,
+            "ts": ts + 1,
+            "call_id": "c1",
+            "tool_name": "read",
+            "args": {"path": "x"},
+            "result": None,
+            "usage": {"input_tokens": 3, "total_tokens": 9},
+            "reply_to": reply,
+        },
+        {
+            "type": "tool_result",
+            "event_id": "e3",
+            "incarnation": "g1",
+            "seq": 3,
+            "ts": ts + 2,
+            "call_id": "c2",
+            "tool_name": "nope",
+            "error": "Tool nope not found",
+            "unknown_tool": "Nope",
+        },
+        {
+            "type": "compaction",
+            "event_id": "e4",
+            "incarnation": "g1",
+            "seq": 4,
+            "ts": ts + 3,
+            "reason": "full",
+        },
         # another incarnation, later than the watermark: it waits for the input to move on
-        {"type": "tool_call", "event_id": "e5", "incarnation": "g2", "seq": 0, "ts": ts + 10_000,
-         "call_id": "c3", "tool_name": "exec", "args_hash": "ab" * 16, "args_action": "poll",
-         "reply_to": reply},
+        {
+            "type": "tool_call",
+            "event_id": "e5",
+            "incarnation": "g2",
+            "seq": 0,
+            "ts": ts + 10_000,
+            "call_id": "c3",
+            "tool_name": "exec",
+            "args_hash": "ab" * 16,
+            "args_action": "poll",
+            "reply_to": reply,
+        },
         {"type": "run_ended", "event_id": "e6", "incarnation": "g2", "seq": 1, "ts": ts + 10_001},
     ]
     state = None
@@ -551,8 +808,9 @@ def test_a_native_state_writes_the_python_engines_bytes(native: ModuleType) -> N
                 continue  # a waiting event has a usage cost: the Python engine writes it
             python = NativeEngine.to_python(state)
             for version in (4, 5):
-                written = state_codec.encode_body(state.touched_ms, state.last_event_ms, body,
-                                                  version)
+                written = state_codec.encode_body(
+                    state.touched_ms, state.last_event_ms, body, version
+                )
                 assert written == state_codec.encode(python, version)
             assert state.checkpoint(17 + len(body)) == written == state_codec._compact(python)
             assert state.checkpoint(16 + len(body)) is None

@@ -40,6 +40,7 @@ def blocks_after(tool: str, args: Any, outcomes: list[dict[str, Any]], **loop: A
 
 # --- tokens, errors, non-objects -----------------------------------------------------------------
 
+
 def test_token_shape() -> None:
     assert TOKEN.fullmatch(result_token("read", {}, result=res("x")) or "")
     error = result_token("read", {}, error="boom") or ""
@@ -54,8 +55,15 @@ def test_error_never_equals_a_success_with_the_same_text() -> None:
 
 
 def test_error_object_message_counts_like_the_error_text() -> None:
-    assert blocks_after("read", {}, [{"error": "boom"}, {"error": {"message": "boom"}},
-                                     {"error": {"message": "boom", "name": "Error"}}])
+    assert blocks_after(
+        "read",
+        {},
+        [
+            {"error": "boom"},
+            {"error": {"message": "boom"}},
+            {"error": {"message": "boom", "name": "Error"}},
+        ],
+    )
 
 
 def test_null_result_records_nothing() -> None:
@@ -63,27 +71,32 @@ def test_null_result_records_nothing() -> None:
     assert not blocks_after("read", {}, [{"result": None}] * 3)
 
 
-@pytest.mark.parametrize(("a", "b", "equal"), [
-    ("text", "text", True),
-    ("text", "other", False),
-    ([1, 2], [1, 2], True),
-    ([1, 2], [2, 1], False),
-    (0, 0.0, True),  # canonical JSON of both is "0"
-    ("1", 1, False),
-    (True, 1, False),
-    ("x", ["x"], False),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "equal"),
+    [
+        ("text", "text", True),
+        ("text", "other", False),
+        ([1, 2], [1, 2], True),
+        ([1, 2], [2, 1], False),
+        (0, 0.0, True),  # canonical JSON of both is "0"
+        ("1", 1, False),
+        (True, 1, False),
+        ("x", ["x"], False),
+    ],
+)
 def test_non_object_results_hash_their_canonical_json(a: Any, b: Any, equal: bool) -> None:
     assert same("read", {}, a, b) is equal
 
 
 def test_result_hash_is_an_opaque_token() -> None:
     assert blocks_after("read", {}, [{"result_hash": "abc"}] * 3)
-    assert not blocks_after("read", {}, [{"result_hash": "abc"}, {"result_hash": "abd"},
-                                         {"result_hash": "abc"}])
+    assert not blocks_after(
+        "read", {}, [{"result_hash": "abc"}, {"result_hash": "abd"}, {"result_hash": "abc"}]
+    )
 
 
 # --- the loop detector's own block ---------------------------------------------------------------
+
 
 def test_own_block_records_nothing() -> None:
     assert result_token("read", {}, result=LOOP_BLOCK_RESULT) is None
@@ -99,10 +112,18 @@ def test_other_blocked_results_are_hashed() -> None:
 
 # --- default branch: {details, text} -------------------------------------------------------------
 
+
 def test_text_is_the_joined_trimmed_string_entries() -> None:
-    parts = {"content": [{"type": "text", "text": "  a"}, {"type": "image", "data": "..."},
-                         {"type": "text"}, {"text": "skip"}, {"type": "text", "text": "b \n"}],
-             "details": {}}
+    parts = {
+        "content": [
+            {"type": "text", "text": "  a"},
+            {"type": "image", "data": "..."},
+            {"type": "text"},
+            {"text": "skip"},
+            {"type": "text", "text": "b \n"},
+        ],
+        "details": {},
+    }
     assert same("read", {}, parts, res("a\nb"))
     assert not same("read", {}, parts, res("a b"))
 
@@ -121,60 +142,120 @@ def test_non_object_details_count_as_empty() -> None:
 
 # --- exec ----------------------------------------------------------------------------------------
 
+
 def test_exec_running_ignores_text_and_volatile_fields() -> None:
-    a = res("started pid 1", status="running", tail="building", pid=1, sessionId="a", cwd="/a",
-            startedAt=1)
-    b = res("started pid 2", status="running", tail="building", pid=2, sessionId="b", cwd="/b",
-            startedAt=2)
+    a = res(
+        "started pid 1",
+        status="running",
+        tail="building",
+        pid=1,
+        sessionId="a",
+        cwd="/a",
+        startedAt=1,
+    )
+    b = res(
+        "started pid 2",
+        status="running",
+        tail="building",
+        pid=2,
+        sessionId="b",
+        cwd="/b",
+        startedAt=2,
+    )
     assert same("exec", {"command": "make"}, a, b)
     assert not same("exec", {}, a, res(status="running", tail="linking"))
     assert same("exec", {}, res(status="running"), res(status="running", tail=""))
 
 
 def test_exec_completed_ignores_duration_pid_and_session() -> None:
-    a = res("x", status="completed", exitCode=0, aggregated="ok\n", durationMs=10, pid=1,
-            sessionId="a", cwd="/a")
-    b = res("y", status="completed", exitCode=0, aggregated="ok", durationMs=99, pid=2,
-            sessionId="b", cwd="/b")
+    a = res(
+        "x",
+        status="completed",
+        exitCode=0,
+        aggregated="ok\n",
+        durationMs=10,
+        pid=1,
+        sessionId="a",
+        cwd="/a",
+    )
+    b = res(
+        "y",
+        status="completed",
+        exitCode=0,
+        aggregated="ok",
+        durationMs=99,
+        pid=2,
+        sessionId="b",
+        cwd="/b",
+    )
     assert same("exec", {}, a, b)
     assert not same("exec", {}, a, {**a, "details": {**a["details"], "exitCode": 1}})
     assert not same("exec", {}, a, {**a, "details": {**a["details"], "status": "failed"}})
     assert not same("exec", {}, a, {**a, "details": {**a["details"], "aggregated": "ko"}})
 
 
-@pytest.mark.parametrize(("a", "b", "equal"), [
-    ({"exitCode": "0"}, {}, True),           # exitCode: number or null
-    ({"exitCode": True}, {}, True),          # a boolean is not a number
-    ({"exitCode": 0}, {}, False),
-    ({"exitCode": 1.5}, {"exitCode": 1.5}, True),
-    ({"timedOut": 1}, {"timedOut": False}, True),  # true only if exactly true
-    ({"timedOut": "true"}, {}, True),
-    ({"timedOut": True}, {}, False),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "equal"),
+    [
+        ({"exitCode": "0"}, {}, True),  # exitCode: number or null
+        ({"exitCode": True}, {}, True),  # a boolean is not a number
+        ({"exitCode": 0}, {}, False),
+        ({"exitCode": 1.5}, {"exitCode": 1.5}, True),
+        ({"timedOut": 1}, {"timedOut": False}, True),  # true only if exactly true
+        ({"timedOut": "true"}, {}, True),
+        ({"timedOut": True}, {}, False),
+    ],
+)
 def test_exec_completed_field_types(a: dict[str, Any], b: dict[str, Any], equal: bool) -> None:
     base = {"status": "completed", "aggregated": "out"}
     assert same("exec", {}, res(**base, **a), res(**base, **b)) is equal
 
 
 def test_exec_output_falls_back_to_text_when_aggregated_is_empty() -> None:
-    assert same("exec", {}, res("hi", status="failed", aggregated="   "),
-                res(" hi ", status="failed"))
-    assert same("exec", {}, res("hi", status="failed", aggregated=""),
-                res("zzz", status="failed", aggregated="hi"))
+    assert same(
+        "exec", {}, res("hi", status="failed", aggregated="   "), res(" hi ", status="failed")
+    )
+    assert same(
+        "exec",
+        {},
+        res("hi", status="failed", aggregated=""),
+        res("zzz", status="failed", aggregated="hi"),
+    )
     assert not same("exec", {}, res("hi", status="failed"), res("ho", status="failed"))
 
 
 def test_exec_approval_statuses() -> None:
-    a = res("wait", status="approval-pending", reason="policy", host="gw", command="rm -rf",
-            warningText="danger", approvalId="1", expiresAt=5)
-    b = res("other", status="approval-pending", reason="policy", host="gw", command="rm -rf",
-            warningText="danger", approvalId="2", expiresAt=6)
+    a = res(
+        "wait",
+        status="approval-pending",
+        reason="policy",
+        host="gw",
+        command="rm -rf",
+        warningText="danger",
+        approvalId="1",
+        expiresAt=5,
+    )
+    b = res(
+        "other",
+        status="approval-pending",
+        reason="policy",
+        host="gw",
+        command="rm -rf",
+        warningText="danger",
+        approvalId="2",
+        expiresAt=6,
+    )
     assert same("exec", {}, a, b)
     assert not same("exec", {}, a, {**a, "details": {**a["details"], "reason": "other"}})
-    assert not same("exec", {}, a, {**a, "details": {**a["details"],
-                                                        "status": "approval-unavailable"}})
-    assert same("exec", {}, res(status="approval-unavailable", command="", warningText=""),
-                res(status="approval-unavailable"))
+    assert not same(
+        "exec", {}, a, {**a, "details": {**a["details"], "status": "approval-unavailable"}}
+    )
+    assert same(
+        "exec",
+        {},
+        res(status="approval-unavailable", command="", warningText=""),
+        res(status="approval-unavailable"),
+    )
 
 
 def test_exec_other_status_falls_through_to_details_and_text() -> None:
@@ -184,13 +265,25 @@ def test_exec_other_status_falls_through_to_details_and_text() -> None:
 
 
 def test_exec_completed_results_differing_only_in_volatile_fields_are_no_progress() -> None:
-    outcomes = [{"result": res(f"took {i}s", status="completed", exitCode=1, aggregated="fail",
-                               durationMs=i * 100, pid=1000 + i, sessionId=f"s{i}")}
-                for i in range(3)]
+    outcomes = [
+        {
+            "result": res(
+                f"took {i}s",
+                status="completed",
+                exitCode=1,
+                aggregated="fail",
+                durationMs=i * 100,
+                pid=1000 + i,
+                sessionId=f"s{i}",
+            )
+        }
+        for i in range(3)
+    ]
     assert blocks_after("exec", {"command": "make test"}, outcomes)
 
 
 # --- process poll / log --------------------------------------------------------------------------
+
 
 def test_process_poll_keeps_only_its_fields() -> None:
     args = {"action": "poll", "sessionId": "p1"}
@@ -199,24 +292,31 @@ def test_process_poll_keeps_only_its_fields() -> None:
     assert same("process", args, a, b)
     assert not same("process", args, a, res("tail2", status="running", aggregated="..."))
     assert not same("process", args, a, res("tail", status="exited", aggregated="..."))
-    assert same("process", args, res("t", status="running", exitCode=None),
-                res("t", status="running"))  # missing -> null
+    assert same(
+        "process", args, res("t", status="running", exitCode=None), res("t", status="running")
+    )  # missing -> null
 
 
 def test_process_log_keeps_only_its_fields() -> None:
     args = {"action": "log", "sessionId": "p1"}
     a = res("l", status="running", totalLines=3, totalChars=30, truncated=False, offset=0)
-    assert same("process", args, a, res("l", status="running", totalLines=3, totalChars=30,
-                                        truncated=False, offset=99, pid=5))
-    assert not same("process", args, a, res("l", status="running", totalLines=4,
-                                            totalChars=30, truncated=False))
+    assert same(
+        "process",
+        args,
+        a,
+        res("l", status="running", totalLines=3, totalChars=30, truncated=False, offset=99, pid=5),
+    )
+    assert not same(
+        "process", args, a, res("l", status="running", totalLines=4, totalChars=30, truncated=False)
+    )
 
 
 def test_process_poll_by_args_action_hint_when_args_are_hashed() -> None:
     a = res("t", status="running", pid=1)
     b = res("t", status="running", pid=2)
-    assert result_token("process", None, result=a, args_action="poll") == \
-        result_token("process", None, result=b, args_action="poll")
+    assert result_token("process", None, result=a, args_action="poll") == result_token(
+        "process", None, result=b, args_action="poll"
+    )
 
 
 def test_process_other_actions_are_hashed_in_full() -> None:
@@ -226,31 +326,85 @@ def test_process_other_actions_are_hashed_in_full() -> None:
 
 # --- outbound sends ------------------------------------------------------------------------------
 
-SEND_A = res("sent message m-1 at 10", ok=True, messageId="m-1", ts=10, channel="telegram",
-             conversationId="chat-9", delivery={"platformMessageIds": ["p1"], "receipt": {"a": 1},
-                                                "sentAt": 10, "route": {"id": "r-7"}},
-             results=[{"message_id": "x1", "createdAt": 1, "status": "ok"}])
-SEND_B = res("sent message m-2 at 20", ok=True, messageId="m-2", ts=20, channel="telegram",
-             conversationId="chat-9", delivery={"platformMessageIds": ["p2"], "receipt": {"b": 2},
-                                                "sentAt": 20, "route": {"id": "r-7"}},
-             results=[{"message_id": "x2", "createdAt": 2, "status": "ok"}])
+SEND_A = res(
+    "sent message m-1 at 10",
+    ok=True,
+    messageId="m-1",
+    ts=10,
+    channel="telegram",
+    conversationId="chat-9",
+    delivery={
+        "platformMessageIds": ["p1"],
+        "receipt": {"a": 1},
+        "sentAt": 10,
+        "route": {"id": "r-7"},
+    },
+    results=[{"message_id": "x1", "createdAt": 1, "status": "ok"}],
+)
+SEND_B = res(
+    "sent message m-2 at 20",
+    ok=True,
+    messageId="m-2",
+    ts=20,
+    channel="telegram",
+    conversationId="chat-9",
+    delivery={
+        "platformMessageIds": ["p2"],
+        "receipt": {"b": 2},
+        "sentAt": 20,
+        "route": {"id": "r-7"},
+    },
+    results=[{"message_id": "x2", "createdAt": 2, "status": "ok"}],
+)
 
 
-@pytest.mark.parametrize(("tool", "args"), [
-    ("sessions_send", {"sessionKey": "k", "message": "hi"}),
-    *[("message", {"action": a, "to": "u"}) for a in
-      ["send", "broadcast", "reply", "thread-reply", "sendWithEffect", "sendAttachment",
-       "upload-file", "sticker", "poll"]],
-])
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [
+        ("sessions_send", {"sessionKey": "k", "message": "hi"}),
+        *[
+            ("message", {"action": a, "to": "u"})
+            for a in [
+                "send",
+                "broadcast",
+                "reply",
+                "thread-reply",
+                "sendWithEffect",
+                "sendAttachment",
+                "upload-file",
+                "sticker",
+                "poll",
+            ]
+        ],
+    ],
+)
 def test_outbound_sends_strip_volatile_ids_at_any_depth(tool: str, args: Any) -> None:
     assert same(tool, args, SEND_A, SEND_B)
 
 
-@pytest.mark.parametrize("key", [
-    "messageId", "message_id", "messageIds", "platformMessageId", "platformMessageIds", "fileId",
-    "file_id", "fileKey", "pollId", "poll_id", "receipt", "runId", "idempotencyKey", "ts",
-    "timestamp", "sentAt", "deliveredAt", "createdAt",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "messageId",
+        "message_id",
+        "messageIds",
+        "platformMessageId",
+        "platformMessageIds",
+        "fileId",
+        "file_id",
+        "fileKey",
+        "pollId",
+        "poll_id",
+        "receipt",
+        "runId",
+        "idempotencyKey",
+        "ts",
+        "timestamp",
+        "sentAt",
+        "deliveredAt",
+        "createdAt",
+    ],
+)
 def test_each_volatile_key_is_stripped(key: str) -> None:
     args = {"action": "send"}
     assert same("message", args, res(nested={key: {"v": 1}}), res(nested={key: [2]}))
@@ -266,15 +420,21 @@ def test_route_and_conversation_ids_are_kept() -> None:
 
 def test_bare_id_is_stripped_only_on_a_message_object() -> None:
     args = {"action": "send"}
-    for marker in [{"direction": "outbound"}, {"senderId": "u1"}, {"accountId": "acc"},
-                   {"conversation": {"id": "c1"}}]:
+    for marker in [
+        {"direction": "outbound"},
+        {"senderId": "u1"},
+        {"accountId": "acc"},
+        {"conversation": {"id": "c1"}},
+    ]:
         a = res(message={"id": "m1", "text": "hi", **marker})
         b = res(message={"id": "m2", "text": "hi", **marker})
         assert same("message", args, a, b), marker
-    not_messages = [{"id": "m1", "direction": "out"},            # no text
-                    {"id": "m1", "text": "hi"},                  # no marker
-                    {"id": "m1", "text": "hi", "direction": 1},  # marker not a string
-                    {"id": "m1", "text": "hi", "conversation": "c1"}]  # not an object
+    not_messages = [
+        {"id": "m1", "direction": "out"},  # no text
+        {"id": "m1", "text": "hi"},  # no marker
+        {"id": "m1", "text": "hi", "direction": 1},  # marker not a string
+        {"id": "m1", "text": "hi", "conversation": "c1"},
+    ]  # not an object
     for obj in not_messages:
         changed = {**obj, "id": "m2"}
         assert not same("message", args, res(message=obj), res(message=changed)), obj
@@ -307,11 +467,17 @@ def test_provider_send_tools_from_the_config_file() -> None:
     from loopfuse.schemas import parse_config
     from loopfuse.streams.engine import Engine
 
-    doc = {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 1,
-                                       "criticalThreshold": 2}},
-           "loopfuse": {"providerSendTools": ["telegram_send"]}}
-    events = [*pair("telegram_send", {"to": 1}, result=SEND_A),
-              *pair("telegram_send", {"to": 1}, result=SEND_B), call("telegram_send", {"to": 1})]
+    doc = {
+        "tools": {
+            "loopDetection": {"enabled": True, "warningThreshold": 1, "criticalThreshold": 2}
+        },
+        "loopfuse": {"providerSendTools": ["telegram_send"]},
+    }
+    events = [
+        *pair("telegram_send", {"to": 1}, result=SEND_A),
+        *pair("telegram_send", {"to": 1}, result=SEND_B),
+        call("telegram_send", {"to": 1}),
+    ]
     assert last_verdict(Engine(parse_config(doc)).replay(events)).action == "block"
 
 
@@ -322,21 +488,27 @@ def test_repeated_sends_with_fresh_ids_escalate_to_a_block() -> None:
 
 # --- unknown-tool name extraction ----------------------------------------------------------------
 
-@pytest.mark.parametrize(("error", "name"), [
-    ("Unknown tool: web_search", "web_search"),
-    ("unknown tool 'Browser.Open'", "browser.open"),
-    ('UNKNOWN TOOL:   "my-tool"', "my-tool"),
-    ("Tool foo_bar not found", "foo_bar"),
-    ("tool 'X.Y' is not available", "x.y"),
-    ('Error: tool "Zed" not found in registry', "zed"),
-])
+
+@pytest.mark.parametrize(
+    ("error", "name"),
+    [
+        ("Unknown tool: web_search", "web_search"),
+        ("unknown tool 'Browser.Open'", "browser.open"),
+        ('UNKNOWN TOOL:   "my-tool"', "my-tool"),
+        ("Tool foo_bar not found", "foo_bar"),
+        ("tool 'X.Y' is not available", "x.y"),
+        ('Error: tool "Zed" not found in registry', "zed"),
+    ],
+)
 def test_unknown_tool_name_extraction(error: str, name: str) -> None:
     engine = engine_with(unknownToolThreshold=2)
     events = [e for i in range(2) for e in pair("call_tool", {"i": i}, error=error)]
     v = last_verdict(engine.replay([*events, call("call_tool", {"i": 9})]))
-    assert (v.detector, v.message) == ("unknown_tool_repeat",
-                                       f"CRITICAL: attempted unavailable tool {name} 2 times. "
-                                       "Stop retrying that missing tool and answer without it.")
+    assert (v.detector, v.message) == (
+        "unknown_tool_repeat",
+        f"CRITICAL: attempted unavailable tool {name} 2 times. "
+        "Stop retrying that missing tool and answer without it.",
+    )
 
 
 @pytest.mark.parametrize("error", ["permission denied", "the tool crashed", "unknown error"])
@@ -348,8 +520,11 @@ def test_errors_without_a_tool_name_are_not_unknown_tools(error: str) -> None:
 
 def test_explicit_unknown_tool_field() -> None:
     engine = engine_with(unknownToolThreshold=2)
-    events = [e for i in range(2)
-              for e in pair("call_tool", {"i": i}, error="failed", unknown_tool="ghost")]
+    events = [
+        e
+        for i in range(2)
+        for e in pair("call_tool", {"i": i}, error="failed", unknown_tool="ghost")
+    ]
     v = last_verdict(engine.replay([*events, call("call_tool", {"i": 9})]))
     assert (v.detector, v.count) == ("unknown_tool_repeat", 2)
     assert "unavailable tool ghost 2 times" in (v.message or "")

@@ -73,7 +73,9 @@ def webhook() -> Iterator[Webhook]:
         yield hook
 
 
-def _notifier(url: str, retries: int | None = 3, tmp: Path | None = None, **shaping: Any) -> Notifier:
+def _notifier(
+    url: str, retries: int | None = 3, tmp: Path | None = None, **shaping: Any
+) -> Notifier:
     return Notifier(
         url,
         Delivery(retries=retries, backoff=0.05, timeout=2.0),
@@ -156,7 +158,8 @@ async def test_a_given_up_event_goes_to_the_dead_letter_file_and_is_committed(
     assert elapsed < 2
     letters = [orjson.loads(line) for line in (tmp_path / "dead.jsonl").read_bytes().splitlines()]
     assert [(d["reason"], d["attempts"], d["topic"], d["offset"]) for d in letters] == [
-        ("http_502", 3, "loops", 0), ("http_502", 3, "loops", 1),
+        ("http_502", 3, "loops", 0),
+        ("http_502", 3, "loops", 1),
     ]
     assert letters[0]["loop_event"] == {k: CRITICAL[k] for k in POSTED}
     assert "args" not in letters[1]["loop_event"]
@@ -186,8 +189,15 @@ async def test_bad_records_never_stop_it(webhook: Webhook) -> None:
         b"\xff\xfe",
         {"type": "verdict", "level": "critical"},
         {"type": "loop_event", "level": "critical"},  # no detector, no session
-        {**CRITICAL, "count": "many", "message": None, "agent_id": None, "run_id": 7,
-         "session_key": "odd", "event_id": 3},
+        {
+            **CRITICAL,
+            "count": "many",
+            "message": None,
+            "agent_id": None,
+            "run_id": 7,
+            "session_key": "odd",
+            "event_id": 3,
+        },
     ]
     records = Records(*bad, CRITICAL)
     notifier = _notifier(webhook.url)
@@ -241,7 +251,9 @@ async def test_fifty_retries_of_one_blocked_call_are_two_posts_with_the_count(
     repeats = webhook.received[by_id[flood[-1]["event_id"]]]
     assert "coalesced" not in first and by_id[flood[-1]["event_id"]] == 2
     assert repeats["coalesced"] == {
-        "events": 49, "first_event_id": flood[1]["event_id"], "first_event_ts": flood[1]["event_ts"],
+        "events": 49,
+        "first_event_id": flood[1]["event_id"],
+        "first_event_ts": flood[1]["event_ts"],
     }
     assert "\n49 loop events like this in 0.0 s (this is the last)\n" in repeats["text"]
     # the repeats waited for the window
@@ -255,7 +267,9 @@ async def test_an_event_the_webhook_keeps_failing_does_not_hold_up_the_others() 
     poison = events[0]["event_id"]
     with Webhook(answer=lambda p: 500 if p["loop_event"]["event_id"] == poison else 200) as hook:
         notifier = Notifier(
-            hook.url, Delivery(backoff=0.5, concurrency=2), Shaping(rate=0),
+            hook.url,
+            Delivery(backoff=0.5, concurrency=2),
+            Shaping(rate=0),
             poll_seconds=0.02,
         )
         records = Records(*events)
@@ -278,8 +292,7 @@ async def test_an_event_the_webhook_keeps_failing_does_not_hold_up_the_others() 
     assert records.committed == {0: 20}
 
 
-async def test_an_outage_holds_records_uncommitted_and_pauses_reading_then_delivers_all(
-) -> None:
+async def test_an_outage_holds_records_uncommitted_and_pauses_reading_then_delivers_all() -> None:
     events = critical_loop_events(30)
     with Webhook(answer=lambda p: 500) as hook:
         notifier = Notifier(

@@ -25,8 +25,19 @@ from loopfuse.streams.replay import replay_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
-_FIELDS = ("session_key", "run_id", "agent_id", "call_id", "seq", "tool_name", "action",
-           "level", "detector", "count", "message")
+_FIELDS = (
+    "session_key",
+    "run_id",
+    "agent_id",
+    "call_id",
+    "seq",
+    "tool_name",
+    "action",
+    "level",
+    "detector",
+    "count",
+    "message",
+)
 
 
 @pytest.mark.parametrize("seed", [1, 7])
@@ -39,7 +50,9 @@ def test_every_verdict_equal_to_openclaws_on_v8(tmp_path: Path, seed: int) -> No
     events.write_bytes(b"\n".join(lines) + b"\n")
     baseline = subprocess.run(
         [node, str(ROOT / "bench" / "openclaw_detector.mjs"), str(events)],
-        capture_output=True, check=True, timeout=300,
+        capture_output=True,
+        check=True,
+        timeout=300,
     ).stdout.splitlines()
     theirs = [tuple(orjson.loads(line)[name] for name in _FIELDS) for line in baseline]
     config = parse_config({"tools": {"loopDetection": {"enabled": True}}})
@@ -55,5 +68,10 @@ def test_every_verdict_equal_to_openclaws_on_v8(tmp_path: Path, seed: int) -> No
     actions = Counter(verdict[6] for verdict in ours)
     assert {"allow", "warn", "block", "abort"} <= actions.keys(), actions
     detectors = {verdict[8] for verdict in ours}
-    assert {"generic_repeat", "unknown_tool_repeat", "known_poll_no_progress", "ping_pong",
-            "compaction_loop_persisted"} <= detectors, detectors
+    assert {
+        "generic_repeat",
+        "unknown_tool_repeat",
+        "known_poll_no_progress",
+        "ping_pong",
+        "compaction_loop_persisted",
+    } <= detectors, detectors

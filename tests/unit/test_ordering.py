@@ -227,10 +227,14 @@ def test_a_session_is_stamped_with_its_newest_event_time() -> None:
     state, _ = feed(eng, [call("read", {}, call_id="c1", seq=1, ts=6_000)], now=12_000, state=state)
     assert state_codec.idle_stamps(state_codec.encode(state)) == (12_000, 7_000)
     # a gateway clock running ahead counts as the worker's now
-    state, _ = feed(eng, [call("read", {}, call_id="c3", seq=3, ts=99_000)], now=13_000, state=state)
+    state, _ = feed(
+        eng, [call("read", {}, call_id="c3", seq=3, ts=99_000)], now=13_000, state=state
+    )
     assert state_codec.idle_stamps(state_codec.encode(state)) == (13_000, 13_000)
     # a redelivered event is no sign of life
-    state, _ = feed(eng, [call("read", {}, call_id="c3", seq=3, ts=99_000)], now=50_000, state=state)
+    state, _ = feed(
+        eng, [call("read", {}, call_id="c3", seq=3, ts=99_000)], now=50_000, state=state
+    )
     assert state_codec.decode(state_codec.encode(state)).last_event_ms == 13_000
 
 

@@ -52,7 +52,10 @@ def test_a_loop_event_with_fleet_carries_it() -> None:
         b'"window_seconds":300,"since_ts":1,"until_ts":2},"event_ts":1,"decided_ts":1}'
     )
     assert orjson.loads(event.to_json())["fleet"] == {
-        "sessions": 20, "window_seconds": 300, "since_ts": 1, "until_ts": 2
+        "sessions": 20,
+        "window_seconds": 300,
+        "since_ts": 1,
+        "until_ts": 2,
     }
     assert event.to_json() == event.model_dump_json().encode()
 
@@ -63,8 +66,10 @@ def test_every_output_of_the_corpus_is_its_wire_model_field_for_field() -> None:
     raise - gives the wire model itself: its fields in order, values it validates."""
     breakers = {"exec": ToolBreaker("exec", 3, 60, 0, 2**52)}
     fleet_config = parse_config(
-        {"tools": {"loopDetection": {"enabled": True}},
-         "loopfuse": {"rules": {"fleetBreaker": {"action": "block"}}}}
+        {
+            "tools": {"loopDetection": {"enabled": True}},
+            "loopfuse": {"rules": {"fleetBreaker": {"action": "block"}}},
+        }
     )
     seen: set[tuple[str, str | None]] = set()
     cases = [*corpora(), ("fleet", fleet_config, corpora()[-1][2])]
@@ -85,14 +90,23 @@ def test_every_output_of_the_corpus_is_its_wire_model_field_for_field() -> None:
                 model = type(output)
                 assert list(output.__dict__) == list(model.model_fields), name
                 assert model.model_validate(output.__dict__) == output, name
-                assert output.to_json() == output.model_dump_json(
-                    exclude={"fleet"} if output.__dict__.get("fleet") is None else None
-                ).encode()
+                assert (
+                    output.to_json()
+                    == output.model_dump_json(
+                        exclude={"fleet"} if output.__dict__.get("fleet") is None else None
+                    ).encode()
+                )
                 seen.add((model.__name__, output.action if model is Verdict else output.detector))
                 if model is Verdict and output.detector == "fleet_tool_breaker":
                     seen.add(("raised", name))
     assert ("raised", "fleet") in seen
     assert {("Verdict", action) for action in ("allow", "warn", "block", "abort")} <= seen
     detectors = {detector for kind, detector in seen if kind == "LoopEvent"}
-    assert {"sequence_gap", "compaction_loop_persisted", "cycle", "tool_loop_run_ended",
-            "generic_repeat", "unknown_tool_repeat"} <= detectors, detectors
+    assert {
+        "sequence_gap",
+        "compaction_loop_persisted",
+        "cycle",
+        "tool_loop_run_ended",
+        "generic_repeat",
+        "unknown_tool_repeat",
+    } <= detectors, detectors

@@ -46,7 +46,12 @@ def test_a_long_value_is_cut_with_an_ellipsis_never_inside_an_escape() -> None:
 def test_text_is_never_read_as_markup() -> None:
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, color_system="truecolor", width=200)
-    for payload in ("[/bold]", "[link=https://evil.example]click[/link]", "[bold red]x", ":warning:"):
+    for payload in (
+        "[/bold]",
+        "[link=https://evil.example]click[/link]",
+        "[bold red]x",
+        ":warning:",
+    ):
         console.print(text(payload))
     assert out.getvalue() == (
         "[/bold]\n[link=https://evil.example]click[/link]\n[bold red]x\n:warning:\n"

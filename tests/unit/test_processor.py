@@ -26,8 +26,9 @@ from loopfuse.streams.worker.processor import (
 INPUTS = ("calls", "results", "compactions")
 OUT = OutputTopics("verdicts", "loops", "dead")
 NOW = 2_000_000_000_000
-CONFIG = {"tools": {"loopDetection": {"enabled": True, "warningThreshold": 3,
-                                      "criticalThreshold": 5}}}
+CONFIG = {
+    "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}}
+}
 
 
 @dataclass
@@ -58,8 +59,13 @@ class Clock:
 def processor(engine: Engine | None = None, **kwargs: Any) -> SessionProcessor:
     offsets = kwargs.pop("offsets", Offsets())
     return SessionProcessor(
-        engine or Engine(parse_config(CONFIG)), INPUTS, OUT, kwargs.pop("store", DictStore()),
-        offsets, clock=kwargs.pop("clock", Clock()), **kwargs,
+        engine or Engine(parse_config(CONFIG)),
+        INPUTS,
+        OUT,
+        kwargs.pop("store", DictStore()),
+        offsets,
+        clock=kwargs.pop("clock", Clock()),
+        **kwargs,
     )
 
 
@@ -69,13 +75,24 @@ class Feed:
     def __init__(self) -> None:
         self.offsets: dict[tuple[str, int], int] = {}
 
-    def record(self, event: dict[str, Any], *, topic: str = "calls", partition: int = 0,
-               key: bytes | None = None, value: bytes | None = None) -> InputRecord:
+    def record(
+        self,
+        event: dict[str, Any],
+        *,
+        topic: str = "calls",
+        partition: int = 0,
+        key: bytes | None = None,
+        value: bytes | None = None,
+    ) -> InputRecord:
         offset = self.offsets.get((topic, partition), 0)
         self.offsets[(topic, partition)] = offset + 1
-        return InputRecord(topic, partition, offset,
-                           event["session_key"].encode() if key is None else key,
-                           orjson.dumps(event) if value is None else value)
+        return InputRecord(
+            topic,
+            partition,
+            offset,
+            event["session_key"].encode() if key is None else key,
+            orjson.dumps(event) if value is None else value,
+        )
 
 
 def calls(session: str, n: int, *, start: int = 0, ts: int = 1_000) -> list[dict[str, Any]]:
@@ -83,11 +100,24 @@ def calls(session: str, n: int, *, start: int = 0, ts: int = 1_000) -> list[dict
     out = []
     for i in range(n):
         seq = start + 2 * i
-        base = {"session_key": session, "run_id": "r", "call_id": f"c{seq}",
-                "tool_name": "exec", "args": {"command": "make"}, "ts": ts + seq}
+        base = {
+            "session_key": session,
+            "run_id": "r",
+            "call_id": f"c{seq}",
+            "tool_name": "exec",
+            "args": {"command": "make"},
+            "ts": ts + seq,
+        }
         out.append({**base, "type": "tool_call", "event_id": f"{session}:{seq}", "seq": seq})
-        out.append({**base, "type": "tool_result", "event_id": f"{session}:{seq + 1}",
-                    "seq": seq + 1, "result": {"content": "1 failing"}})
+        out.append(
+            {
+                **base,
+                "type": "tool_result",
+                "event_id": f"{session}:{seq + 1}",
+                "seq": seq + 1,
+                "result": {"content": "1 failing"},
+            }
+        )
     return out
 
 
@@ -103,8 +133,12 @@ def test_a_session_out_of_seq_order_within_a_batch_is_judged_in_seq_order() -> N
     feed, proc = Feed(), processor()
     events = calls("s1", 6)
     shuffled = events[1::2] + events[0::2]  # every result before every call
-    messages = proc.process([feed.record(e, topic="results" if e["type"] == "tool_result"
-                                         else "calls") for e in shuffled])
+    messages = proc.process(
+        [
+            feed.record(e, topic="results" if e["type"] == "tool_result" else "calls")
+            for e in shuffled
+        ]
+    )
     assert actions(messages) == ["allow", "allow", "allow", "warn", "warn", "block"]
     assert outputs(messages, "loops")[-1]["detector"] == "generic_repeat"
     assert not any(e["detector"] == "sequence_gap" for e in outputs(messages, "loops"))
@@ -117,8 +151,10 @@ def test_an_event_under_another_sessions_key_is_dead_lettered_and_the_rest_judge
     records += [feed.record(e) for e in calls("s2", 1)]
     messages = proc.process(records)
     (letter,) = outputs(messages, "dead")
-    assert letter["error_code"] == "invalid_event" and "is not the event's session key" in (
-        letter["reason"])
+    assert (
+        letter["error_code"] == "invalid_event"
+        and "is not the event's session key" in (letter["reason"])
+    )
     assert (letter["source_topic"], letter["offset"]) == ("calls", 0)
     assert [v["session_key"] for v in outputs(messages, "verdicts")] == ["s2"]
     assert proc.store.get(b"s1") is None
@@ -138,11 +174,17 @@ class FlakyEngine:
         return getattr(self.engine, name)
 
     def step(
-        self, state: Any, event: Any, now_ms: int, watermark_ms: int | None = None,
+        self,
+        state: Any,
+        event: Any,
+        now_ms: int,
+        watermark_ms: int | None = None,
         fingerprints: Any = None,
     ) -> Any:
         if event.call_id == "boom":
-            state, _ = self.engine.step(state, event, now_ms, watermark_ms, fingerprints)  # partly applied...
+            state, _ = self.engine.step(
+                state, event, now_ms, watermark_ms, fingerprints
+            )  # partly applied...
             raise RuntimeError("engine bug")  # ...then a bug
         return self.engine.step(state, event, now_ms, watermark_ms, fingerprints)
 
@@ -156,8 +198,9 @@ def test_an_engine_error_dead_letters_the_event_and_keeps_the_state_before_it() 
     assert letter["error_code"] == "engine_error" and "engine bug" in letter["reason"]
     # as if the bad event had never been sent
     clean = processor().process([Feed().record(e) for e in events])
-    assert actions(messages) == actions(clean) == ["allow", "allow", "allow", "warn", "warn",
-                                                   "block"]
+    assert (
+        actions(messages) == actions(clean) == ["allow", "allow", "allow", "warn", "warn", "block"]
+    )
     # the whole state: history, seen event ids, clocks - nothing of the bad event
     assert proc.store.get(b"s1") == _state_of(processor(), events)
 
@@ -235,7 +278,8 @@ def test_a_restarted_gateways_first_call_is_released_by_the_timer() -> None:
     offsets.ends = dict(feed.offsets)  # everything read: nothing of the old gateway left
     messages = proc.release_waiting()
     assert [(v["action"], v["incarnation"]) for v in outputs(messages, "verdicts")] == [
-        ("allow", "gw-2")]
+        ("allow", "gw-2")
+    ]
     assert proc.waiting == {}
 
 

@@ -12,8 +12,13 @@ from loopfuse.streams.engine import Engine, SessionState, state_codec
 from loopfuse.streams.engine.rule_state import RuleState
 from tests.unit.conftest import comparable, verdicts
 
-TOOLS = [("read", {"p": 1}), ("read", {"p": 2}), ("list", {"d": 1}),
-         ("command_status", {"id": 1}), ("process", {"action": "poll", "sessionId": "x"})]
+TOOLS = [
+    ("read", {"p": 1}),
+    ("read", {"p": 2}),
+    ("list", {"d": 1}),
+    ("command_status", {"id": 1}),
+    ("process", {"action": "poll", "sessionId": "x"}),
+]
 OUTCOMES: list[dict[str, Any]] = [
     {"result": {"content": [{"type": "text", "text": "same"}], "details": {}}},
     {"result": {"content": [{"type": "text", "text": "other"}], "details": {}}},
@@ -21,33 +26,51 @@ OUTCOMES: list[dict[str, Any]] = [
     {"result_hash": "h1"},
     {"result": None},
 ]
-SMALL = {"enabled": True, "historySize": 6, "warningThreshold": 2, "criticalThreshold": 3,
-         "globalCircuitBreakerThreshold": 4, "unknownToolThreshold": 2,
-         "postCompactionGuard": {"windowSize": 2}}
+SMALL = {
+    "enabled": True,
+    "historySize": 6,
+    "warningThreshold": 2,
+    "criticalThreshold": 3,
+    "globalCircuitBreakerThreshold": 4,
+    "unknownToolThreshold": 2,
+    "postCompactionGuard": {"windowSize": 2},
+}
 
 # An op is (kind, tool index, outcome index, run index); "pair" is a call and its result.
 # Indices are skewed towards the first tool and outcome so that loops actually form.
 _skewed = st.sampled_from([0, 0, 0, 0, 1, 1, 2, 3, 4])
 ops_strategy = st.lists(
-    st.tuples(st.sampled_from(["pair", "pair", "pair", "call", "result", "compaction",
-                               "run_ended"]),
-              _skewed.filter(lambda i: i < len(TOOLS)), _skewed, st.sampled_from([0, 0, 0, 1])),
+    st.tuples(
+        st.sampled_from(["pair", "pair", "pair", "call", "result", "compaction", "run_ended"]),
+        _skewed.filter(lambda i: i < len(TOOLS)),
+        _skewed,
+        st.sampled_from([0, 0, 0, 1]),
+    ),
     max_size=15,  # at most 30 events: fewer than the 32 the engine parks before skipping
 )
 kinds_strategy = ops_strategy.map(lambda ops: [op for op in ops if op[0] != "run_ended"])
 
 
-def build(ops: list[tuple[str, int, int, int]], *, with_seq: bool = True,
-          session: str = "s1") -> list[Any]:
+def build(
+    ops: list[tuple[str, int, int, int]], *, with_seq: bool = True, session: str = "s1"
+) -> list[Any]:
     """Deterministic events: ids, ts and seq follow the op index; results answer the latest
     call of the same tool and args, or are orphans."""
     events: list[Any] = []
     open_calls: dict[tuple[int, int], str] = {}
-    expanded = [(k, *rest) for kind, *rest in ops
-                for k in (["call", "result"] if kind == "pair" else [kind])]
+    expanded = [
+        (k, *rest)
+        for kind, *rest in ops
+        for k in (["call", "result"] if kind == "pair" else [kind])
+    ]
     for i, (kind, tool_ix, outcome_ix, run_ix) in enumerate(expanded):
-        data: dict[str, Any] = {"type": kind, "event_id": f"{session}-e{i}", "ts": 1000 + i,
-                                "session_key": session, "run_id": f"r{run_ix}"}
+        data: dict[str, Any] = {
+            "type": kind,
+            "event_id": f"{session}-e{i}",
+            "ts": 1000 + i,
+            "session_key": session,
+            "run_id": f"r{run_ix}",
+        }
         if with_seq:
             data["seq"] = i
         tool, args = TOOLS[tool_ix]
@@ -56,8 +79,13 @@ def build(ops: list[tuple[str, int, int, int]], *, with_seq: bool = True,
             open_calls[(tool_ix, run_ix)] = f"c{i}"
         elif kind == "result":
             call_id = open_calls.pop((tool_ix, run_ix), f"orphan{i}")
-            data.update(type="tool_result", call_id=call_id, tool_name=tool, args=args,
-                        **OUTCOMES[outcome_ix])
+            data.update(
+                type="tool_result",
+                call_id=call_id,
+                tool_name=tool,
+                args=args,
+                **OUTCOMES[outcome_ix],
+            )
         events.append(validate_event(data))
     return events
 
@@ -66,8 +94,9 @@ def small_engine(**overrides: Any) -> Engine:
     return Engine(parse_config({"tools": {"loopDetection": {**SMALL, **overrides}}}))
 
 
-def fold(engine: Engine, events: list[Any], state: SessionState | None = None
-         ) -> tuple[SessionState | None, list[Any]]:
+def fold(
+    engine: Engine, events: list[Any], state: SessionState | None = None
+) -> tuple[SessionState | None, list[Any]]:
     outputs: list[Any] = []
     for event in events:
         state, out = engine.step(state, event, event.ts)
@@ -89,7 +118,8 @@ def test_replay_twice_gives_the_same_outputs(ops1: Any, ops2: Any, with_seq: boo
 @settings(max_examples=300, deadline=None)
 @given(kinds_strategy, st.data())
 def test_any_interleaving_that_keeps_each_kind_in_order_gives_the_same_verdicts(
-        ops: Any, data: Any) -> None:
+    ops: Any, data: Any
+) -> None:
     events = build(ops)
     queues: dict[str, list[Any]] = {"tool_call": [], "tool_result": [], "compaction": []}
     for event in events:
@@ -134,13 +164,13 @@ def test_a_duplicate_event_changes_nothing(ops: Any, data: Any, with_seq: bool) 
 def test_state_round_trips_through_bytes(prefix: Any, rest: Any, with_seq: bool) -> None:
     engine = small_engine()
     events = build(prefix + rest, with_seq=with_seq)
-    state, _ = fold(engine, events[:len(prefix)])
+    state, _ = fold(engine, events[: len(prefix)])
     state = state or SessionState()
     raw = state_codec.encode(state)
     restored = state_codec.decode(raw)
     assert state_codec.encode(restored) == raw
-    original_end, original_out = fold(engine, events[len(prefix):], state)
-    restored_end, restored_out = fold(engine, events[len(prefix):], restored)
+    original_end, original_out = fold(engine, events[len(prefix) :], state)
+    restored_end, restored_out = fold(engine, events[len(prefix) :], restored)
     assert [comparable(o) for o in restored_out] == [comparable(o) for o in original_out]
     assert restored_end is not None and original_end is not None
     assert state_codec.encode(restored_end) == state_codec.encode(original_end)
@@ -153,18 +183,30 @@ def test_round_trip_keeps_a_sticky_block() -> None:
     assert verdicts(outputs)[-1].action == "block"
     restored = state_codec.decode(state_codec.encode(state))  # type: ignore[union-attr]
     again = validate_event(
-        {"type": "tool_call", "event_id": "later", "ts": 5000, "session_key": "s1",
-         "run_id": "r0", "call_id": "c-later", "tool_name": "read", "args": {"p": 1}})
+        {
+            "type": "tool_call",
+            "event_id": "later",
+            "ts": 5000,
+            "session_key": "s1",
+            "run_id": "r0",
+            "call_id": "c-later",
+            "tool_name": "read",
+            "args": {"p": 1},
+        }
+    )
     _, out = engine.step(restored, again, again.ts)
     assert [(v.action, v.count) for v in verdicts(out)] == [("block", 3)]
 
 
 # Issue 14's rules are opt-in: configured but disabled, they change nothing at all; only
 # reported (shadow), they add loop events with enforced=false and change no verdict.
-RULES_OFF = {name: {"enabled": False} for name in (
-    "runEnding", "cycle", "repeatedFailure", "argumentChurn", "runCaps")}
+RULES_OFF = {
+    name: {"enabled": False}
+    for name in ("runEnding", "cycle", "repeatedFailure", "argumentChurn", "runCaps")
+}
 RULES_SHADOW = {
-    "runEnding": {"shadow": True}, "cycle": {"shadow": True},
+    "runEnding": {"shadow": True},
+    "cycle": {"shadow": True},
     "repeatedFailure": {"shadow": True, "warningThreshold": 1, "criticalThreshold": 2},
     "argumentChurn": {"shadow": True},
     "runCaps": {"shadow": True, "maxToolCalls": 4, "tokensPerRun": 5, "warnAt": 0.5},
@@ -190,26 +232,30 @@ def test_shadow_rules_change_no_verdict(ops: Any, with_seq: bool) -> None:
     plain = small_engine().replay(events)
     shadow = rules_engine(RULES_SHADOW).replay(events)
     assert [comparable(v) for v in verdicts(shadow)] == [comparable(v) for v in verdicts(plain)]
-    rule_events = [o for o in shadow if getattr(o, "type", None) == "loop_event"
-                   and o not in plain and not o.enforced]
+    rule_events = [
+        o
+        for o in shadow
+        if getattr(o, "type", None) == "loop_event" and o not in plain and not o.enforced
+    ]
     others = [comparable(o) for o in shadow if o not in rule_events]
     assert others == [comparable(o) for o in plain]
 
 
-RULES_ENFORCED = {name: {key: value for key, value in rule.items() if key != "shadow"}
-                  for name, rule in RULES_SHADOW.items()}
+RULES_ENFORCED = {
+    name: {key: value for key, value in rule.items() if key != "shadow"}
+    for name, rule in RULES_SHADOW.items()
+}
 
 
 @settings(max_examples=200, deadline=None)
 @given(ops_strategy, ops_strategy, st.booleans())
-def test_state_with_rules_round_trips_through_bytes(prefix: Any, rest: Any,
-                                                    with_seq: bool) -> None:
+def test_state_with_rules_round_trips_through_bytes(prefix: Any, rest: Any, with_seq: bool) -> None:
     engine = rules_engine(RULES_ENFORCED)
     events = build(prefix + rest, with_seq=with_seq)
-    state, _ = fold(engine, events[:len(prefix)])
+    state, _ = fold(engine, events[: len(prefix)])
     state = state or SessionState()
     restored = state_codec.decode(state_codec.encode(state))
     assert (restored.rules or RuleState()) == (state.rules or RuleState())  # empty: not written
-    _, original_out = fold(engine, events[len(prefix):], state)
-    _, restored_out = fold(engine, events[len(prefix):], restored)
+    _, original_out = fold(engine, events[len(prefix) :], state)
+    _, restored_out = fold(engine, events[len(prefix) :], restored)
     assert [comparable(o) for o in restored_out] == [comparable(o) for o in original_out]

@@ -165,8 +165,9 @@ def test_hostile_lines_are_dead_letters_and_replay_goes_on_to_exit_0() -> None:
         json.dumps({**call, "session_key": "k" * 600_000}).encode(),
     ]
     lines = [hostile[0], *good[:3], *hostile[1:], *good[3:]]
-    code, out, err = replay("--config", str(FIXTURES / "small.json5"), "-",
-                            stdin=b"\n".join(lines) + b"\n")
+    code, out, err = replay(
+        "--config", str(FIXTURES / "small.json5"), "-", stdin=b"\n".join(lines) + b"\n"
+    )
     assert code == 0, err
     letters = [line for line in out if line["type"] == "dead_letter"]
     assert [d["line"] for d in letters] == [1, 5, 6, 7, 8, 9]
@@ -178,11 +179,17 @@ def test_hostile_lines_are_dead_letters_and_replay_goes_on_to_exit_0() -> None:
 
 def test_the_progress_bar_goes_to_stderr_and_stdout_stays_jsonl() -> None:
     events = str(FIXTURES / "polling_loop.jsonl")
-    plain = subprocess.run([sys.executable, "-m", "loopfuse.streams.cli", "replay", events],
-                           capture_output=True, timeout=60, check=True)
+    plain = subprocess.run(
+        [sys.executable, "-m", "loopfuse.streams.cli", "replay", events],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
     forced = subprocess.run(
         [sys.executable, "-m", "loopfuse.streams.cli", "replay", "--progress", events],
-        capture_output=True, timeout=60, check=True,
+        capture_output=True,
+        timeout=60,
+        check=True,
         env={**os.environ, "FORCE_COLOR": "1", "COLUMNS": "80"},
     )
     assert forced.stdout == plain.stdout and b"\x1b" not in forced.stdout
@@ -192,17 +199,25 @@ def test_the_progress_bar_goes_to_stderr_and_stdout_stays_jsonl() -> None:
 def test_a_time_no_consumer_can_show_is_a_dead_letter_saying_so() -> None:
     # 2**53-1 ms is year 287396: tail and the report could not show it. Now (ms since
     # epoch) and the last millisecond of year 9999 are judged as before.
-    call = '{"type":"tool_call","event_id":"e%d","session_key":"s","call_id":"c%d",' \
+    call = (
+        '{"type":"tool_call","event_id":"e%d","session_key":"s","call_id":"c%d",'
         '"tool_name":"read","args":{},"ts":%s}'
-    lines = [call % (1, 1, "1796032800000"), call % (2, 2, "253402300799999"),
-             call % (3, 3, "9007199254740991"), call % (4, 4, '"+10000-01-01T00:00:00Z"'),
-             call % (5, 5, "253402300800000")]
+    )
+    lines = [
+        call % (1, 1, "1796032800000"),
+        call % (2, 2, "253402300799999"),
+        call % (3, 3, "9007199254740991"),
+        call % (4, 4, '"+10000-01-01T00:00:00Z"'),
+        call % (5, 5, "253402300800000"),
+    ]
     code, out, _ = replay(stdin="\n".join(lines).encode() + b"\n")
 
     assert code == 0
     assert [line["type"] for line in out] == ["verdict", "verdict"] + ["dead_letter"] * 3
     for dead in out[2:3] + out[4:]:
         assert dead["error_code"] == "invalid_event"
-        assert dead["reason"].startswith("ts: ts must be epoch milliseconds in 0 .. 253402300799999")
+        assert dead["reason"].startswith(
+            "ts: ts must be epoch milliseconds in 0 .. 253402300799999"
+        )
         assert "9999-12-31T23:59:59.999Z" in dead["reason"]
     assert out[3]["reason"].startswith("ts: ts is not an RFC 3339 time")

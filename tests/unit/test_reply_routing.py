@@ -41,9 +41,9 @@ def routed(
     return found
 
 
-def reply(partition: int = 3, topic: str = "loopfuse.replies", requester: str = "gw-a") -> dict[
-    str, Any
-]:
+def reply(
+    partition: int = 3, topic: str = "loopfuse.replies", requester: str = "gw-a"
+) -> dict[str, Any]:
     return {"topic": topic, "partition": partition, "requester": requester}
 
 
@@ -53,9 +53,13 @@ def asking(events: list[dict[str, Any]], **where: Any) -> list[dict[str, Any]]:
 
 def make(engine: Engine | None = None, **kwargs: Any) -> SessionProcessor:
     return SessionProcessor(
-        engine or Engine(parse_config(CONFIG)), INPUTS, kwargs.pop("outputs", OUT),
-        kwargs.pop("store", DictStore()), kwargs.pop("offsets", Offsets()),
-        clock=kwargs.pop("clock", Clock()), **kwargs,
+        engine or Engine(parse_config(CONFIG)),
+        INPUTS,
+        kwargs.pop("outputs", OUT),
+        kwargs.pop("store", DictStore()),
+        kwargs.pop("offsets", Offsets()),
+        clock=kwargs.pop("clock", Clock()),
+        **kwargs,
     )
 
 
@@ -67,10 +71,12 @@ def test_a_calls_verdict_goes_to_the_partition_it_named_keyed_by_its_requester()
     assert [(t, k, p) for t, k, p, _, _ in verdicts] == [("loopfuse.replies", b"gw-a", 3)] * 6
     # the same verdicts, byte for byte, as on the verdicts topic without reply_to
     assert [v for t, _, v, _ in routed_out if t == "loopfuse.replies"] == [
-        v for t, _, v, _ in plain if t == "verdicts"]
+        v for t, _, v, _ in plain if t == "verdicts"
+    ]
     # loop events and the rest stay where they were
     assert [m for m in routed_out if m[0] != "loopfuse.replies"] == [
-        m for m in plain if m[0] != "verdicts"]
+        m for m in plain if m[0] != "verdicts"
+    ]
     assert any(t == "loops" for t, _, _, _ in routed_out)
 
 
@@ -103,13 +109,21 @@ def test_a_reply_the_worker_cannot_send_to_goes_to_the_verdicts_topic_counted(
 
 def test_tenants_replies_go_to_their_own_topics() -> None:
     feed = Feed()
-    out = make().process([
-        *(feed.record(e) for e in asking(calls("s1", 1), requester="gw-a")),
-        *(feed.record(e) for e in asking(calls("s2", 1), topic="loopfuse.replies.acme",
-                                         partition=1, requester="gw-b")),
-    ])
+    out = make().process(
+        [
+            *(feed.record(e) for e in asking(calls("s1", 1), requester="gw-a")),
+            *(
+                feed.record(e)
+                for e in asking(
+                    calls("s2", 1), topic="loopfuse.replies.acme", partition=1, requester="gw-b"
+                )
+            ),
+        ]
+    )
     assert [(t, k, p) for t, k, p, _, _ in routed(out)] == [
-        ("loopfuse.replies", b"gw-a", 3), ("loopfuse.replies.acme", b"gw-b", 1)]
+        ("loopfuse.replies", b"gw-a", 3),
+        ("loopfuse.replies.acme", b"gw-b", 1),
+    ]
 
 
 def test_a_parked_call_is_answered_where_it_asked_even_after_a_worker_restart() -> None:
@@ -125,20 +139,27 @@ def test_a_parked_call_is_answered_where_it_asked_even_after_a_worker_restart() 
     restarted = make(store=store)  # the state read back from its bytes
     out = restarted.process([feed.record(call0), feed.record(events[1])])
     assert [(t, k, p, c) for t, k, p, _, c in routed(out)] == [
-        ("loopfuse.replies", b"gw-a", 1, "c0"), ("loopfuse.replies", b"gw-b", 5, "c2")]
+        ("loopfuse.replies", b"gw-a", 1, "c0"),
+        ("loopfuse.replies", b"gw-b", 5, "c2"),
+    ]
 
 
 def test_a_restarted_gateways_pending_call_is_released_to_its_reply() -> None:
     feed, offsets = Feed(), Offsets()
     proc = make(offsets=offsets)
     proc.process([feed.record(e) for e in asking(calls("s1", 2), requester="gw-1")])
-    restarted = {**calls("s1", 1, ts=5_000)[0], "incarnation": "gw-2", "event_id": "gw-2:0",
-                 "reply_to": reply(6, requester="gw-2")}
+    restarted = {
+        **calls("s1", 1, ts=5_000)[0],
+        "incarnation": "gw-2",
+        "event_id": "gw-2:0",
+        "reply_to": reply(6, requester="gw-2"),
+    }
     offsets.ends = {**feed.offsets, ("results", 0): 99}  # unread records: the call waits
     assert routed(proc.process([feed.record(restarted)])) == []
     offsets.ends = dict(feed.offsets)
     assert [(t, k, p) for t, k, p, _, _ in routed(proc.release_waiting())] == [
-        ("loopfuse.replies", b"gw-2", 6)]
+        ("loopfuse.replies", b"gw-2", 6)
+    ]
 
 
 def test_a_redelivered_call_is_answered_again_on_its_reply() -> None:
@@ -150,9 +171,14 @@ def test_a_redelivered_call_is_answered_again_on_its_reply() -> None:
 
 
 def test_a_fleet_breakers_raised_verdict_goes_to_the_reply() -> None:
-    engine = Engine(parse_config({
-        **CONFIG, "loopfuse": {"rules": {"fleetBreaker": {"sessions": 3, "windowSeconds": 60}}},
-    }))
+    engine = Engine(
+        parse_config(
+            {
+                **CONFIG,
+                "loopfuse": {"rules": {"fleetBreaker": {"sessions": 3, "windowSeconds": 60}}},
+            }
+        )
+    )
     now = 1_700_000_000_000
     board = {"exec": ToolBreaker("exec", 3, 60, now, now + 60_000)}
     proc = make(engine, breakers=board, clock=Clock(now))
@@ -176,9 +202,7 @@ def test_a_fleet_breakers_raised_verdict_goes_to_the_reply() -> None:
         ("loopfuse.replies", "reply_to"),
     ],
 )
-def test_a_malformed_reply_to_is_a_dead_letter_with_its_reason(
-    reply_to: Any, reason: str
-) -> None:
+def test_a_malformed_reply_to_is_a_dead_letter_with_its_reason(reply_to: Any, reason: str) -> None:
     call = {**calls("s1", 1)[0], "reply_to": reply_to}
     out = make().process([Feed().record(call)])
     assert routed(out) == []

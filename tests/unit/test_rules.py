@@ -23,12 +23,19 @@ from tests.unit.conftest import (
     verdicts,
 )
 
-GENERIC_3 = ("CRITICAL: Called read with identical arguments and identical outcomes 3 times. "
-             "Session execution blocked to prevent runaway loops.")
+GENERIC_3 = (
+    "CRITICAL: Called read with identical arguments and identical outcomes 3 times. "
+    "Session execution blocked to prevent runaway loops."
+)
 
 
-def rules_engine(rules: dict[str, Any], *, agents: list[dict[str, Any]] | None = None,
-                 enforce: bool = True, **loop: Any) -> Engine:
+def rules_engine(
+    rules: dict[str, Any],
+    *,
+    agents: list[dict[str, Any]] | None = None,
+    enforce: bool = True,
+    **loop: Any,
+) -> Engine:
     """Detection enabled with ``loop`` fields, and ``rules`` as loopfuse.rules."""
     document: dict[str, Any] = {
         "tools": {"loopDetection": {"enabled": True, **loop}},
@@ -49,25 +56,33 @@ def events_of(outputs: list[Any]) -> list[tuple[str, str, int, bool]]:
 
 def stuck_read(times: int = 3, **kwargs: Any) -> list[Any]:
     """``times`` identical read pairs, then two more identical read calls."""
-    return [*repeat_pairs("read", {"p": 1}, times, **kwargs),
-            call("read", {"p": 1}, **kwargs), call("read", {"p": 1}, **kwargs)]
+    return [
+        *repeat_pairs("read", {"p": 1}, times, **kwargs),
+        call("read", {"p": 1}, **kwargs),
+        call("read", {"p": 1}, **kwargs),
+    ]
 
 
 # -- run endings ---------------------------------------------------------------------
 
 
 def test_the_second_critical_of_a_run_ends_it() -> None:
-    outputs = rules_engine({"runEnding": {}}, warningThreshold=2,
-                           criticalThreshold=3).replay(stuck_read())
+    outputs = rules_engine({"runEnding": {}}, warningThreshold=2, criticalThreshold=3).replay(
+        stuck_read()
+    )
     assert decided(outputs) == [
-        ("allow", None, 0), ("allow", None, 0), ("warn", "generic_repeat", 2),
-        ("block", "generic_repeat", 3), ("block", "generic_repeat", 3),
+        ("allow", None, 0),
+        ("allow", None, 0),
+        ("warn", "generic_repeat", 2),
+        ("block", "generic_repeat", 3),
+        ("block", "generic_repeat", 3),
         ("abort", "tool_loop_run_ended", 2),
     ]
     abort = verdicts(outputs)[-1]
     assert abort.message == f"{GENERIC_3} {RUN_ENDED_NOTICE}"
     assert abort.message.endswith(
-        "Ending this run: the model kept repeating a blocked tool call and made no progress.")
+        "Ending this run: the model kept repeating a blocked tool call and made no progress."
+    )
     assert abort.call_id == verdicts(outputs)[-2].call_id  # the call is blocked, the run ends
     assert events_of(outputs)[-1] == ("abort", "tool_loop_run_ended", 2, True)
 
@@ -78,15 +93,19 @@ def test_without_the_rule_a_run_is_blocked_forever() -> None:
 
 
 def test_a_run_ending_in_shadow_is_only_reported() -> None:
-    outputs = rules_engine({"runEnding": {"shadow": True}}, warningThreshold=2,
-                           criticalThreshold=3).replay(stuck_read())
+    outputs = rules_engine(
+        {"runEnding": {"shadow": True}}, warningThreshold=2, criticalThreshold=3
+    ).replay(stuck_read())
     assert [v.action for v in verdicts(outputs)][-2:] == ["block", "block"]
     assert events_of(outputs)[-1] == ("abort", "tool_loop_run_ended", 2, False)
 
 
 def test_consecutive_blocked_calls_end_the_run() -> None:
-    engine = rules_engine({"runEnding": {"criticalsPerRun": 10, "blockedStreak": 3}},
-                          warningThreshold=2, criticalThreshold=3)
+    engine = rules_engine(
+        {"runEnding": {"criticalsPerRun": 10, "blockedStreak": 3}},
+        warningThreshold=2,
+        criticalThreshold=3,
+    )
     stuck = repeat_pairs("read", {"p": 1}, 3)
 
     def blocked() -> list[Any]:
@@ -95,16 +114,28 @@ def test_consecutive_blocked_calls_end_the_run() -> None:
     other = pair("list", {"d": 1})  # a call that runs: the streak starts again
     outputs = engine.replay(stuck + blocked() + other + blocked() + [call("read", {"p": 1})])
     assert [a for a, _, _ in decided(outputs)][-7:] == [
-        "block", "block", "allow", "block", "block", "block", "abort"]
+        "block",
+        "block",
+        "allow",
+        "block",
+        "block",
+        "block",
+        "abort",
+    ]
     assert decided(outputs)[-1] == ("abort", "tool_loop_run_ended", 3)
     assert sum(v.action == "abort" for v in verdicts(outputs)) == 1
 
 
 def test_each_run_gets_its_own_count() -> None:
-    engine = rules_engine({"runEnding": {"criticalsPerRun": 2}}, warningThreshold=2,
-                          criticalThreshold=3)
-    one_each = [*repeat_pairs("read", {"p": 1}, 3), call("read", {"p": 1}),
-                *repeat_pairs("read", {"p": 1}, 3, run="r2"), call("read", {"p": 1}, run="r2")]
+    engine = rules_engine(
+        {"runEnding": {"criticalsPerRun": 2}}, warningThreshold=2, criticalThreshold=3
+    )
+    one_each = [
+        *repeat_pairs("read", {"p": 1}, 3),
+        call("read", {"p": 1}),
+        *repeat_pairs("read", {"p": 1}, 3, run="r2"),
+        call("read", {"p": 1}, run="r2"),
+    ]
     assert "abort" not in [v.action for v in verdicts(engine.replay(one_each))]
 
 
@@ -117,18 +148,23 @@ def test_run_ended_forgets_the_count() -> None:
 
 
 def test_an_agent_can_opt_out_of_a_global_rule() -> None:
-    engine = rules_engine({"runEnding": {}}, warningThreshold=2, criticalThreshold=3,
-                          agents=[{"id": "free", "loopfuse": {"rules": {
-                              "runEnding": {"enabled": False}}}}])
+    engine = rules_engine(
+        {"runEnding": {}},
+        warningThreshold=2,
+        criticalThreshold=3,
+        agents=[{"id": "free", "loopfuse": {"rules": {"runEnding": {"enabled": False}}}}],
+    )
     assert "abort" in [v.action for v in verdicts(engine.replay(stuck_read(agent="bound")))]
     assert "abort" not in [v.action for v in verdicts(engine.replay(stuck_read(agent="free")))]
 
 
 def test_an_agent_override_is_merged_into_the_global_rule() -> None:
-    engine = rules_engine({"runEnding": {"shadow": True}}, warningThreshold=2,
-                          criticalThreshold=3,
-                          agents=[{"id": "a", "loopfuse": {"rules": {
-                              "runEnding": {"criticalsPerRun": 3}}}}])
+    engine = rules_engine(
+        {"runEnding": {"shadow": True}},
+        warningThreshold=2,
+        criticalThreshold=3,
+        agents=[{"id": "a", "loopfuse": {"rules": {"runEnding": {"criticalsPerRun": 3}}}}],
+    )
     outputs = engine.replay([*stuck_read(agent="a"), call("read", {"p": 1}, agent="a")])
     assert "abort" not in [v.action for v in verdicts(outputs)]  # still shadow
     assert events_of(outputs)[-1] == ("abort", "tool_loop_run_ended", 3, False)
@@ -143,19 +179,27 @@ def cycle_of(tools: tuple[str, ...], rounds: int) -> list[Any]:
 
 def msg_cycle(level: str, period: int, n: int) -> str:
     if level == "critical":
-        return (f"CRITICAL: You are repeating a cycle of {period} tool-call patterns ({n} "
-                "consecutive calls) with no progress. This appears to be a stuck loop. "
-                "Session execution blocked to prevent resource waste.")
-    return (f"WARNING: You are repeating a cycle of {period} tool-call patterns ({n} "
-            "consecutive calls). This looks like a loop; stop retrying and report the task "
-            "as failed.")
+        return (
+            f"CRITICAL: You are repeating a cycle of {period} tool-call patterns ({n} "
+            "consecutive calls) with no progress. This appears to be a stuck loop. "
+            "Session execution blocked to prevent resource waste."
+        )
+    return (
+        f"WARNING: You are repeating a cycle of {period} tool-call patterns ({n} "
+        "consecutive calls). This looks like a loop; stop retrying and report the task "
+        "as failed."
+    )
 
 
 def test_a_cycle_of_three_warns_then_blocks_on_no_progress_evidence() -> None:
     engine = rules_engine({"cycle": {}}, warningThreshold=4, criticalThreshold=7)
     outputs = engine.replay([*cycle_of(("a", "b", "c"), 2), call("a", {"x": 1})])
-    assert decided(outputs)[3:] == [("warn", "cycle", 4), ("warn", "cycle", 5),
-                                    ("warn", "cycle", 6), ("block", "cycle", 7)]
+    assert decided(outputs)[3:] == [
+        ("warn", "cycle", 4),
+        ("warn", "cycle", 5),
+        ("warn", "cycle", 6),
+        ("block", "cycle", 7),
+    ]
     assert verdicts(outputs)[3].message == msg_cycle("warning", 3, 4)
     assert verdicts(outputs)[-1].message == msg_cycle("critical", 3, 7)
     assert events_of(outputs) == [("block", "cycle", 7, True)]
@@ -198,25 +242,37 @@ def test_a_shadow_cycle_reports_without_changing_verdicts() -> None:
 
 def msg_failure(level: str, tool: str, n: int) -> str:
     if level == "critical":
-        return (f"CRITICAL: {tool} failed {n} times in a row with the same error. Session "
-                "execution blocked to prevent runaway loops.")
-    return (f"WARNING: {tool} failed {n} times in a row with the same error. Stop retrying "
-            "it; change approach or report the task as failed.")
+        return (
+            f"CRITICAL: {tool} failed {n} times in a row with the same error. Session "
+            "execution blocked to prevent runaway loops."
+        )
+    return (
+        f"WARNING: {tool} failed {n} times in a row with the same error. Stop retrying "
+        "it; change approach or report the task as failed."
+    )
 
 
 def failing_fetch(times: int) -> list[Any]:
     """``fetch`` with new args each time, failing with one error but a new request id."""
-    return [event for n in range(times) for event in pair(
-        "fetch", {"url": f"https://example.com/{n}"},
-        error=f"upstream timeout after 30s (request id req_{n:04d}9f8e7d6c5b)")]
+    return [
+        event
+        for n in range(times)
+        for event in pair(
+            "fetch",
+            {"url": f"https://example.com/{n}"},
+            error=f"upstream timeout after 30s (request id req_{n:04d}9f8e7d6c5b)",
+        )
+    ]
 
 
 def test_the_same_error_whatever_the_args_warns_then_blocks() -> None:
     engine = rules_engine({"repeatedFailure": {}})  # 3 and 5
     outputs = engine.replay([*failing_fetch(5), call("fetch", {"url": "https://example.com/x"})])
     assert decided(outputs) == [("allow", None, 0)] * 3 + [
-        ("warn", "repeated_failure", 3), ("warn", "repeated_failure", 4),
-        ("block", "repeated_failure", 5)]
+        ("warn", "repeated_failure", 3),
+        ("warn", "repeated_failure", 4),
+        ("block", "repeated_failure", 5),
+    ]
     assert verdicts(outputs)[3].message == msg_failure("warning", "fetch", 3)
     assert verdicts(outputs)[-1].message == msg_failure("critical", "fetch", 5)
     assert events_of(outputs) == [("block", "repeated_failure", 5, True)]
@@ -224,8 +280,13 @@ def test_the_same_error_whatever_the_args_warns_then_blocks() -> None:
 
 def test_a_success_or_another_error_starts_the_count_again() -> None:
     engine = rules_engine({"repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}})
-    events = failing_fetch(2) + pair("fetch", {"url": "u"}) + failing_fetch(2) + pair(
-        "fetch", {"url": "v"}, error="HTTP 404") + [call("fetch", {"url": "w"})]
+    events = (
+        failing_fetch(2)
+        + pair("fetch", {"url": "u"})
+        + failing_fetch(2)
+        + pair("fetch", {"url": "v"}, error="HTTP 404")
+        + [call("fetch", {"url": "w"})]
+    )
     assert decided(engine.replay(events))[-1] == ("allow", None, 0)
 
 
@@ -241,9 +302,10 @@ def failing_numbered(times: int, *, incarnation: str | None = None) -> list[Any]
     for n in range(times):
         args = {"url": f"https://example.com/{n}"}
         error = f"upstream timeout after 30s (request id req_{n:04d}9f8e7d6c5b)"
-        events += [call("fetch", args, call_id=f"c{n}", seq=2 * n, ts=1_000 + 10 * n),
-                   result("fetch", args, call_id=f"c{n}", seq=2 * n + 1, ts=1_001 + 10 * n,
-                          error=error)]
+        events += [
+            call("fetch", args, call_id=f"c{n}", seq=2 * n, ts=1_000 + 10 * n),
+            result("fetch", args, call_id=f"c{n}", seq=2 * n + 1, ts=1_001 + 10 * n, error=error),
+        ]
     if incarnation is not None:
         events = [msgspec.structs.replace(e, incarnation=incarnation) for e in events]
     return events
@@ -282,7 +344,9 @@ def test_a_failure_pending_a_restarted_gateway_still_counts() -> None:
     """A restarted gateway's failing results wait until its seq space opens."""
     engine = rules_engine({"repeatedFailure": {"warningThreshold": 2, "criticalThreshold": 3}})
     before = failing_numbered(1, incarnation="g1")
-    after = [msgspec.structs.replace(e, ts=e.ts + 100) for e in failing_numbered(3, incarnation="g2")]
+    after = [
+        msgspec.structs.replace(e, ts=e.ts + 100) for e in failing_numbered(3, incarnation="g2")
+    ]
     state, outputs, waited = None, [], 0
     for event in [*before[:1], *after, before[1]]:  # g1's last result comes late
         state, produced = engine.step(state, event, event.ts, watermark_ms=0)
@@ -290,8 +354,10 @@ def test_a_failure_pending_a_restarted_gateway_still_counts() -> None:
         waited = max(waited, len(state.pending))
     assert waited == 6  # g2's events waited for g1's seq space to close
     outputs += engine.release(state, 2_000, None)
-    assert [d for d in decided(outputs) if d[1]] == [("warn", "repeated_failure", 2),
-                                                     ("block", "repeated_failure", 3)]
+    assert [d for d in decided(outputs) if d[1]] == [
+        ("warn", "repeated_failure", 2),
+        ("block", "repeated_failure", 3),
+    ]
 
 
 def test_a_hashed_error_counts_by_its_token() -> None:
@@ -301,25 +367,29 @@ def test_a_hashed_error_counts_by_its_token() -> None:
     token = result_token("fetch", None, error="upstream timeout")
     events = [event for n in range(3) for event in pair("fetch", {"n": n}, result_hash=token)]
     assert decided(engine.replay([*events, call("fetch", {"n": 9})]))[-2:] == [
-        ("warn", "repeated_failure", 2), ("block", "repeated_failure", 3)]
+        ("warn", "repeated_failure", 2),
+        ("block", "repeated_failure", 3),
+    ]
     other = result_token("fetch", None, error="upstream timeout (req 2)")
     events[-1] = msgspec.structs.replace(events[-1], result_hash=other)
-    assert decided(engine.replay([*events, call("fetch", {"n": 9})]))[-1] == (
-        "allow", None, 0)
+    assert decided(engine.replay([*events, call("fetch", {"n": 9})]))[-1] == ("allow", None, 0)
 
 
 def test_error_identity_drops_per_call_nonces_only() -> None:
-    assert normalise_error("timeout (request id req_0001abcdef12) at 2026-12-01T03:08:40Z") \
-        == normalise_error("timeout  (request id req_0002abcdef12) at 2026-12-01T04:00:00Z")
+    assert normalise_error(
+        "timeout (request id req_0001abcdef12) at 2026-12-01T03:08:40Z"
+    ) == normalise_error("timeout  (request id req_0002abcdef12) at 2026-12-01T04:00:00Z")
     assert normalise_error("HTTP 404") != normalise_error("HTTP 503")
     assert normalise_error("pid 123456 exited") == normalise_error("pid 98765 exited")
     assert normalise_error("job 550e8400-e29b-41d4-a716-446655440000 failed") == "job # failed"
 
 
 def msg_churn(tool: str, variants: int, n: int) -> str:
-    return (f"WARNING: {tool} has cycled through {variants} repeated argument patterns with "
-            f"the same stable outcome {n} times. Continued churn is treated as stalled run "
-            "activity, but this tool call remains allowed.")
+    return (
+        f"WARNING: {tool} has cycled through {variants} repeated argument patterns with "
+        f"the same stable outcome {n} times. Continued churn is treated as stalled run "
+        "activity, but this tool call remains allowed."
+    )
 
 
 def test_argument_churn_warns_as_openclaw_does() -> None:
@@ -332,9 +402,11 @@ def test_argument_churn_warns_as_openclaw_does() -> None:
     outputs = engine.replay([*events, call("search", {"q": "a"})])
     # Each variant's first call is not a no-progress repeat, so the walk back stops at
     # the first round's c: 9 calls of the second round and 2 of the first.
-    assert decided(outputs)[-3:] == [("warn", "argument_churn", 9),
-                                     ("warn", "argument_churn", 10),
-                                     ("warn", "argument_churn", 11)]
+    assert decided(outputs)[-3:] == [
+        ("warn", "argument_churn", 9),
+        ("warn", "argument_churn", 10),
+        ("warn", "argument_churn", 11),
+    ]
     assert verdicts(outputs)[-1].message == msg_churn("search", 3, 11)
     assert events_of(outputs) == [("warn", "argument_churn", 10, True)]
     # a new argument is a possible way out: no churn warning for it
@@ -346,23 +418,40 @@ def test_argument_churn_warns_as_openclaw_does() -> None:
 
 
 def test_an_exempt_tool_is_never_counted_or_judged() -> None:
-    engine = rules_engine({"tools": {"read": {"exempt": True}}}, warningThreshold=2,
-                          criticalThreshold=3)
+    engine = rules_engine(
+        {"tools": {"read": {"exempt": True}}}, warningThreshold=2, criticalThreshold=3
+    )
     state, outputs = fold(engine, stuck_read(5))
     assert {v.action for v in verdicts(outputs)} == {"allow"}
     assert state.history == []
     # an exempt tool between two calls does not break a ping-pong
-    outputs = engine.replay(pair("a", {}) + pair("read", {}) + pair("b", {}) + pair("read", {})
-                            + pair("a", {}) + [call("b", {})])
+    outputs = engine.replay(
+        pair("a", {})
+        + pair("read", {})
+        + pair("b", {})
+        + pair("read", {})
+        + pair("a", {})
+        + [call("b", {})]
+    )
     assert decided(outputs)[-1] == ("block", "ping_pong", 4)
 
 
 def test_a_tool_with_its_own_thresholds() -> None:
     engine = rules_engine({"tools": {"exec": {"warningThreshold": 2, "criticalThreshold": 3}}})
-    outputs = engine.replay([*repeat_pairs("exec", {"c": 1}, 3), call("exec", {"c": 1}),
-                             *repeat_pairs("read", {"p": 1}, 3), call("read", {"p": 1})])
-    assert decided(outputs)[:4] == [("allow", None, 0), ("allow", None, 0),
-                                    ("warn", "generic_repeat", 2), ("block", "generic_repeat", 3)]
+    outputs = engine.replay(
+        [
+            *repeat_pairs("exec", {"c": 1}, 3),
+            call("exec", {"c": 1}),
+            *repeat_pairs("read", {"p": 1}, 3),
+            call("read", {"p": 1}),
+        ]
+    )
+    assert decided(outputs)[:4] == [
+        ("allow", None, 0),
+        ("allow", None, 0),
+        ("warn", "generic_repeat", 2),
+        ("block", "generic_repeat", 3),
+    ]
     assert {v.action for v in verdicts(outputs)[4:]} == {"allow"}
     assert loop_events(outputs)[0].config["critical_threshold"] == 3
 
@@ -374,9 +463,12 @@ def test_per_tool_thresholds_are_clamped_into_order() -> None:
 
 
 def test_an_agent_adds_a_tool_rule_to_the_global_ones() -> None:
-    engine = rules_engine({"tools": {"read": {"exempt": True}}}, warningThreshold=2,
-                          criticalThreshold=3, agents=[{"id": "a", "loopfuse": {"rules": {
-                              "tools": {"exec": {"exempt": True}}}}}])
+    engine = rules_engine(
+        {"tools": {"read": {"exempt": True}}},
+        warningThreshold=2,
+        criticalThreshold=3,
+        agents=[{"id": "a", "loopfuse": {"rules": {"tools": {"exec": {"exempt": True}}}}}],
+    )
     for tool in ("read", "exec"):
         outputs = engine.replay(repeat_pairs(tool, {}, 4, agent="a"))
         assert {v.action for v in verdicts(outputs)} == {"allow"}
@@ -390,45 +482,65 @@ def test_a_run_warns_near_its_call_cap_and_ends_past_it() -> None:
     engine = Engine(parse_config({"loopfuse": {"rules": {"runCaps": {"maxToolCalls": 5}}}}))
     outputs = engine.replay([e for n in range(6) for e in pair("read", {"n": n})])
     assert decided(outputs) == [("allow", None, 0)] * 3 + [
-        ("warn", "run_call_cap", 4), ("warn", "run_call_cap", 5),
-        ("block", "run_call_cap", 6), ("abort", "run_call_cap", 6)]
+        ("warn", "run_call_cap", 4),
+        ("warn", "run_call_cap", 5),
+        ("block", "run_call_cap", 6),
+        ("abort", "run_call_cap", 6),
+    ]
     assert verdicts(outputs)[3].message == (
         "WARNING: this run has made 4 of its 5 allowed tool calls. Finish the task or report "
-        "it as failed before the cap ends the run.")
+        "it as failed before the cap ends the run."
+    )
     assert verdicts(outputs)[-1].message == (
         "CRITICAL: this run reached its cap of 5 tool calls. Ending this run to prevent "
-        "runaway resource use.")
+        "runaway resource use."
+    )
     assert events_of(outputs) == [("abort", "run_call_cap", 6, True)]
 
 
 def test_the_warning_fraction_is_exact() -> None:
-    engine = Engine(parse_config({"loopfuse": {"rules": {"runCaps": {
-        "maxToolCalls": 10, "warnAt": 0.7}}}}))
+    engine = Engine(
+        parse_config({"loopfuse": {"rules": {"runCaps": {"maxToolCalls": 10, "warnAt": 0.7}}}})
+    )
     outputs = engine.replay([e for n in range(7) for e in pair("read", {"n": n})])
     assert decided(outputs)[-2:] == [("allow", None, 0), ("warn", "run_call_cap", 7)]
 
 
 def spend(tokens: int, cost: float, n: int, **kwargs: Any) -> list[Any]:
-    return [call("llm", {"n": n}, call_id=f"c{n}", **kwargs),
-            result("llm", {"n": n}, call_id=f"c{n}", **kwargs,
-                   usage={"input_tokens": tokens - 10, "output_tokens": 10, "cost": cost})]
+    return [
+        call("llm", {"n": n}, call_id=f"c{n}", **kwargs),
+        result(
+            "llm",
+            {"n": n},
+            call_id=f"c{n}",
+            **kwargs,
+            usage={"input_tokens": tokens - 10, "output_tokens": 10, "cost": cost},
+        ),
+    ]
 
 
 def test_a_token_budget_per_run_warns_then_aborts() -> None:
-    engine = Engine(parse_config({"loopfuse": {"rules": {"runCaps": {
-        "tokensPerRun": 1000, "warnAt": 0.5}}}}))
+    engine = Engine(
+        parse_config({"loopfuse": {"rules": {"runCaps": {"tokensPerRun": 1000, "warnAt": 0.5}}}})
+    )
     events = [e for n in range(4) for e in spend(300, 0.01, n)] + [call("llm", {"n": 9})]
     outputs = engine.replay(events)
     assert decided(outputs) == [
-        ("allow", None, 0), ("allow", None, 0), ("warn", "token_budget", 60),
-        ("warn", "token_budget", 90), ("block", "token_budget", 120),
-        ("abort", "token_budget", 120)]
+        ("allow", None, 0),
+        ("allow", None, 0),
+        ("warn", "token_budget", 60),
+        ("warn", "token_budget", 90),
+        ("block", "token_budget", 120),
+        ("abort", "token_budget", 120),
+    ]
     assert verdicts(outputs)[2].message == (
         "WARNING: this run has used 600 tokens of its budget of 1000 (60%). Finish the task "
-        "or report it as failed before the budget ends the run.")
+        "or report it as failed before the budget ends the run."
+    )
     assert verdicts(outputs)[-1].message == (
         "CRITICAL: this run has used 1200 tokens of its budget of 1000. Ending this run to "
-        "prevent runaway resource use.")
+        "prevent runaway resource use."
+    )
 
 
 def test_a_cost_budget_per_session_spans_runs() -> None:
@@ -438,7 +550,8 @@ def test_a_cost_budget_per_session_spans_runs() -> None:
     assert decided(outputs)[-2:] == [("block", "cost_budget", 120), ("abort", "cost_budget", 120)]
     assert verdicts(outputs)[-1].message == (
         "CRITICAL: this session has used 0.06 of its cost budget of 0.05. Ending this run "
-        "to prevent runaway resource use.")
+        "to prevent runaway resource use."
+    )
 
 
 def test_usage_is_ignored_without_run_caps_and_by_v1_consumers() -> None:
@@ -448,12 +561,15 @@ def test_usage_is_ignored_without_run_caps_and_by_v1_consumers() -> None:
 
 
 def test_a_shadow_cap_changes_no_verdict() -> None:
-    engine = Engine(parse_config({"loopfuse": {"rules": {"runCaps": {
-        "maxToolCalls": 2, "shadow": True}}}}))
+    engine = Engine(
+        parse_config({"loopfuse": {"rules": {"runCaps": {"maxToolCalls": 2, "shadow": True}}}})
+    )
     outputs = engine.replay([e for n in range(4) for e in pair("read", {"n": n})])
     assert {v.action for v in verdicts(outputs)} == {"allow"}
-    assert events_of(outputs) == [("block", "run_call_cap", 3, False),
-                                  ("block", "run_call_cap", 4, False)]
+    assert events_of(outputs) == [
+        ("block", "run_call_cap", 3, False),
+        ("block", "run_call_cap", 4, False),
+    ]
 
 
 def test_global_shadow_mode_reports_rules_as_not_enforced() -> None:
@@ -466,8 +582,9 @@ def test_global_shadow_mode_reports_rules_as_not_enforced() -> None:
 # -- state, redelivery, config errors --------------------------------------------------
 
 
-def fold(engine: Engine, events: list[Any], state: SessionState | None = None
-         ) -> tuple[SessionState, list[Any]]:
+def fold(
+    engine: Engine, events: list[Any], state: SessionState | None = None
+) -> tuple[SessionState, list[Any]]:
     outputs: list[Any] = []
     for event in events:
         state, out = engine.step(state, event, event.ts)
@@ -477,11 +594,17 @@ def fold(engine: Engine, events: list[Any], state: SessionState | None = None
 
 
 def test_rule_counts_survive_the_state_bytes() -> None:
-    engine = rules_engine({"runEnding": {}, "repeatedFailure": {},
-                           "runCaps": {"tokensPerSession": 10_000}},
-                          warningThreshold=2, criticalThreshold=3)
-    events = (spend(500, 0.5, 1) + failing_fetch(2) + repeat_pairs("read", {"p": 1}, 3)
-              + [call("read", {"p": 1})])
+    engine = rules_engine(
+        {"runEnding": {}, "repeatedFailure": {}, "runCaps": {"tokensPerSession": 10_000}},
+        warningThreshold=2,
+        criticalThreshold=3,
+    )
+    events = (
+        spend(500, 0.5, 1)
+        + failing_fetch(2)
+        + repeat_pairs("read", {"p": 1}, 3)
+        + [call("read", {"p": 1})]
+    )
     state, _ = fold(engine, events)
     restored = state_codec.decode(state_codec.encode(state))
     assert restored.rules == state.rules
@@ -504,7 +627,8 @@ def test_a_redelivered_call_gets_the_rule_verdict_again() -> None:
     state, first = fold(engine, [*failing_fetch(5), last])
     _, again = fold(engine, [last], state)
     assert [(v.action, v.message) for v in verdicts(again)] == [
-        ("block", msg_failure("critical", "fetch", 5))]
+        ("block", msg_failure("critical", "fetch", 5))
+    ]
     assert verdicts(first)[-1].verdict_id == verdicts(again)[0].verdict_id
 
 
@@ -515,22 +639,37 @@ def test_a_blocked_result_does_not_end_a_failure_streak() -> None:
     assert decided(outputs)[-1] == ("block", "repeated_failure", 5)
 
 
-@pytest.mark.parametrize(("rules", "error"), [
-    ({"runEnding": {"criticalsPerRun": 0}},
-     "loopfuse.rules.runEnding.criticalsPerRun: must be a positive integer (got 0)"),
-    ({"cycle": {"maxPeriod": 6}},
-     "loopfuse.rules.cycle.maxPeriod: Input should be less than or equal to 5"),
-    ({"repeatedFailure": {"warningThreshold": 5, "criticalThreshold": 5}},
-     "loopfuse.rules.repeatedFailure: warningThreshold must be lower than criticalThreshold"),
-    ({"runCaps": {"warnAt": 1}},
-     "loopfuse.rules.runCaps.warnAt: must be a number between 0 and 1 (both excluded) (got 1)"),
-    ({"runCaps": {"costPerRun": "5"}},
-     "loopfuse.rules.runCaps.costPerRun: must be a positive number (got '5')"),
-    ({"tools": {"exec": {"exempt": "yes"}}},
-     "loopfuse.rules.tools.exec.exempt: Input should be a valid boolean"),
-    ({"tools": {"exec": {"limit": 3}}}, "loopfuse.rules.tools.exec.limit: unknown key"),
-    ({"cycles": {}}, "loopfuse.rules.cycles: unknown key"),
-])
+@pytest.mark.parametrize(
+    ("rules", "error"),
+    [
+        (
+            {"runEnding": {"criticalsPerRun": 0}},
+            "loopfuse.rules.runEnding.criticalsPerRun: must be a positive integer (got 0)",
+        ),
+        (
+            {"cycle": {"maxPeriod": 6}},
+            "loopfuse.rules.cycle.maxPeriod: Input should be less than or equal to 5",
+        ),
+        (
+            {"repeatedFailure": {"warningThreshold": 5, "criticalThreshold": 5}},
+            "loopfuse.rules.repeatedFailure: warningThreshold must be lower than criticalThreshold",
+        ),
+        (
+            {"runCaps": {"warnAt": 1}},
+            "loopfuse.rules.runCaps.warnAt: must be a number between 0 and 1 (both excluded) (got 1)",
+        ),
+        (
+            {"runCaps": {"costPerRun": "5"}},
+            "loopfuse.rules.runCaps.costPerRun: must be a positive number (got '5')",
+        ),
+        (
+            {"tools": {"exec": {"exempt": "yes"}}},
+            "loopfuse.rules.tools.exec.exempt: Input should be a valid boolean",
+        ),
+        ({"tools": {"exec": {"limit": 3}}}, "loopfuse.rules.tools.exec.limit: unknown key"),
+        ({"cycles": {}}, "loopfuse.rules.cycles: unknown key"),
+    ],
+)
 def test_config_errors_name_their_key_path(rules: dict[str, Any], error: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config({"loopfuse": {"rules": rules}})
@@ -539,10 +678,16 @@ def test_config_errors_name_their_key_path(rules: dict[str, Any], error: str) ->
 
 def test_agent_rule_errors_name_their_key_path() -> None:
     with pytest.raises(ConfigError) as caught:
-        parse_config({"agents": {"list": [{"id": "a", "loopfuse": {"rules": {
-            "runCaps": {"maxToolCalls": -1}}}}]}})
+        parse_config(
+            {
+                "agents": {
+                    "list": [{"id": "a", "loopfuse": {"rules": {"runCaps": {"maxToolCalls": -1}}}}]
+                }
+            }
+        )
     assert str(caught.value) == (
-        "agents.list[0].loopfuse.rules.runCaps.maxToolCalls: must be a positive integer (got -1)")
+        "agents.list[0].loopfuse.rules.runCaps.maxToolCalls: must be a positive integer (got -1)"
+    )
 
 
 # -- the gateway client --------------------------------------------------------------
@@ -577,12 +722,18 @@ async def test_the_gateway_answers_the_call_with_the_block_and_ends_the_run() ->
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "rules"
 
 
-@pytest.mark.parametrize(("name", "detector", "enforced"), [
-    ("run-ending", "tool_loop_run_ended", True), ("cycle", "cycle", True),
-    ("repeated-failure", "repeated_failure", True), ("argument-churn", "argument_churn", True),
-    ("per-tool", "generic_repeat", True), ("run-caps", "token_budget", True),
-    ("shadow", "repeated_failure", False),
-])
+@pytest.mark.parametrize(
+    ("name", "detector", "enforced"),
+    [
+        ("run-ending", "tool_loop_run_ended", True),
+        ("cycle", "cycle", True),
+        ("repeated-failure", "repeated_failure", True),
+        ("argument-churn", "argument_churn", True),
+        ("per-tool", "generic_repeat", True),
+        ("run-caps", "token_budget", True),
+        ("shadow", "repeated_failure", False),
+    ],
+)
 def test_each_example_shows_its_rule(name: str, detector: str, enforced: bool) -> None:
     from loopfuse.schemas import decode_event, load_config
 
@@ -598,7 +749,7 @@ def test_every_rules_example_in_the_docs_is_valid() -> None:
     import json5
 
     docs = (EXAMPLES.parents[1] / "docs" / "configuration.md").read_text()
-    section = docs[docs.index("## Rules beyond"):docs.index("## Worker settings")]
+    section = docs[docs.index("## Rules beyond") : docs.index("## Worker settings")]
     blocks = re.findall(r"```json5\n(.*?)```", section, re.S)
     assert len(blocks) == 7
     for block in blocks:
@@ -610,10 +761,12 @@ def test_config_check_shows_the_rules_each_agent_gets() -> None:
 
     from loopfuse.streams.ops.config_check import render_check
 
-    config = parse_config({
-        "loopfuse": {"rules": {"runEnding": {}, "tools": {"read": {"exempt": True}}}},
-        "agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {"shadow": True}}}}]},
-    })
+    config = parse_config(
+        {
+            "loopfuse": {"rules": {"runEnding": {}, "tools": {"read": {"exempt": True}}}},
+            "agents": {"list": [{"id": "a", "loopfuse": {"rules": {"cycle": {"shadow": True}}}}]},
+        }
+    )
     out = io.StringIO()
     render_check(config, "c.json5", "a", out)
     assert [line.strip() for line in out.getvalue().splitlines() if "rule " in line] == [

@@ -10,7 +10,9 @@ from loopfuse.schemas.export import SCHEMA_DIR, render, schemas
 @pytest.mark.parametrize("name", sorted(schemas()))
 def test_exported_schema_matches_model(name: str) -> None:
     on_disk = (SCHEMA_DIR / name).read_text(encoding="utf-8")
-    assert on_disk == render(schemas()[name]), f"{name} drifted: run python -m loopfuse.schemas.export"
+    assert on_disk == render(schemas()[name]), (
+        f"{name} drifted: run python -m loopfuse.schemas.export"
+    )
 
 
 def test_input_event_schema_lists_every_event_type() -> None:

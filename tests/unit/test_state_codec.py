@@ -263,7 +263,10 @@ def test_truncated_state_raises_value_error(data: bytes, draw: Any) -> None:
         whole = codec.decode(data)
         assert data[0] == 3 and whole.rules is not None and shorter.rules is None
         assert (shorter.history, shorter.pending, shorter.incarnation) == (
-            whole.history, whole.pending, whole.incarnation)
+            whole.history,
+            whole.pending,
+            whole.incarnation,
+        )
     _decodes_or_raises_value_error(data[:cut])
 
 

@@ -50,7 +50,7 @@ def test_a_signature_is_the_documented_hmac_of_key_and_value_and_deterministic()
 
 
 def _flip(data: bytes, index: int) -> bytes:
-    return data[:index] + bytes([data[index] ^ 1]) + data[index + 1:]
+    return data[:index] + bytes([data[index] ^ 1]) + data[index + 1 :]
 
 
 def test_a_flipped_bit_anywhere_an_unsigned_record_and_an_unknown_key_id_are_rejected() -> None:
@@ -65,7 +65,9 @@ def test_a_flipped_bit_anywhere_an_unsigned_record_and_an_unknown_key_id_are_rej
     assert verifier.check(KEY, VALUE, []) == "unsigned"
     assert verifier.check(KEY, VALUE, [("loopfuse-sig-old", signed)]) == "unsigned"
     [other] = parse_verdict_keys(OLD)  # a key this gateway does not have
-    assert verifier.check(KEY, VALUE, [(HEADER, VerdictSigner(other).signature(KEY, VALUE))]) == "bad"
+    assert (
+        verifier.check(KEY, VALUE, [(HEADER, VerdictSigner(other).signature(KEY, VALUE))]) == "bad"
+    )
     # the right MAC under an id this gateway does not know, and garbage
     assert verifier.check(KEY, VALUE, [(HEADER, b"k9" + signed[2:])]) == "bad"
     for junk in (b"", b":", b"k1", b"k1:", b"\xff\xfe", None):
@@ -94,14 +96,17 @@ def test_both_base64_alphabets_with_or_without_padding_decode_to_the_same_key() 
 SECRETISH = base64.b64encode(b"hunter2-" * 2).decode()  # 16 bytes: too short
 
 
-@pytest.mark.parametrize(("value", "why"), [
-    (f"k1:{SECRETISH}", "key 1 is shorter than 32 bytes"),
-    (SECRETISH, "key 1 must be id:base64"),
-    (f"k1:{SECRETISH}!!", "key 1 is not base64 after its id"),
-    (f"{SPEC},k1:{base64.b64encode(b'x' * 40).decode()}", "key 2 repeats the id"),
-    (f"bad id:{SECRETISH}", "key 1 must be id:base64"),
-    (",", "no key"),
-])
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (f"k1:{SECRETISH}", "key 1 is shorter than 32 bytes"),
+        (SECRETISH, "key 1 must be id:base64"),
+        (f"k1:{SECRETISH}!!", "key 1 is not base64 after its id"),
+        (f"{SPEC},k1:{base64.b64encode(b'x' * 40).decode()}", "key 2 repeats the id"),
+        (f"bad id:{SECRETISH}", "key 1 must be id:base64"),
+        (",", "no key"),
+    ],
+)
 def test_a_malformed_key_is_one_line_naming_the_variable_and_never_the_key(
     value: str, why: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,12 +121,19 @@ def test_a_malformed_key_is_one_line_naming_the_variable_and_never_the_key(
 
 def test_the_worker_with_a_malformed_key_exits_2_with_one_line_and_no_key() -> None:
     env = {**os.environ, "LOOPFUSE_VERDICT_KEY": f"k1:{SECRETISH}"}
-    done = subprocess.run([sys.executable, "-m", "loopfuse.streams.cli", "worker"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "loopfuse.streams.cli", "worker"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "loopfuse worker: invalid setting LOOPFUSE_VERDICT_KEY: key 1 is shorter than 32 "
-        "bytes (openssl rand -base64 32)"]
+        "bytes (openssl rand -base64 32)"
+    ]
     assert SECRETISH not in done.stderr + done.stdout
 
 
@@ -226,8 +238,15 @@ class _Producer:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes, list[tuple[str, bytes]] | None]] = []
 
-    async def send(self, topic: str, key: bytes | None, value: bytes, partition: int | None,
-                   timestamp: None, headers: list[tuple[str, bytes]] | None) -> Any:
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        partition: int | None,
+        timestamp: None,
+        headers: list[tuple[str, bytes]] | None,
+    ) -> Any:
         self.sent.append((topic, key, value, headers))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -241,8 +260,11 @@ async def test_the_worker_signs_every_verdict_wherever_it_goes_and_nothing_else(
     from tests.unit.test_processor import Feed
     from tests.unit.test_reply_routing import asking, calls, make, reply
 
-    events = [*asking(calls("routed", 6)), *calls("v1", 6),
-              *[{**e, "reply_to": reply(topic="not-a-reply-topic")} for e in calls("lost", 2)]]
+    events = [
+        *asking(calls("routed", 6)),
+        *calls("v1", 6),
+        *[{**e, "reply_to": reply(topic="not-a-reply-topic")} for e in calls("lost", 2)],
+    ]
     messages = make().process([Feed().record(e) for e in events])
     keys = parse_verdict_keys(SPEC)
     producer = _Producer()
@@ -265,8 +287,11 @@ def test_a_record_with_many_signature_headers_costs_one_mac_per_key(
     verifier = VerdictVerifier(keys)
     macs = []
     real = VerdictSigner.signature
-    monkeypatch.setattr(VerdictSigner, "signature",
-                        lambda self, key, value: macs.append(1) or real(self, key, value))
+    monkeypatch.setattr(
+        VerdictSigner,
+        "signature",
+        lambda self, key, value: macs.append(1) or real(self, key, value),
+    )
     junk = [(HEADER, f"{k}:{'A' * 43}".encode()) for k in ("k1", "k0") for _ in range(5_000)]
     assert verifier.check(KEY, VALUE * 1_000, junk) == "bad"
     assert len(macs) == 2

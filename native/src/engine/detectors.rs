@@ -196,8 +196,12 @@ pub struct PingPong<'h> {
     pub no_progress_evidence: bool,
 }
 
-const NO_PING_PONG: PingPong<'static> =
-    PingPong { count: 0, paired_tool: None, paired_sig: 0, no_progress_evidence: false };
+const NO_PING_PONG: PingPong<'static> = PingPong {
+    count: 0,
+    paired_tool: None,
+    paired_sig: 0,
+    no_progress_evidence: false,
+};
 
 pub fn ping_pong_streak<'h, R: Borrow<Record>>(history: &'h [R], sig: u64) -> PingPong<'h> {
     let Some(last) = history.last().map(Borrow::borrow) else {
@@ -205,8 +209,12 @@ pub fn ping_pong_streak<'h, R: Borrow<Record>>(history: &'h [R], sig: u64) -> Pi
     };
     let earlier = &history[..history.len() - 1];
     // A signature of 0 counts as "no other side", as the Python's `if not other_sig`.
-    let other_sig =
-        earlier.iter().rev().map(|rec| rec.borrow().sig).find(|&s| s != last.sig).unwrap_or(0);
+    let other_sig = earlier
+        .iter()
+        .rev()
+        .map(|rec| rec.borrow().sig)
+        .find(|&s| s != last.sig)
+        .unwrap_or(0);
     if other_sig == 0 {
         return NO_PING_PONG;
     }
@@ -228,7 +236,11 @@ pub fn ping_pong_streak<'h, R: Borrow<Record>>(history: &'h [R], sig: u64) -> Pi
             evidence = false;
             break;
         }
-        let side = if rec.sig == last.sig { &mut result_last } else { &mut result_other };
+        let side = if rec.sig == last.sig {
+            &mut result_last
+        } else {
+            &mut result_other
+        };
         if *side == 0 {
             *side = rec.result;
         } else if rec.result != *side {
@@ -308,7 +320,12 @@ pub fn detect<R: Borrow<Record>>(
     };
     if reaches(streak, config.global_circuit_breaker_threshold) {
         let key = call_key(scope, "global", tool, args_token, Some(latest));
-        return Some(simple(Level::Critical, Detector::GlobalCircuitBreaker, streak, key));
+        return Some(simple(
+            Level::Critical,
+            Detector::GlobalCircuitBreaker,
+            streak,
+            key,
+        ));
     }
     if known_poll && config.known_poll_no_progress && reaches(streak, config.warning_threshold) {
         let level = if reaches(streak, config.critical_threshold) {
@@ -347,7 +364,12 @@ pub fn detect<R: Borrow<Record>>(
     if !known_poll && config.generic_repeat {
         if reaches(streak, config.critical_threshold) {
             let key = call_key(scope, "generic", tool, args_token, Some(latest));
-            return Some(simple(Level::Critical, Detector::GenericRepeat, streak, key));
+            return Some(simple(
+                Level::Critical,
+                Detector::GenericRepeat,
+                streak,
+                key,
+            ));
         }
         if reaches(recent, config.warning_threshold) {
             let key = call_key(scope, "generic", tool, args_token, None);
@@ -370,12 +392,12 @@ pub fn detect_in_run(
     recent: usize,
 ) -> Option<Detection> {
     match view {
-        RunHistory::Whole(records) => {
-            detect(records, tool, sig, args_token, known_poll, config, run, recent)
-        }
-        RunHistory::Of(records) => {
-            detect(records, tool, sig, args_token, known_poll, config, run, recent)
-        }
+        RunHistory::Whole(records) => detect(
+            records, tool, sig, args_token, known_poll, config, run, recent,
+        ),
+        RunHistory::Of(records) => detect(
+            records, tool, sig, args_token, known_poll, config, run, recent,
+        ),
     }
 }
 
@@ -386,7 +408,15 @@ mod tests {
     use crate::engine::history::History;
 
     fn rec(tool: &str, sig: u64, result: u64) -> Record {
-        Record { tool: Arc::from(tool), sig, run: 0, call: 0, result, unknown: None, ts: 0 }
+        Record {
+            tool: Arc::from(tool),
+            sig,
+            run: 0,
+            call: 0,
+            result,
+            unknown: None,
+            ts: 0,
+        }
     }
 
     #[test]
@@ -415,25 +445,47 @@ mod tests {
     #[test]
     fn ping_pong_names_the_other_tool_and_sorts_its_key() {
         let config = ResolvedConfig::default();
-        let history: Vec<Record> =
-            (0..9).map(|i| if i % 2 == 0 { rec("a", 7, 3) } else { rec("b", 5, 9) }).collect();
+        let history: Vec<Record> = (0..9)
+            .map(|i| {
+                if i % 2 == 0 {
+                    rec("a", 7, 3)
+                } else {
+                    rec("b", 5, 9)
+                }
+            })
+            .collect();
         // last is "a" (sig 7); the call is of the other side, sig 5
         let found = detect(&history, "b", 5, "t", false, &config, None, 4).unwrap();
         assert_eq!((found.detector, found.count), (Detector::PingPong, 10));
         assert_eq!(found.paired_tool_name.as_deref(), Some("a"));
-        assert_eq!(found.warning_key, ":pingpong:0000000000000005|0000000000000007");
+        assert_eq!(
+            found.warning_key,
+            ":pingpong:0000000000000005|0000000000000007"
+        );
     }
 
     #[test]
     fn a_view_of_one_run_counts_only_its_records() {
         let mut history = History::new();
         for run in [1, 2, 1, 1] {
-            history.append(Record { run, ..rec("a", 7, 0) }, 3);
+            history.append(
+                Record {
+                    run,
+                    ..rec("a", 7, 0)
+                },
+                3,
+            );
         }
         let view = history.run_history(1);
         assert!(matches!(view, RunHistory::Of(_)));
         assert_eq!((view.len(), history.recent_count(7, &view)), (2, 2));
-        history.append(Record { run: 1, ..rec("a", 7, 0) }, 3);
+        history.append(
+            Record {
+                run: 1,
+                ..rec("a", 7, 0)
+            },
+            3,
+        );
         let view = history.run_history(1);
         assert!(matches!(view, RunHistory::Whole(_)));
         assert_eq!(history.recent_count(7, &view), 3);

@@ -111,7 +111,10 @@ impl History {
 
     /// A history read back from a session's state (already trimmed when written).
     pub fn from_records(records: Vec<Record>) -> Self {
-        let mut history = History { records, ..History::default() };
+        let mut history = History {
+            records,
+            ..History::default()
+        };
         for rec in &history.records {
             count_in(&mut history.runs, rec.run);
             count_in(&mut history.sig_counts, rec.sig);

@@ -60,7 +60,15 @@ fn record(value: &Bound<'_, PyAny>) -> PyResult<Option<Record>> {
     ) else {
         return Ok(None);
     };
-    Ok(Some(Record { tool, sig, run, call, result, unknown, ts }))
+    Ok(Some(Record {
+        tool,
+        sig,
+        run,
+        call,
+        result,
+        unknown,
+        ts,
+    }))
 }
 
 fn records(values: &Bound<'_, PyAny>) -> PyResult<Option<Vec<Record>>> {
@@ -79,7 +87,11 @@ fn config<'py>(value: &Bound<'py, PyAny>) -> PyResult<Option<ResolvedConfig>> {
     let py = value.py();
     let field = |name: &Bound<'py, PyString>| value.getattr(name);
     let enabled = field(intern!(py, "enabled"))?;
-    let enabled = if enabled.is_none() { None } else { Some(enabled.is_truthy()?) };
+    let enabled = if enabled.is_none() {
+        None
+    } else {
+        Some(enabled.is_truthy()?)
+    };
     let thresholds = [
         threshold(&field(intern!(py, "warning_threshold"))?)?,
         threshold(&field(intern!(py, "critical_threshold"))?)?,
@@ -230,7 +242,9 @@ fn time_detect_history(
     for _ in 0..iterations {
         std::hint::black_box(call.detect(std::hint::black_box(&history)));
     }
-    Ok(Some(start.elapsed().as_nanos() as f64 / f64::from(iterations.max(1))))
+    Ok(Some(
+        start.elapsed().as_nanos() as f64 / f64::from(iterations.max(1)),
+    ))
 }
 
 type RecordFields = (String, u64, u64, u32, u64, Option<String>, i64);
@@ -258,7 +272,15 @@ fn history_view(
         .filter_map(|index| view.get(index))
         .map(|rec| {
             let unknown = rec.unknown.as_deref().map(str::to_owned);
-            (rec.tool.to_string(), rec.sig, rec.run, rec.call, rec.result, unknown, rec.ts)
+            (
+                rec.tool.to_string(),
+                rec.sig,
+                rec.run,
+                rec.call,
+                rec.result,
+                unknown,
+                rec.ts,
+            )
         })
         .collect();
     Ok(Some((fields, recent)))
@@ -293,7 +315,10 @@ fn run_key(run: &Bound<'_, PyAny>) -> Option<u64> {
 
 #[pyfunction]
 fn is_known_poll(tool: &Bound<'_, PyAny>, action: &Bound<'_, PyAny>) -> Option<bool> {
-    Some(fingerprint::is_known_poll(&text(tool)?, optional_text(action)?.as_deref()))
+    Some(fingerprint::is_known_poll(
+        &text(tool)?,
+        optional_text(action)?.as_deref(),
+    ))
 }
 
 /// detectors.py's `guard_message` (None for a lone surrogate in the tool name).

@@ -105,15 +105,25 @@ impl RuleState {
     }
 
     pub fn run(&self, run: u64) -> Option<&RunTally> {
-        self.runs.iter().find(|(key, _)| *key == run).map(|(_, tally)| tally)
+        self.runs
+            .iter()
+            .find(|(key, _)| *key == run)
+            .map(|(_, tally)| tally)
     }
 
     pub fn failure(&self, key: (u64, u64)) -> Option<(u64, u64)> {
-        self.failures.iter().find(|(k, _)| *k == key).map(|(_, value)| *value)
+        self.failures
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, value)| *value)
     }
 
     pub fn note_failure(&mut self, key: (u64, u64), error: u64) {
-        let previous = self.failures.iter().position(|(k, _)| *k == key).map(|i| self.failures.remove(i).1);
+        let previous = self
+            .failures
+            .iter()
+            .position(|(k, _)| *k == key)
+            .map(|i| self.failures.remove(i).1);
         let count = match previous {
             Some((identity, count)) if identity == error => count + 1,
             _ => 1,
@@ -134,7 +144,10 @@ impl RuleState {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.runs.is_empty() && self.failures.is_empty() && self.session_tokens == 0 && self.session_cost == 0.0
+        self.runs.is_empty()
+            && self.failures.is_empty()
+            && self.session_tokens == 0
+            && self.session_cost == 0.0
     }
 
     /// The trailer's bytes (`encode_rule_state`), or none for an empty state
@@ -149,7 +162,12 @@ impl RuleState {
         put(&mut out, self.runs.len() as u128);
         for (run, tally) in &self.runs {
             out.extend_from_slice(&run.to_le_bytes());
-            for value in [tally.calls as u128, tally.criticals as u128, tally.blocked_streak as u128, tally.tokens] {
+            for value in [
+                tally.calls as u128,
+                tally.criticals as u128,
+                tally.blocked_streak as u128,
+                tally.tokens,
+            ] {
                 put(&mut out, value);
             }
             out.extend_from_slice(&tally.cost.to_le_bytes());
@@ -191,7 +209,9 @@ impl RuleState {
         for _ in 0..reader.uvarint()? {
             let key = (reader.u64()?, reader.u64()?);
             let error = reader.u64()?;
-            rules.failures.push((key, (error, reader.uvarint()?.try_into().ok()?)));
+            rules
+                .failures
+                .push((key, (error, reader.uvarint()?.try_into().ok()?)));
         }
         rules.session_tokens = reader.uvarint()?;
         rules.session_cost = f64::from_bits(reader.u64()?);
@@ -294,37 +314,79 @@ pub fn run_cap(caps: &RunCaps, tally: Option<&RunTally>, rules: &RuleState) -> O
     let run_tokens = tally.map_or(0, |t| t.tokens);
     let run_cost = tally.map_or(0.0, |t| t.cost);
     let mut warning: Option<CapHit> = None;
-    let mut check = |detector: Detector, scope: &'static str, used: Amount, cap: Amount, warn_from: f64| {
-        let (over, warns) = match (used, cap) {
-            (Amount::Int(used), Amount::Int(cap)) if detector == Detector::RunCallCap => (used > cap, int_reaches(used, warn_from)),
-            (Amount::Int(used), Amount::Int(cap)) => (used >= cap, int_reaches(used, warn_from)),
-            (Amount::Float(used), Amount::Float(cap)) => (used >= cap, used >= warn_from),
-            _ => unreachable!("an amount and its cap are of one kind"),
+    let mut check =
+        |detector: Detector, scope: &'static str, used: Amount, cap: Amount, warn_from: f64| {
+            let (over, warns) = match (used, cap) {
+                (Amount::Int(used), Amount::Int(cap)) if detector == Detector::RunCallCap => {
+                    (used > cap, int_reaches(used, warn_from))
+                }
+                (Amount::Int(used), Amount::Int(cap)) => {
+                    (used >= cap, int_reaches(used, warn_from))
+                }
+                (Amount::Float(used), Amount::Float(cap)) => (used >= cap, used >= warn_from),
+                _ => unreachable!("an amount and its cap are of one kind"),
+            };
+            if over {
+                return Some(CapHit {
+                    level: Level::Critical,
+                    detector,
+                    scope,
+                    used,
+                    cap,
+                });
+            }
+            if warning.is_none() && warns {
+                warning = Some(CapHit {
+                    level: Level::Warning,
+                    detector,
+                    scope,
+                    used,
+                    cap,
+                });
+            }
+            None
         };
-        if over {
-            return Some(CapHit { level: Level::Critical, detector, scope, used, cap });
-        }
-        if warning.is_none() && warns {
-            warning = Some(CapHit { level: Level::Warning, detector, scope, used, cap });
-        }
-        None
-    };
     let ints = [
         (Detector::RunCallCap, "run", calls, caps.max_tool_calls),
-        (Detector::TokenBudget, "run", run_tokens, caps.tokens_per_run),
-        (Detector::TokenBudget, "session", rules.session_tokens, caps.tokens_per_session),
+        (
+            Detector::TokenBudget,
+            "run",
+            run_tokens,
+            caps.tokens_per_run,
+        ),
+        (
+            Detector::TokenBudget,
+            "session",
+            rules.session_tokens,
+            caps.tokens_per_session,
+        ),
     ];
     for (detector, scope, used, cap) in ints {
         if let Some(cap) = cap {
-            if let Some(hit) = check(detector, scope, Amount::Int(used), Amount::Int(cap.limit), cap.warn_from) {
+            if let Some(hit) = check(
+                detector,
+                scope,
+                Amount::Int(used),
+                Amount::Int(cap.limit),
+                cap.warn_from,
+            ) {
                 return Some(hit);
             }
         }
     }
-    let floats = [("run", run_cost, caps.cost_per_run), ("session", rules.session_cost, caps.cost_per_session)];
+    let floats = [
+        ("run", run_cost, caps.cost_per_run),
+        ("session", rules.session_cost, caps.cost_per_session),
+    ];
     for (scope, used, cap) in floats {
         if let Some(cap) = cap {
-            if let Some(hit) = check(Detector::CostBudget, scope, Amount::Float(used), Amount::Float(cap.limit), cap.warn_from) {
+            if let Some(hit) = check(
+                Detector::CostBudget,
+                scope,
+                Amount::Float(used),
+                Amount::Float(cap.limit),
+                cap.warn_from,
+            ) {
                 return Some(hit);
             }
         }
@@ -350,8 +412,16 @@ pub fn judge(
     detection: Option<Detection>,
     enforce: bool,
 ) -> Judgement {
-    let plain = |detection, shadows| Judgement { detection, enforce, ends_run: false, shadows };
-    if detection.as_ref().is_some_and(|d| d.level == Level::Critical) {
+    let plain = |detection, shadows| Judgement {
+        detection,
+        enforce,
+        ends_run: false,
+        shadows,
+    };
+    if detection
+        .as_ref()
+        .is_some_and(|d| d.level == Level::Critical)
+    {
         return plain(detection, Vec::new());
     }
     let mut found: Vec<(Detection, bool, bool)> = Vec::new(); // (detection, enforced, ends run)
@@ -362,15 +432,36 @@ pub fn judge(
     if let Some(rule) = &rules.repeated_failure {
         if let Some((identity, count)) = state.failure((run_hash, hash64(tool))) {
             if count >= rule.warning_threshold {
-                let level = if count >= rule.critical_threshold { Level::Critical } else { Level::Warning };
+                let level = if count >= rule.critical_threshold {
+                    Level::Critical
+                } else {
+                    Level::Warning
+                };
                 let key = format!("{}:failure:{tool}:{identity:016x}", run.unwrap_or(""));
-                found.push((rule_detection(level, Detector::RepeatedFailure, count as usize, failure_message(level, tool, count), key), rule.enforced, false));
+                found.push((
+                    rule_detection(
+                        level,
+                        Detector::RepeatedFailure,
+                        count as usize,
+                        failure_message(level, tool, count),
+                        key,
+                    ),
+                    rule.enforced,
+                    false,
+                ));
             }
         }
     }
     if let Some(history) = history {
         if let Some((enforced, max_period)) = rules.cycle {
-            if let Some(cycle) = cycle(history, sig, warning_threshold, critical_threshold, max_period, run) {
+            if let Some(cycle) = cycle(
+                history,
+                sig,
+                warning_threshold,
+                critical_threshold,
+                max_period,
+                run,
+            ) {
                 found.push((cycle, enforced, false));
             }
         }
@@ -383,7 +474,11 @@ pub fn judge(
                      remains allowed."
                 );
                 let key = format!("{}:argument-churn:{tool}", run.unwrap_or(""));
-                found.push((rule_detection(Level::Warning, Detector::ArgumentChurn, count, message, key), enforced, false));
+                found.push((
+                    rule_detection(Level::Warning, Detector::ArgumentChurn, count, message, key),
+                    enforced,
+                    false,
+                ));
             }
         }
     }
@@ -392,7 +487,9 @@ pub fn judge(
     }
     // Effective: the first enforced rule critical, else the table's warning, else the
     // first enforced rule warning. Rules that are not enforced are reported.
-    let mut chosen = found.iter().position(|f| f.1 && f.0.level == Level::Critical);
+    let mut chosen = found
+        .iter()
+        .position(|f| f.1 && f.0.level == Level::Critical);
     if chosen.is_none() && detection.is_none() {
         chosen = found.iter().position(|f| f.1);
     }
@@ -408,7 +505,12 @@ pub fn judge(
     }
     match effective {
         None => plain(detection, shadows),
-        Some((chosen, ends_run)) => Judgement { detection: Some(chosen), enforce: true, ends_run, shadows },
+        Some((chosen, ends_run)) => Judgement {
+            detection: Some(chosen),
+            enforce: true,
+            ends_run,
+            shadows,
+        },
     }
 }
 
@@ -421,12 +523,22 @@ pub struct RunEnd {
 }
 
 /// `RuleBook.after_call`: count the call; the run to abort when this call ends it.
-pub fn after_call(rules: &Rules, state: &mut RuleState, run_hash: u64, judgement: &Judgement) -> Option<RunEnd> {
+pub fn after_call(
+    rules: &Rules,
+    state: &mut RuleState,
+    run_hash: u64,
+    judgement: &Judgement,
+) -> Option<RunEnd> {
     let tally = state.tally(run_hash);
     tally.calls += 1;
     let detection = judgement.detection.as_ref();
     if let (Some(found), true) = (detection, judgement.ends_run) {
-        return Some(RunEnd { detector: found.detector, count: found.count, message: found.message.clone(), enforced: true });
+        return Some(RunEnd {
+            detector: found.detector,
+            count: found.count,
+            message: found.message.clone(),
+            enforced: true,
+        });
     }
     let ending = rules.run_ending.as_ref()?;
     // A critical counts when it blocked the call, or, while the run ending itself is
@@ -469,14 +581,33 @@ fn reaches(count: usize, threshold: i64) -> bool {
     count as i128 >= threshold as i128
 }
 
-fn rule_detection(level: Level, detector: Detector, count: usize, message: String, warning_key: String) -> Detection {
+fn rule_detection(
+    level: Level,
+    detector: Detector,
+    count: usize,
+    message: String,
+    warning_key: String,
+) -> Detection {
     // The whole message is the detail: a redelivered call gets it back (message_for).
     let detail = Some(std::sync::Arc::from(message.as_str()));
-    Detection { level, detector, count, message, warning_key, paired_tool_name: None, detail }
+    Detection {
+        level,
+        detector,
+        count,
+        message,
+        warning_key,
+        paired_tool_name: None,
+        detail,
+    }
 }
 
 /// A rule's detection from `_cap_detection`'s count, message and key (Python's).
-pub fn cap_detection(hit: &CapHit, count: usize, message: String, warning_key: String) -> Detection {
+pub fn cap_detection(
+    hit: &CapHit,
+    count: usize,
+    message: String,
+    warning_key: String,
+) -> Detection {
     rule_detection(hit.level, hit.detector, count, message, warning_key)
 }
 
@@ -549,12 +680,22 @@ fn cycle(
         return None;
     }
     let critical = reaches(count, critical_threshold) && evidence;
-    let level = if critical { Level::Critical } else { Level::Warning };
+    let level = if critical {
+        Level::Critical
+    } else {
+        Level::Warning
+    };
     let size = history.len();
-    let mut members: Vec<u64> = (size.saturating_sub(period)..size).map(|i| history.get(i).expect("a record").sig).collect();
+    let mut members: Vec<u64> = (size.saturating_sub(period)..size)
+        .map(|i| history.get(i).expect("a record").sig)
+        .collect();
     members.sort_unstable();
     members.dedup();
-    let key = members.iter().map(|m| format!("{m:016x}")).collect::<Vec<_>>().join("|");
+    let key = members
+        .iter()
+        .map(|m| format!("{m:016x}"))
+        .collect::<Vec<_>>()
+        .join("|");
     let message = if critical {
         format!(
             "CRITICAL: You are repeating a cycle of {period} tool-call patterns ({count} consecutive calls) with no \
@@ -566,14 +707,22 @@ fn cycle(
              looks like a loop; stop retrying and report the task as failed."
         )
     };
-    Some(rule_detection(level, Detector::Cycle, count, message, format!("{}:cycle:{key}", run.unwrap_or(""))))
+    Some(rule_detection(
+        level,
+        Detector::Cycle,
+        count,
+        message,
+        format!("{}:cycle:{key}", run.unwrap_or("")),
+    ))
 }
 
 /// `argument_churn_streak`: (count, variants) of OpenClaw's no-progress argument churn,
 /// else (0, 0).
 pub fn argument_churn_streak(history: &RunHistory<'_>, tool: &str, sig: u64) -> (usize, usize) {
     let size = history.len();
-    let records: Vec<_> = (0..size).map(|i| history.get(i).expect("a record")).collect();
+    let records: Vec<_> = (0..size)
+        .map(|i| history.get(i).expect("a record"))
+        .collect();
     let mut no_progress = Vec::with_capacity(size);
     let mut seen: Vec<(u64, Vec<u64>)> = Vec::new(); // sig -> results seen
     for rec in &records {
@@ -609,9 +758,15 @@ pub fn argument_churn_streak(history: &RunHistory<'_>, tool: &str, sig: u64) -> 
         }
     }
     let total: usize = outcomes.iter().map(|(_, (_, count))| count).sum();
-    let stable: Vec<(u64, usize)> =
-        outcomes.iter().map(|(_, value)| *value).filter(|(_, count)| *count >= MIN_STABLE_CALLS_PER_VARIANT).collect();
-    let current = outcomes.iter().find(|(s, _)| *s == sig).map(|(_, value)| *value);
+    let stable: Vec<(u64, usize)> = outcomes
+        .iter()
+        .map(|(_, value)| *value)
+        .filter(|(_, count)| *count >= MIN_STABLE_CALLS_PER_VARIANT)
+        .collect();
+    let current = outcomes
+        .iter()
+        .find(|(s, _)| *s == sig)
+        .map(|(_, value)| *value);
     let churn = stable.len() > 1
         && stable.iter().map(|(_, count)| count).sum::<usize>() == total
         && stable.iter().all(|(result, _)| *result == stable[0].0)

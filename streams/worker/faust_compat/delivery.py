@@ -144,7 +144,8 @@ class FetchBatches:
         async def deliver(message: Any) -> Any:
             if message.topic in topics:  # not taken from the fetch (see below): judge it too
                 kept = await self._admit(
-                    TP(message.topic, message.partition), [message],
+                    TP(message.topic, message.partition),
+                    [message],
                     self.app.consumer_generation_id,
                 )
                 if kept is not None:
@@ -184,9 +185,7 @@ class FetchBatches:
     def _current(self, generation: int) -> bool:
         """Flow active and no rebalance since ``generation``: records may be buffered."""
         consumer: Any = self.app.consumer
-        return bool(consumer.flow_active) and (
-            self.app.consumer_generation_id == generation
-        )
+        return bool(consumer.flow_active) and (self.app.consumer_generation_id == generation)
 
     async def _admit(self, tp: Any, records: list[Any], generation: int) -> list[Any] | None:
         """One partition's records of a fetch as Faust's fetch loop would deliver them:

@@ -155,10 +155,10 @@ async def append_record(
     if appendable is None:  # once per aiokafka producer: nothing here changes after start
         appendable = producer._loopfuse_appendable = bool(
             getattr(faust_producer, "allow_headers", False)
-            and producer._key_serializer is None and producer._value_serializer is None
+            and producer._key_serializer is None
+            and producer._value_serializer is None
             and type(producer._partitioner) is DefaultPartitioner
-            and (producer._txn_manager is None
-                 or producer._txn_manager.transactional_id is None)
+            and (producer._txn_manager is None or producer._txn_manager.transactional_id is None)
         )
     if not appendable:
         return None
@@ -290,12 +290,18 @@ async def _delivered(
     delay = 0.1
     while sent:
         outcomes = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
-        failed = [m for (m, _), outcome in zip(sent, outcomes, strict=True)
-                  if isinstance(outcome, BaseException)]
+        failed = [
+            m
+            for (m, _), outcome in zip(sent, outcomes, strict=True)
+            if isinstance(outcome, BaseException)
+        ]
         if not failed:
             return
-        log.warning("%d records not delivered (%r); sending them again", len(failed),
-                    next(o for o in outcomes if isinstance(o, BaseException)))
+        log.warning(
+            "%d records not delivered (%r); sending them again",
+            len(failed),
+            next(o for o in outcomes if isinstance(o, BaseException)),
+        )
         await asyncio.sleep(delay)
         delay = min(delay * 2, 5.0)
         sent = [(m, await _hand_over(app, *m, signing)) for m in failed]

@@ -120,7 +120,9 @@ def keep_undelivered_records(fetch: Any, flow_active: Any) -> Any:
     """Wrap a consumer thread's ``_fetch_records(consumer, partitions, timeout, max_records)``."""
 
     async def _fetch_records(
-        consumer: Any, active_partitions: Any, timeout: float | None = None,
+        consumer: Any,
+        active_partitions: Any,
+        timeout: float | None = None,
         max_records: int | None = None,
     ) -> Any:
         records = await fetch(
@@ -129,7 +131,9 @@ def keep_undelivered_records(fetch: Any, flow_active: Any) -> Any:
         if records and not flow_active():
             log.info(
                 "flow stopped while a fetch waited: %d records of %d partitions go back "
-                "to be fetched again", sum(map(len, records.values())), len(records),
+                "to be fetched again",
+                sum(map(len, records.values())),
+                len(records),
             )
             for tp, batch in records.items():
                 if batch:
@@ -162,9 +166,7 @@ class ChangelogRestore:
     Faust applied.
     """
 
-    def __init__(
-        self, app: faust.App, table: Any, on_changelog: Any
-    ) -> None:
+    def __init__(self, app: faust.App, table: Any, on_changelog: Any) -> None:
         self.app = app
         self.table = table
         self.on_changelog = on_changelog  # (key, value, partition): the processor's hook

@@ -38,7 +38,11 @@ def session_table(
     """
     table_class: Any = app.conf.Table
     table: faust.Table[bytes, bytes] = table_class(
-        app, name=name, default=None, partitions=partitions, beacon=app.tables.beacon,
+        app,
+        name=name,
+        default=None,
+        partitions=partitions,
+        beacon=app.tables.beacon,
         on_changelog_event=on_changelog,
     )
     table.key_serializer = table.value_serializer = "raw"
@@ -91,7 +95,10 @@ class FaustSessionStore:
         changelog = table.changelog_topic.get_topic_name()
 
         def send_changelog(
-            partition: int | None, key: Any, value: Any, key_serializer: Any = None,
+            partition: int | None,
+            key: Any,
+            value: Any,
+            key_serializer: Any = None,
             value_serializer: Any = None,
         ) -> _Queued:
             assert partition is not None  # partition_for_key: the stand-in event's
