@@ -399,6 +399,7 @@ DeadLetterCode = Literal[
     "engine_error",
     "output_too_large",
     "state_too_large",
+    "reply_refused",
 ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import ssl
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,6 +19,37 @@ from loopfuse.schemas.verdict_signature import VerdictKey, VerdictKeyError, pars
 
 TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")]
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+#: A tenant's name: the suffix of its topics, so no dot (``agent.tool-calls.<tenant>``
+#: reads back as one tenant whatever the name).
+_TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantTopics:
+    """One tenant's topics. The broker's ACLs let a tenant's gateways write only its
+    input topics and read only its verdict and reply topics, so the topic an event
+    arrived on is the tenant's identity, vouched for by the broker: the worker never
+    takes it from a field the producer writes (docs/wire-format.md: Tenants).
+
+    The default tenant (``name`` empty) has the unsuffixed topics: a single-tenant
+    deployment is that tenant alone. Tenant ``T`` has the same names with ``.T``
+    appended."""
+
+    name: str
+    tool_calls: str
+    tool_results: str
+    compactions: str
+    verdicts: str
+    replies: tuple[str, ...]
+
+    @property
+    def inputs(self) -> tuple[str, str, str]:
+        return (self.tool_calls, self.tool_results, self.compactions)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The topics the worker answers this tenant on: what its gateways may read."""
+        return (self.verdicts, *self.replies)
 
 
 class Settings(BaseSettings):
@@ -73,6 +105,19 @@ class Settings(BaseSettings):
         le=10_000,
         description="partitions of a reply topic the worker creates (one per gateway "
         "process or more: docs/benchmarks.md, Verdict fan-out)",
+    )
+    # Tenants (docs/wire-format.md: Tenants): each has its own input, verdict and reply
+    # topics (the default topics' names + ".TENANT"), which the broker's ACLs give its
+    # gateways alone; empty: the default tenant only, today's topics.
+    tenants: str = Field(
+        default="",
+        description="the tenants this worker serves besides the default one "
+        "(comma-separated names: A-Z a-z 0-9 _ -)",
+    )
+    tenant: str = Field(
+        default="",
+        description="the tenant a gateway or hooks service publishes as (empty: the "
+        "default tenant's topics)",
     )
     replication_factor: int = Field(default=1, ge=1, le=32)
     # A write with acks=all counts once this many replicas hold it: 2 of 3 on a
@@ -192,6 +237,26 @@ class Settings(BaseSettings):
                 )
         return ",".join(dict.fromkeys(names))
 
+    @field_validator("tenants")
+    @classmethod
+    def _tenants(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        for name in names:
+            if not _TENANT_NAME.fullmatch(name):
+                raise ValueError(
+                    "tenants must be names of A-Z a-z 0-9 _ - (no dot, at most 64 "
+                    "characters), comma-separated"
+                )
+        return ",".join(dict.fromkeys(names))
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, value: str) -> str:
+        value = value.strip()
+        if value and not _TENANT_NAME.fullmatch(value):
+            raise ValueError("tenant must be a name of A-Z a-z 0-9 _ - (no dot, at most 64)")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.max_session_state_bytes + 4_096 > self.producer_max_request_size:
@@ -204,9 +269,13 @@ class Settings(BaseSettings):
                 "LOOPFUSE_BROKER_HEARTBEAT_INTERVAL must be shorter than "
                 "LOOPFUSE_BROKER_SESSION_TIMEOUT"
             )
-        topics = self.input_topics + self.output_topics + self.fleet_topics
+        topics = (
+            self.input_topics + self.verdict_topics + self.output_topics[1:] + self.fleet_topics
+        )
         if len(set(topics)) != len(topics):
-            raise ValueError(f"LOOPFUSE_TOPIC_* names must be distinct, got {topics}")
+            raise ValueError(
+                f"LOOPFUSE_TOPIC_* names (with each tenant's) must be distinct, got {topics}"
+            )
         # A call names its reply topic: one of loopfuse's own would let a gateway write
         # verdicts into an input topic (judged again) or among the loop events.
         clash = sorted(set(self.reply_topic_names) & {*topics, self.changelog_name})
@@ -221,9 +290,33 @@ class Settings(BaseSettings):
             )
         return self
 
+    def tenant_topics(self, name: str = "") -> TenantTopics:
+        """Tenant ``name``'s topics (empty: the default tenant's, the unsuffixed ones)."""
+        suffix = f".{name}" if name else ""
+        return TenantTopics(
+            name,
+            self.topic_tool_calls + suffix,
+            self.topic_tool_results + suffix,
+            self.topic_compactions + suffix,
+            self.topic_verdicts + suffix,
+            tuple(topic + suffix for topic in self.reply_topics.split(",") if topic),
+        )
+
     @property
-    def input_topics(self) -> tuple[str, str, str]:
-        return (self.topic_tool_calls, self.topic_tool_results, self.topic_compactions)
+    def served_tenants(self) -> tuple[TenantTopics, ...]:
+        """The tenants a worker serves: the default one, then ``tenants``."""
+        names = ["", *self.tenants.split(",")] if self.tenants else [""]
+        return tuple(self.tenant_topics(name) for name in names)
+
+    @property
+    def input_topics(self) -> tuple[str, ...]:
+        """Every served tenant's input topics (the default tenant's three first)."""
+        return tuple(topic for tenant in self.served_tenants for topic in tenant.inputs)
+
+    @property
+    def verdict_topics(self) -> tuple[str, ...]:
+        """Every served tenant's verdicts topic (the default one first)."""
+        return tuple(tenant.verdicts for tenant in self.served_tenants)
 
     @property
     def output_topics(self) -> tuple[str, str, str]:
@@ -231,8 +324,9 @@ class Settings(BaseSettings):
 
     @property
     def reply_topic_names(self) -> tuple[str, ...]:
-        """The reply topics (``reply_topics`` split); empty: reply routing is off."""
-        return tuple(self.reply_topics.split(",")) if self.reply_topics else ()
+        """Every served tenant's reply topics (the default tenant's are ``reply_topics``
+        split); empty: reply routing is off."""
+        return tuple(topic for tenant in self.served_tenants for topic in tenant.replies)
 
     @property
     def changelog_name(self) -> str:

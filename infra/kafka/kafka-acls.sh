@@ -4,12 +4,14 @@
 #
 #   infra/kafka/kafka-acls.sh worker  PRINCIPAL
 #   infra/kafka/kafka-acls.sh gateway PRINCIPAL REPLY_TOPIC
+#   infra/kafka/kafka-acls.sh tenant  PRINCIPAL TENANT
 #   infra/kafka/kafka-acls.sh auditor PRINCIPAL [GROUP]
 #
-# PRINCIPAL is Kafka's form, User:NAME. A gateway is granted one reply topic: its
-# tenant's (LOOPFUSE_REPLY_TOPICS on the worker lists them all); an auditor its consumer
-# group (default loopfuse-notify, the one `loopfuse notify` uses; `tail` and `audit`
-# use none). Environment:
+# PRINCIPAL is Kafka's form, User:NAME. A gateway of the default tenant is granted one
+# reply topic (one of LOOPFUSE_REPLY_TOPICS); a tenant's gateway its tenant's topics
+# (docs/wire-format.md: Tenants; the worker's LOOPFUSE_TENANTS names the tenant); an
+# auditor its consumer group (default loopfuse-notify, the one `loopfuse notify` uses;
+# `tail` and `audit` use none). Environment:
 #   BOOTSTRAP_SERVER   host:port of a broker (required)
 #   COMMAND_CONFIG     client properties of a principal allowed to alter ACLs (SASL / SSL)
 #   KAFKA_ACLS         the kafka-acls tool (default kafka-acls.sh on PATH, as installed
@@ -23,12 +25,17 @@
 # What each role gets, and why nothing more (README: Running in production):
 #   worker   Read its input topics and its consumer group (LOOPFUSE_APP_ID); Write the
 #            verdicts, loop events, dead letters and every reply topic; Read+Write the
-#            fleet breaker's two topics; all of that topic-by-topic with Describe (metadata)
-#            and Create (it creates what is missing at start; drop Create if an admin runs
-#            infra/create-topics.sh). Its own topics, the session changelog and Faust's
+#            fleet breaker's two topics; all of that with Describe (metadata) and Create
+#            (it creates what is missing at start; drop Create if an admin runs
+#            infra/create-topics.sh). The input, verdicts and reply topics are granted by
+#            prefix (agent.tool-calls covers agent.tool-calls.TENANT), so a new tenant
+#            needs no new grant for the worker. Its own topics, the session changelog and Faust's
 #            internal ones, share the prefix "APP_ID-": Read, Write, Create, Describe,
 #            DescribeConfigs on that prefix. Idempotent producing needs no cluster ACL
 #            (Kafka 3.0+: Write on a topic implies it).
+#   tenant   Write the tenant's three input topics; Read its verdicts topic and its reply
+#            topics; each by its literal name, nothing by prefix: tenant "a" gets nothing
+#            of tenant "ab". No consumer group.
 #   gateway  Write the input topics; Read its reply topic. Not the verdicts topic: a v1
 #            gateway (no reply_to) needs Read there and then sees every tenant's verdicts.
 #            No consumer group: its reader is assigned its partition, never joins one.
@@ -38,7 +45,7 @@
 set -eu
 
 usage() {
-    echo "usage: $0 worker PRINCIPAL | gateway PRINCIPAL REPLY_TOPIC | auditor PRINCIPAL [GROUP]" >&2
+    echo "usage: $0 worker PRINCIPAL | gateway PRINCIPAL REPLY_TOPIC | tenant PRINCIPAL TENANT | auditor PRINCIPAL [GROUP]" >&2
     exit 2
 }
 [ $# -ge 2 ] || usage
@@ -80,11 +87,14 @@ case "$role" in
         for t in $(echo "$replies" | tr ',' ' '); do reply_args="$reply_args --topic $t"; done
         # shellcheck disable=SC2046,SC2086  # topic lists are words by construction
         acl --operation Read --operation Describe --operation Create \
-            $(topics "$calls" "$results" "$compactions")
+            --resource-pattern-type prefixed $(topics "$calls" "$results" "$compactions")
         acl --operation Read --operation Describe --group "$app_id"
         # shellcheck disable=SC2046,SC2086
         acl --operation Write --operation Describe --operation Create \
-            $(topics "$verdicts" "$loop_events" "$dead_letters") $reply_args
+            --resource-pattern-type prefixed $(topics "$verdicts") $reply_args
+        # shellcheck disable=SC2046
+        acl --operation Write --operation Describe --operation Create \
+            $(topics "$loop_events" "$dead_letters")
         # shellcheck disable=SC2046
         acl --operation Read --operation Write --operation Describe --operation Create \
             $(topics "$strikes" "$breakers")
@@ -96,6 +106,20 @@ case "$role" in
         # shellcheck disable=SC2046
         acl --operation Write --operation Describe $(topics "$calls" "$results" "$compactions")
         acl --operation Read --operation Describe --topic "$3"
+        ;;
+    tenant)
+        [ $# -eq 3 ] || usage
+        tenant=$3
+        case "$tenant" in
+            *[!A-Za-z0-9_-]* | "") echo "$0: TENANT is A-Z a-z 0-9 _ -, got '$tenant'" >&2; exit 2 ;;
+        esac
+        reply_args=""
+        for t in $(echo "$replies" | tr ',' ' '); do reply_args="$reply_args --topic $t.$tenant"; done
+        # shellcheck disable=SC2046
+        acl --operation Write --operation Describe \
+            $(topics "$calls.$tenant" "$results.$tenant" "$compactions.$tenant")
+        # shellcheck disable=SC2086
+        acl --operation Read --operation Describe --topic "$verdicts.$tenant" $reply_args
         ;;
     auditor)
         [ $# -le 3 ] || usage

@@ -141,14 +141,15 @@ class Topics:
 
     @classmethod
     def from_settings(cls, settings: Settings, replies: str | None = None) -> Topics:
-        """The worker's topic names; ``replies`` defaults to its first reply topic."""
-        names = settings.reply_topic_names
+        """The topic names of the gateway's tenant (``LOOPFUSE_TENANT``; the default
+        tenant's without it); ``replies`` defaults to the tenant's first reply topic."""
+        tenant = settings.tenant_topics(settings.tenant)
         return cls(
-            settings.topic_tool_calls,
-            settings.topic_tool_results,
-            settings.topic_compactions,
-            settings.topic_verdicts,
-            replies if replies is not None else (names[0] if names else None),
+            tenant.tool_calls,
+            tenant.tool_results,
+            tenant.compactions,
+            tenant.verdicts,
+            replies if replies is not None else (tenant.replies[0] if tenant.replies else None),
         )
 
 

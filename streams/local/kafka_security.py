@@ -9,8 +9,9 @@ folder (``DIR/security``, private to the user):
   address and ``localhost``) and nothing else; clients trust the CA file and nothing
   else (``LOOPFUSE_SSL_CAFILE``);
 * a password per user (``users.json``, mode 0600): ``admin`` (a super user, which the
-  ACL script runs as) and one per role, ``worker``, ``gateway``, ``gateway-b`` (a second
-  tenant's gateway) and ``auditor``. They go into the KRaft storage when it is
+  ACL script runs as) and one per role, ``worker``, ``gateway`` (the default tenant's
+  gateway), ``gateway-b`` (tenant ``b``'s: its own topics, docs/wire-format.md: Tenants)
+  and ``auditor``. They go into the KRaft storage when it is
   formatted (``--add-scram``), so they exist before the first client connects;
 * one environment file per user (``USER.env``: ``LOOPFUSE_SECURITY_PROTOCOL=SASL_SSL`` and
   the rest), which is what an operator would give each process, ``admin.properties``,
@@ -36,12 +37,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BROKER_PRINCIPAL", "ROLES", "TENANT_REPLIES", "KafkaSecurity", "SecurityError"]
+__all__ = ["BROKER_PRINCIPAL", "ROLES", "TENANTS", "KafkaSecurity", "SecurityError"]
 
 #: The users a secured broker is made with: a super user and one per role.
 ROLES = ("admin", "worker", "gateway", "gateway-b", "auditor")
-#: Each gateway user's tenant: the one reply topic its ACLs let it read.
-TENANT_REPLIES = {"gateway": "loopfuse.replies", "gateway-b": "loopfuse.replies.b"}
+#: Each gateway user's tenant ("": the default tenant, whose topics are unsuffixed).
+TENANTS = {"gateway": "", "gateway-b": "b"}
 #: The principal the broker certificate authenticates as (mutual TLS between nodes).
 BROKER_PRINCIPAL = "User:CN=loopfuse-broker"
 MECHANISM = "SCRAM-SHA-512"
@@ -90,8 +91,8 @@ class KafkaSecurity:
         return users[user]
 
     def client_env(self, user: str) -> dict[str, str]:
-        """The ``LOOPFUSE_*`` variables of a process connecting as ``user``; a gateway's
-        and the worker's name the reply topics too (:data:`TENANT_REPLIES`)."""
+        """The ``LOOPFUSE_*`` variables of a process connecting as ``user``; the worker's
+        name the tenants it serves, a tenant's gateway its tenant (:data:`TENANTS`)."""
         env = {
             "LOOPFUSE_SECURITY_PROTOCOL": "SASL_SSL",
             "LOOPFUSE_SASL_MECHANISM": MECHANISM,
@@ -100,9 +101,9 @@ class KafkaSecurity:
             "LOOPFUSE_SSL_CAFILE": str(self.ca_file),
         }
         if user == "worker":
-            env["LOOPFUSE_REPLY_TOPICS"] = ",".join(TENANT_REPLIES.values())
-        elif user in TENANT_REPLIES:
-            env["LOOPFUSE_REPLY_TOPICS"] = TENANT_REPLIES[user]
+            env["LOOPFUSE_TENANTS"] = ",".join(t for t in TENANTS.values() if t)
+        elif TENANTS.get(user):
+            env["LOOPFUSE_TENANT"] = TENANTS[user]
         return env
 
     def client_kwargs(self, user: str) -> dict[str, object]:
@@ -134,9 +135,10 @@ class KafkaSecurity:
 
     def grant_roles(self, bootstrap: str, env: dict[str, str] | None = None) -> None:
         """Give each role's user its ACLs with the shipped script
-        (``infra/kafka/kafka-acls.sh``, as the super user); each gateway user reads its
-        tenant's reply topic (:data:`TENANT_REPLIES`). ``env`` adds the script's
-        variables (``LOOPFUSE_TOPIC_*`` when not the defaults)."""
+        (``infra/kafka/kafka-acls.sh``, as the super user): the default tenant's gateway
+        its reply topic, each other gateway its tenant's topics (:data:`TENANTS`).
+        ``env`` adds the script's variables (``LOOPFUSE_TOPIC_*`` when not the
+        defaults)."""
         from loopfuse.streams.local.kafka_broker import INFRA  # the script's home
 
         variables = {
@@ -146,10 +148,15 @@ class KafkaSecurity:
             "COMMAND_CONFIG": str(self.admin_properties),
             "KAFKA_ACLS": str(self.acl_tool),
         }
-        variables["LOOPFUSE_REPLY_TOPICS"] = ",".join(TENANT_REPLIES.values())
+        replies = variables.get("LOOPFUSE_REPLY_TOPICS", "loopfuse.replies").split(",")[0]
         for role in (
             ["worker", "User:worker"],
-            *(["gateway", f"User:{user}", topic] for user, topic in TENANT_REPLIES.items()),
+            *(
+                ["tenant", f"User:{user}", tenant]
+                if tenant
+                else ["gateway", f"User:{user}", replies]
+                for user, tenant in TENANTS.items()
+            ),
             ["auditor", "User:auditor"],
         ):
             done = subprocess.run(

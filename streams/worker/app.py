@@ -116,9 +116,10 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
     board = install_fleet_breaker(app, settings, engine)  # None: no fleetBreaker configured
     store = FaustSessionStore(table, settings.topic_tool_calls)
     replies: dict[str, int] = {}  # reply topic -> partitions, kept current by the probe
+    default, *tenants = settings.served_tenants
     processor = SessionProcessor(
         engine,
-        settings.input_topics,
+        default.inputs,
         OutputTopics(
             settings.topic_verdicts,
             settings.topic_loop_events,
@@ -138,6 +139,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         session_ttl_ms=int(settings.session_ttl_seconds * 1000),
         metrics=Metrics(),
         breakers=board.broken if board is not None else None,
+        tenants=tenants,
     )
     inputs = app.topic(
         *settings.input_topics,
@@ -152,7 +154,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         None
         if not keys
         else VerdictSigning(
-            VerdictSigner(keys[0]), (settings.topic_verdicts, *settings.reply_topic_names)
+            VerdictSigner(keys[0]), (*settings.verdict_topics, *settings.reply_topic_names)
         )
     )
 

@@ -56,6 +56,7 @@ from loopfuse.streams.engine.native import NATIVE
 from loopfuse.streams.engine.native_step import NativeEngine, native_for
 from loopfuse.streams.engine.state_codec import StateTooLarge
 from loopfuse.streams.engine.wire import decode_fingerprinted
+from loopfuse.streams.settings import TenantTopics
 from loopfuse.streams.worker.metrics import Metrics
 from loopfuse.streams.worker.progress import InputProgress
 
@@ -790,6 +791,28 @@ UNROUTABLE_LOG_INTERVAL_MS = 10_000
 STATE_CACHE_SIZE = 20_000
 
 
+#: The first byte of a named tenant's session keys in the table: never the first byte
+#: of UTF-8 text, so no default-tenant session key (stored as it is) can look like one.
+TENANT_MARK = b"\xff"
+
+
+def table_key(tenant: str, session_key: bytes) -> bytes:
+    """The session table's key of ``tenant``'s session: the session key itself for the
+    default tenant (so a single-tenant deployment keeps its keys), else
+    ``0xFF tenant 0xFF session_key``: equal session keys of two tenants never meet."""
+    if not tenant:
+        return session_key
+    return TENANT_MARK + tenant.encode() + TENANT_MARK + session_key
+
+
+def split_table_key(key: bytes) -> tuple[str, bytes]:
+    """(tenant, session key) of a :func:`table_key`."""
+    if key[:1] != TENANT_MARK:
+        return "", key
+    end = key.index(TENANT_MARK, 1)
+    return key[1:end].decode(), key[end + 1 :]
+
+
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
@@ -826,9 +849,24 @@ class SessionProcessor:
         clock: Callable[[], int] = wall_clock_ms,
         metrics: Metrics | None = None,
         breakers: Mapping[str, fleet.ToolBreaker] | None = None,
+        tenants: Sequence[TenantTopics] = (),
     ) -> None:
         self.engine = engine
-        self.inputs = tuple(inputs)
+        # ``inputs`` and ``outputs`` are the default tenant's; ``tenants`` the others
+        # (docs/wire-format.md: Tenants). A record's tenant is its topic's.
+        self.tenant_of_topic = dict.fromkeys(inputs, "")
+        self.calls_topic = {"": inputs[0]}
+        self.verdicts_topic = {"": outputs.verdicts}
+        self.tenant_replies: dict[str, frozenset[str]] = {}
+        for tenant in tenants:
+            self.tenant_of_topic.update(dict.fromkeys(tenant.inputs, tenant.name))
+            self.calls_topic[tenant.name] = tenant.tool_calls
+            self.verdicts_topic[tenant.name] = tenant.verdicts
+            self.tenant_replies[tenant.name] = frozenset(tenant.replies)
+        # A named tenant's reply topics are its own: the default tenant may name any
+        # other reply topic the worker has.
+        self.claimed_replies = frozenset().union(*self.tenant_replies.values())
+        self.inputs = tuple(self.tenant_of_topic)
         self.store = store
         self.offsets = offsets
         self.limits = limits or Limits()
@@ -910,11 +948,17 @@ class SessionProcessor:
         sessions: dict[bytes, list[tuple[int | None, Any, Source, Fingerprints | None]]] = {}
         read = self.native.judge.read if self.native is not None else None
         max_event_bytes, max_identifier_bytes = self.max_event_bytes, limits.max_identifier_bytes
+        tenant_of_topic = self.tenant_of_topic
         for record in records:
             value = record.value
             source = Source(
                 record.topic, record.partition, record.offset, key=record.key, value=value
             )
+            tenant = tenant_of_topic.get(record.topic)
+            if tenant is None:  # only input topics are fetched: a wiring bug, never input
+                reason = f"topic {record.topic[:80]!r} is not an input topic of this worker"
+                self._emit(dead_letter(source, "invalid_event", reason, limits), out)
+                continue
             fingerprints = None
             got = None
             if read is not None and value is not None:
@@ -954,6 +998,8 @@ class SessionProcessor:
                 self._emit(dead_letter(source, "invalid_event", reason, limits), out)
                 continue
             metrics.inc(metrics.events, kind)
+            if tenant:
+                key = table_key(tenant, key)
             sessions.setdefault(key, []).append((seq, event, source, fingerprints))
 
         watermarks: dict[int, int | None] = {}
@@ -999,7 +1045,8 @@ class SessionProcessor:
         for key, partition in list(self.waiting.items()):
             if key in skip:
                 continue
-            source = Source(self.inputs[0], partition, key=key)
+            tenant, session_key = split_table_key(key)
+            source = Source(self.calls_topic[tenant], partition, key=session_key)
             fold = self._fold(key)
             fold.release(now_ms, self._watermark(partition, watermarks), source)
             self._settle(key, fold, partition, out)  # writes only if the state changed
@@ -1015,16 +1062,24 @@ class SessionProcessor:
         return known[partition]
 
     def _fold(self, key: bytes) -> SessionFold | NativeSessionFold:
+        """The fold of the session stored under ``key`` (a :func:`table_key`); its
+        messages are keyed by the session key alone."""
         raw = self.store.get(key)
         state = self._load(key, raw)
+        session_key = split_table_key(key)[1]
         # An unreadable state was logged and starts afresh: nothing to go back to.
         if self.native is not None and not isinstance(state, SessionState):
             return NativeSessionFold(
-                self.native, key, self.limits, raw if state else None, state, strike=self.strike
+                self.native,
+                session_key,
+                self.limits,
+                raw if state else None,
+                state,
+                strike=self.strike,
             )
         return SessionFold(
             self.engine,
-            key,
+            session_key,
             self.limits,
             raw if state else None,
             state,
@@ -1040,8 +1095,9 @@ class SessionProcessor:
         data, messages = fold.checkpoint()
         if fold.shed:
             self.metrics.shed.inc(fold.shed)
+        tenant = split_table_key(key)[0]
         for message in messages:
-            self._emit(message, out)
+            self._emit(message, out, tenant, partition)
         for notice in fold.notices:
             _log_notice(notice)
         state = fold.state
@@ -1092,12 +1148,19 @@ class SessionProcessor:
         if len(decoded) > STATE_CACHE_SIZE:
             del decoded[next(iter(decoded))]
 
-    def _emit(self, message: Outgoing, out: list[Message]) -> None:
+    def _emit(
+        self, message: Outgoing, out: list[Message], tenant: str = "", partition: int = 0
+    ) -> None:
+        """Queue ``message``: a verdict of ``tenant``'s session goes to a reply topic of
+        that tenant's only, else to its verdicts topic; the rest to the shared topics."""
         metrics = self.metrics
         if message.kind == "verdict":
             metrics.inc(metrics.verdicts, message.detail, message.detector or "none")
             reply = message.reply_to
             if reply is not None:
+                if not self._may_reply(tenant, reply.topic):
+                    self._emit(self._refused(message, reply, tenant, partition), out)
+                    return
                 partitions = self.replies.get(reply.topic)
                 if partitions is not None and reply.partition < partitions:
                     metrics.inc(metrics.replies, "routed")
@@ -1105,6 +1168,8 @@ class SessionProcessor:
                     out.append((reply.topic, requester, message.value, reply.partition))
                     return
                 self._unroutable(reply, partitions)
+            out.append((self.verdicts_topic[tenant], message.key, message.value, None))
+            return
         elif message.kind == "loop_event":
             metrics.inc(metrics.loop_events, message.detail)
         elif message.kind == "tool_strike":
@@ -1113,6 +1178,26 @@ class SessionProcessor:
             metrics.inc(metrics.dead_letters, message.detail)
             self.dead_letter_log.letter(self.clock(), message.detail, message.value)
         out.append((self.topic_of[message.kind], message.key, message.value, None))
+
+    def _may_reply(self, tenant: str, topic: str) -> bool:
+        """Whether a verdict of ``tenant`` may go to reply topic ``topic``: a named
+        tenant's to its own reply topics only; the default tenant's to any but those
+        (an unknown one then goes to the verdicts topic, as it always has)."""
+        if tenant:
+            return topic in self.tenant_replies[tenant]
+        return topic not in self.claimed_replies
+
+    def _refused(self, message: Outgoing, reply: ReplyTo, tenant: str, partition: int) -> Outgoing:
+        """The dead letter that stands for a verdict whose call named a reply topic its
+        tenant may not read: nothing is written there (the gateway's wait times out)."""
+        self.metrics.inc(self.metrics.replies, "refused")
+        whose = f"tenant {tenant!r}" if tenant else "the default tenant"
+        reason = (
+            f"the call's reply_to names topic {reply.topic[:80]!r}, which is not one of "
+            f"{whose}'s reply topics: its verdict is not sent"
+        )
+        source = Source(self.calls_topic[tenant], partition, key=message.key, value=message.value)
+        return dead_letter(source, "reply_refused", reason, self.limits)
 
     def _unroutable(self, reply: ReplyTo, partitions: int | None) -> None:
         """A call named a reply this worker cannot send to: its verdict goes to the

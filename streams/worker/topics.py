@@ -56,8 +56,13 @@ def changelog_topic(settings: Settings) -> str:
 
 def wanted_topics(settings: Settings, fleet_breaker: bool) -> list[str]:
     """Every topic the worker uses (the fleet breaker's only when it is configured)."""
-    wanted = [*settings.input_topics, changelog_topic(settings), *settings.output_topics]
-    wanted += settings.reply_topic_names
+    wanted = [
+        *settings.input_topics,
+        changelog_topic(settings),
+        *settings.verdict_topics,
+        *settings.output_topics[1:],
+        *settings.reply_topic_names,
+    ]
     return wanted + list(settings.fleet_topics) if fleet_breaker else wanted
 
 

@@ -5,8 +5,9 @@ The cluster (``KafkaCluster(3, secure=True)``) has TLS on every listener (a CA m
 this module), SASL_SSL with SCRAM-SHA-512 for clients, the standard authorizer with
 ``allow.everyone.if.no.acl.found=false``, and one user per role; the shipped script
 grants the roles (README: Running in production). One worker runs as ``worker``; the
-gateways are ``gateway`` (reply topic ``loopfuse.replies``) and ``gateway-b`` (another
-tenant, ``loopfuse.replies.b``); the auditor is ``auditor``. The Hermes plugin over
+gateways are ``gateway`` (the default tenant: reply topic ``loopfuse.replies``) and
+``gateway-b`` (tenant ``b``, with topics of its own: docs/wire-format.md, Tenants); the
+auditor is ``auditor``. The Hermes plugin over
 SASL_SSL is in tests/integration/test_hermes_plugin.py (it runs in a gateway's install),
 the OpenClaw plugin's in its own tests.
 """
@@ -19,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,8 +35,9 @@ from aiokafka.helpers import create_ssl_context
 from loopfuse.streams.broker_access import BrokerAccessError
 from loopfuse.streams.gateway.client import GatewayClient, Topics
 from loopfuse.streams.local.kafka_broker import KafkaCluster, kafka_unavailable_reason
-from loopfuse.streams.local.kafka_security import KafkaSecurity
+from loopfuse.streams.local.kafka_security import TENANTS, KafkaSecurity
 from loopfuse.streams.local.worker_process import WorkerProcess
+from loopfuse.streams.settings import Settings
 from tests.integration.test_notify_cli import Notify, until
 from tests.support.harness import worker_settings
 from tests.support.webhook import Webhook
@@ -48,6 +51,7 @@ VERDICTS, LOOP_EVENTS, DEAD_LETTERS = (
     "loopfuse.dead-letters",
 )
 REPLIES, REPLIES_B, CALLS = "loopfuse.replies", "loopfuse.replies.b", "agent.tool-calls"
+CALLS_B, RESULTS_B, VERDICTS_B = "agent.tool-calls.b", "agent.tool-results.b", "loopfuse.verdicts.b"
 
 
 @dataclass
@@ -67,10 +71,11 @@ class Secured:
             **changes,
         }
 
-    def client(self, user: str, replies: str | None = REPLIES, **options: Any) -> GatewayClient:
+    def client(self, user: str, replies: str | None = None, **options: Any) -> GatewayClient:
+        """A gateway client as ``user``, on its tenant's topics (:data:`TENANTS`)."""
         return GatewayClient(
             self.bootstrap,
-            topics=Topics(replies=replies),
+            topics=Topics.from_settings(Settings(tenant=TENANTS[user]), replies),
             timeout=20,
             **{**self.security.client_kwargs(user), **options},
         )
@@ -186,9 +191,10 @@ async def test_each_role_works_with_exactly_its_acls(secured: Secured) -> None:
             await asyncio.sleep(3)  # tail has found the end of the loop events
             async with (
                 secured.client("gateway") as a,
-                secured.client("gateway-b", replies=REPLIES_B) as b,
+                secured.client("gateway-b") as b,
             ):
-                ours, theirs = await asyncio.gather(_loop(a, session), _loop(b, f"{session}-b"))
+                # one session key in both tenants: two sessions
+                ours, theirs = await asyncio.gather(_loop(a, session), _loop(b, session))
                 assert a.stats.timeouts == b.stats.timeouts == 0
                 assert a.stats.foreign_records == b.stats.foreign_records == 0
             await until(lambda: len(hook.received) >= 1, 60, lambda: f"notify: {notify.lines}")
@@ -200,10 +206,7 @@ async def test_each_role_works_with_exactly_its_acls(secured: Secured) -> None:
     assert tail.returncode == 0, err
     (line,) = out.splitlines()
     assert f" {session} " in line and " BLOCK " in line
-    assert {post["loop_event"]["session_key"] for post in hook.received} <= {
-        session,
-        f"{session}-b",
-    }
+    assert {post["loop_event"]["session_key"] for post in hook.received} == {session}
 
     audited = _cli(
         "audit", "--bootstrap", secured.bootstrap, "--top", "50", env=secured.env("auditor")
@@ -224,15 +227,31 @@ async def test_a_gateway_cannot_forge_a_verdict_nor_read_what_is_not_its_own(
     await producer.start()
     try:
         await producer.send_and_wait(CALLS, b"{}", key=b"s")  # its own job: allowed
-        for topic in (VERDICTS, REPLIES, REPLIES_B, LOOP_EVENTS, DEAD_LETTERS):
+        for topic in (VERDICTS, REPLIES, REPLIES_B, VERDICTS_B, CALLS_B, LOOP_EVENTS, DEAD_LETTERS):
             with pytest.raises(kafka_errors.TopicAuthorizationFailedError):
                 await producer.send_and_wait(topic, forged, key=b"s", partition=0)
     finally:
         await producer.stop()
 
     assert await _readable(secured, "gateway", REPLIES)
-    for topic in (LOOP_EVENTS, DEAD_LETTERS, VERDICTS, REPLIES_B, CALLS):
+    for topic in (LOOP_EVENTS, DEAD_LETTERS, VERDICTS, REPLIES_B, VERDICTS_B, CALLS):
         assert not await _readable(secured, "gateway", topic), topic
+    # tenant b's gateway: its own topics and nothing of the default tenant's
+    producer = AIOKafkaProducer(
+        bootstrap_servers=secured.bootstrap, **secured.security.client_kwargs("gateway-b")
+    )
+    await producer.start()
+    try:
+        await producer.send_and_wait(CALLS_B, b"{}", key=b"s")
+        for topic in (CALLS, VERDICTS, REPLIES, VERDICTS_B, REPLIES_B):
+            with pytest.raises(kafka_errors.TopicAuthorizationFailedError):
+                await producer.send_and_wait(topic, forged, key=b"s", partition=0)
+    finally:
+        await producer.stop()
+    assert await _readable(secured, "gateway-b", REPLIES_B)
+    assert await _readable(secured, "gateway-b", VERDICTS_B)
+    for topic in (REPLIES, VERDICTS, CALLS_B, LOOP_EVENTS):
+        assert not await _readable(secured, "gateway-b", topic), topic
 
     # Another tenant's reply topic: a start that says which ACL is missing
     with pytest.raises(
@@ -248,6 +267,104 @@ async def test_a_gateway_cannot_forge_a_verdict_nor_read_what_is_not_its_own(
         "'loopfuse.loop-events' (each role's ACLs: infra/kafka/kafka-acls.sh; README: Running "
         "in production)"
     ]
+
+
+def _pairs(session: str, run: str, n: int, **extra: Any) -> list[tuple[str, dict[str, Any]]]:
+    """n identical ``exec ls`` call/result pairs: (which input, event)."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    now = int(time.time() * 1000)
+    for i in range(n):
+        base = {
+            "session_key": session,
+            "run_id": run,
+            "call_id": f"forged-{i}",
+            "tool_name": "exec",
+            "args": {"command": "ls"},
+            "ts": now + i,
+            **extra,
+        }
+        events.append(("calls", {**base, "type": "tool_call", "event_id": f"f{i}c", "seq": 2 * i}))
+        result = {"type": "tool_result", "event_id": f"f{i}r", "seq": 2 * i + 1, "result": "a b"}
+        events.append(("results", {**base, **result}))
+    return events
+
+
+async def _publish(secured: Secured, user: str, topics: dict[str, str], events: Any) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=secured.bootstrap, **secured.security.client_kwargs(user)
+    )
+    await producer.start()
+    try:
+        for which, event in events:
+            key = event["session_key"].encode()
+            await producer.send_and_wait(topics[which], json.dumps(event).encode(), key=key)
+    finally:
+        await producer.stop()
+
+
+async def _read_all(
+    secured: Secured, user: str, topic: str, until_found: Any, seconds: float
+) -> list[dict[str, Any]]:
+    """Every record of ``topic`` (as ``user``) until ``until_found(records)`` or the time."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=secured.bootstrap,
+        auto_offset_reset="earliest",
+        **secured.security.client_kwargs(user),
+    )
+    await consumer.start()
+    found: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not until_found(found):
+            batches = await consumer.getmany(timeout_ms=500)
+            found += [json.loads(r.value) for rs in batches.values() for r in rs]
+    finally:
+        await consumer.stop()
+    return found
+
+
+async def test_another_tenants_events_under_a_session_key_change_nothing_there(
+    secured: Secured,
+) -> None:
+    """Tenant b loops under the default tenant's session key and run id, on the only
+    topics its ACLs let it write: the default tenant's first call there is allowed."""
+    session, run = f"agent:main:{uuid.uuid4().hex[:8]}", "run-V"
+    await _publish(
+        secured, "gateway-b", {"calls": CALLS_B, "results": RESULTS_B}, _pairs(session, run, 6)
+    )
+    theirs = await _read_all(
+        secured,
+        "gateway-b",
+        VERDICTS_B,
+        lambda got: any(v.get("session_key") == session and v["action"] == "block" for v in got),
+        60,
+    )
+    assert [v["action"] for v in theirs if v.get("session_key") == session][-1] == "block"
+    async with secured.client("gateway") as victim:
+        first = await victim.session(session, run_id=run).check("exec", {"command": "ls"})
+    assert (first.action, first.detector) == ("allow", None)
+
+
+async def test_a_reply_into_another_tenants_topic_is_refused(secured: Secured) -> None:
+    """A default-tenant call names tenant b's reply topic: nothing reaches it, and the
+    dead letters say why."""
+    session = f"steer-{uuid.uuid4().hex[:8]}"
+    steer = {"topic": REPLIES_B, "partition": 0, "requester": "from-tenant-A"}
+    calls = [e for e in _pairs(session, "r", 1, reply_to=steer) if e[0] == "calls"]
+    await _publish(secured, "gateway", {"calls": CALLS}, calls)
+    letters = await _read_all(
+        secured,
+        "auditor",
+        DEAD_LETTERS,
+        lambda got: any(session in (d.get("original") or "") for d in got),
+        60,
+    )
+    [letter] = [d for d in letters if session in (d.get("original") or "")]
+    assert letter["error_code"] == "reply_refused"
+    assert "'loopfuse.replies.b'" in letter["reason"]
+    stolen = await _read_all(secured, "gateway-b", REPLIES_B, lambda got: False, 3)
+    assert not [v for v in stolen if v.get("session_key") == session]
 
 
 async def test_an_auditor_reads_and_writes_nothing_else(secured: Secured) -> None:
@@ -283,8 +400,9 @@ def test_a_worker_with_a_gateways_acls_says_which_role_it_lacks(secured: Secured
     lines = [line for line in worker.tail().splitlines() if line.startswith("loopfuse worker:")]
     assert lines == [
         "loopfuse worker: the broker's ACLs do not let user 'gateway' describe or create topic "
+        "'agent.compactions.b', 'agent.tool-calls.b', 'agent.tool-results.b', "
         "'loopfuse-sessions-changelog', 'loopfuse.dead-letters', 'loopfuse.loop-events', "
-        "'loopfuse.replies.b', 'loopfuse.verdicts': grant the worker's role "
+        "'loopfuse.replies.b', 'loopfuse.verdicts', 'loopfuse.verdicts.b': grant the worker's role "
         "(infra/kafka/kafka-acls.sh worker User:gateway; README: Running in production)"
     ]
 

@@ -366,7 +366,7 @@ def test_the_checks_see_the_examples() -> None:
         ("loopfuse replay --confg x.json5 e.jsonl", "unknown flag --confg"),
         ("loopfuse replay -v e.jsonl", "unknown flag -v"),
         ("loopfuse config chek FILE", "unknown command 'chek'"),
-        ("./dev lint", "./dev has no command ['lint']"),
+        ("./dev lnit", "./dev has no command ['lnit']"),
         ("./dev demo --kafak", "unknown flag --kafak"),
         ("python -m loopfuse.streams.nope", "no module loopfuse.streams.nope"),
         ("python bench/stream.py --no-curvee", "unknown flag --no-curvee"),

@@ -94,7 +94,8 @@ def test_the_readmes_acl_commands_are_what_the_acl_script_runs() -> None:
     ran: list[str] = []
     for role in (
         ["worker", "User:worker"],
-        ["gateway", "User:gateway-a", "loopfuse.replies.a"],
+        ["gateway", "User:gateway", "loopfuse.replies"],
+        ["tenant", "User:gateway-acme", "acme"],
         ["auditor", "User:auditor"],
     ):
         env = {
@@ -111,13 +112,21 @@ def test_the_readmes_acl_commands_are_what_the_acl_script_runs() -> None:
             check=True,
         )
         ran += done.stdout.splitlines()
-    assert len(ran) == 9
+    assert len(ran) == 12
     assert listed == ran
 
 
 def test_the_acl_script_refuses_what_is_not_a_role_or_a_principal() -> None:
     script = str(ROOT / "infra" / "kafka" / "kafka-acls.sh")
     env = {"PATH": os.environ["PATH"], "BOOTSTRAP_SERVER": "b:1", "DRY_RUN": "1"}
-    for args in (["admin", "User:x"], ["worker", "worker"], ["gateway", "User:g"], ["worker"]):
+    for args in (
+        ["admin", "User:x"],
+        ["worker", "worker"],
+        ["gateway", "User:g"],
+        ["worker"],
+        ["tenant", "User:t"],
+        ["tenant", "User:t", "a.b"],
+        ["tenant", "User:t", ""],
+    ):
         done = subprocess.run(["sh", script, *args], env=env, capture_output=True, text=True)
         assert done.returncode == 2 and done.stdout == "", args
