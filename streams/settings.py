@@ -186,8 +186,8 @@ class Settings(BaseSettings):
     checkpoint_interval: float = Field(
         default=0.5,
         ge=0,
-        description="at most this long (s) between writes of a session's state while "
-        "input keeps coming; 0: after every batch",
+        description="this long (s) between checkpoints: writes of the session states "
+        "changed, then the input judged acknowledged; 0: after every batch",
     )
     batch_max: int = Field(
         default=1_000, ge=1, description="events per batch (a batch is what fetches brought)"

@@ -166,6 +166,7 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
         frozenset(settings.input_topics),
         settings.batch_max,
         restore=ChangelogRestore(app, table, processor.on_changelog),
+        aligned=[tenant.inputs for tenant in settings.served_tenants],
     )
     # right after each processor call; checkpoints the table writes, then acks
     publish = Publisher(
@@ -182,11 +183,15 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
             )
         # Whole fetches, not the stream's events one by one (faust_compat.delivery).
         while True:
-            if publish.due or not fetches.buffered:
-                # Nothing more to judge now (or judged for long enough): a revocation
-                # and a stop wait for every batch taken to be acknowledged.
+            # A checkpoint waits for the broker's acks of the outputs sent since the
+            # last one: every ``checkpoint_interval``, never between a paced call and
+            # the next one (which then waited a round trip before it was judged). A
+            # revocation or a stop wakes the wait (take returns nothing), and they
+            # wait for every batch taken to be acknowledged.
+            batch = await fetches.take(publish.due_in())  # aiokafka ConsumerRecords
+            if not batch:
                 await publish.checkpoint()
-            batch = await fetches.take()  # aiokafka ConsumerRecords
+                continue
             try:
                 messages = processor.process(batch)
             except Exception:
@@ -199,6 +204,8 @@ def create_app(settings: Settings, config: DetectionConfigFile | None = None) ->
             # the broker and its writes with the producer; Faust commits acked offsets
             # only after producer.flush().
             await publish.send(messages, batch)
+            if publish.due:
+                await publish.checkpoint()
 
     @every(app, 0.25, name="release_waiting_sessions")
     async def release_waiting_sessions() -> None:

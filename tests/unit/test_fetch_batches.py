@@ -324,3 +324,42 @@ def test_a_suspension_drops_what_was_not_taken() -> None:
         taking.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_tenants_records_are_never_held_for_another_tenants_unfetched_ones() -> None:
+    async def scenario() -> None:
+        other_results = TP("results.acme", 0)
+        consumer = StandInConsumer(fetches=[{CALLS0: timed("calls", 10, 30)}])
+        # tenant acme's results partition has a backlog this worker has not fetched
+        consumer.highwaters = {CALLS0: 2, RESULTS0: 0, other_results: 500}
+        app = SimpleNamespace(
+            consumer=consumer, flow_control=FlowControlEvent(), consumer_generation_id=1
+        )
+        topics = frozenset({"calls", "results", "calls.acme", "results.acme"})
+        fetches = FetchBatches(
+            app,  # type: ignore[arg-type]
+            topics,
+            100,
+            aligned=[("calls", "results"), ("calls.acme", "results.acme")],
+        )
+        fetches.install()
+        await consumer._wait_next_records(1.0)
+        assert [r.timestamp for r in await fetches.take(0)] == [10, 30]  # not held
+
+    asyncio.run(scenario())
+
+
+def test_take_gives_up_after_its_timeout_and_a_suspension_wakes_it() -> None:
+    async def scenario() -> None:
+        fetches = installed(StandInConsumer())
+        started = asyncio.get_running_loop().time()
+        assert await fetches.take(0.05) == []
+        assert asyncio.get_running_loop().time() - started >= 0.04
+        # a rebalance suspends the flow (clear): the agent waiting to take wakes at once
+        waiting = asyncio.ensure_future(fetches.take())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        fetches.clear()
+        assert await asyncio.wait_for(waiting, 1.0) == []
+
+    asyncio.run(scenario())

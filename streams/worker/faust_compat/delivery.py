@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import heapq
 import itertools
 import math
 import time
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import faust
@@ -113,7 +115,12 @@ class FetchBatches:
     """
 
     def __init__(
-        self, app: faust.App, topics: frozenset[str], max_batch: int, restore: Any = None
+        self,
+        app: faust.App,
+        topics: frozenset[str],
+        max_batch: int,
+        restore: Any = None,
+        aligned: Sequence[Collection[str]] | None = None,
     ) -> None:
         self.app = app
         # loopfuse.streams.worker.faust_compat.recovery.ChangelogRestore: changelog records during recovery
@@ -127,7 +134,9 @@ class FetchBatches:
         self._room = asyncio.Event()
         self._room.set()
         self._in_flight: dict[int, _BatchInFlight] = {}
-        self.alignment = TopicAlignment(app, topics, hold_max=4 * max_batch)
+        # ``aligned``: the topics released in time order together (a tenant's inputs:
+        # one tenant's backlog never holds another's records); default, all of them.
+        self.alignment = TopicAlignment(app, aligned or [topics], hold_max=4 * max_batch)
         # A flow-control queue: clear() is all FlowControlEvent calls on it.
         app.flow_control.manage_queue(self)  # type: ignore[arg-type]
 
@@ -243,14 +252,22 @@ class FetchBatches:
         """Whether records wait to be taken."""
         return bool(self._buffer)
 
-    async def take(self) -> list[Any]:
-        """The next batch: every record buffered (at most ``max_batch``); waits for one.
+    async def take(self, timeout: float | None = None) -> list[Any]:
+        """The next batch: every record buffered (at most ``max_batch``); waits for one,
+        at most ``timeout`` seconds (None: as long as it takes). Empty: the time ran
+        out, or a suspension (a rebalance, a stop) woke the wait.
 
         The batch is in Faust's unacknowledged set until :meth:`ack`.
         """
-        while not self._buffer:
+        if not self._buffer:
             self._ready.clear()
-            await self._ready.wait()
+            if timeout is None:
+                await self._ready.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ready.wait(), timeout)
+            if not self._buffer:
+                return []
         batch = self._buffer[: self.max_batch]
         del self._buffer[: self.max_batch]
         if len(self._buffer) < 4 * self.max_batch:
@@ -304,6 +321,9 @@ class FetchBatches:
         self._buffer.clear()
         self.alignment.clear()
         self._room.set()
+        # The revocation waits for every batch taken to be acknowledged: wake the
+        # agent waiting in take() so that it checkpoints now.
+        self._ready.set()
 
 
 class TopicAlignment:
@@ -323,17 +343,26 @@ class TopicAlignment:
     Holding only orders what the engine would order anyway: a partition number that
     has released nothing for ``hold_seconds``, or holds ``hold_max`` records,
     releases everything it holds as it came.
+
+    Siblings are the topics of one group (a tenant's input topics): a group's records
+    are never held for another group's.
     """
 
     def __init__(
-        self, app: faust.App, topics: frozenset[str], hold_max: int, hold_seconds: float = 0.1
+        self,
+        app: faust.App,
+        groups: Sequence[Collection[str]],
+        hold_max: int,
+        hold_seconds: float = 0.1,
     ) -> None:
         self.app = app
-        self.topics = sorted(topics)
+        self.groups = [sorted(group) for group in groups]
+        self.group_of = {topic: n for n, group in enumerate(self.groups) for topic in group}
         self.hold_max = hold_max
         self.hold_seconds = hold_seconds
-        self._held: dict[int, dict[str, collections.deque[Any]]] = {}
-        self._since: dict[int, float] = {}
+        # (group, partition number) -> topic -> records held
+        self._held: dict[tuple[int, int], dict[str, collections.deque[Any]]] = {}
+        self._since: dict[tuple[int, int], float] = {}
 
     @property
     def holding(self) -> bool:
@@ -342,30 +371,32 @@ class TopicAlignment:
     def release(self, admitted: list[tuple[Any, list[Any]]]) -> list[list[Any]]:
         """Take a fetch's admitted records (per partition, in offset order); return
         what may be judged now, per partition number in timestamp order."""
-        if len(self.topics) < 2:
+        if all(len(group) < 2 for group in self.groups):
             return [records for _, records in admitted]
         now = time.monotonic()
         for tp, records in admitted:
-            group = self._held.get(tp.partition)
+            key = (self.group_of[tp.topic], tp.partition)
+            group = self._held.get(key)
             if group is None:
-                group = self._held[tp.partition] = {}
-                self._since[tp.partition] = now
+                group = self._held[key] = {}
+                self._since[key] = now
             queue = group.get(tp.topic)
             if queue is None:
                 group[tp.topic] = collections.deque(records)
             else:
                 queue.extend(records)
         out = []
-        for partition in list(self._held):
-            released = self._release_group(partition, now)
+        for key in list(self._held):
+            released = self._release_group(key, now)
             if released:
                 out.append(released)
         return out
 
-    def _release_group(self, partition: int, now: float) -> list[Any]:
-        group = self._held[partition]
+    def _release_group(self, key: tuple[int, int], now: float) -> list[Any]:
+        group = self._held[key]
+        siblings, partition = self.groups[key[0]], key[1]
         if (
-            now - self._since[partition] >= self.hold_seconds
+            now - self._since[key] >= self.hold_seconds
             or sum(map(len, group.values())) >= self.hold_max
         ):
             horizon = math.inf  # held long enough, or too many: as they came
@@ -373,7 +404,7 @@ class TopicAlignment:
             # Only a sibling with records still on the broker bounds the others: one
             # fetched to its end sends nothing later than what is held.
             horizon = math.inf
-            for topic in self.topics:
+            for topic in siblings:
                 if self._unfetched(TP(topic, partition)):
                     queue = group.get(topic)
                     if not queue:
@@ -387,9 +418,9 @@ class TopicAlignment:
             if part:
                 parts.append(part)
         if not any(group.values()):
-            del self._held[partition], self._since[partition]
+            del self._held[key], self._since[key]
         else:
-            self._since[partition] = now  # what is left was held since this release
+            self._since[key] = now  # what is left was held since this release
         if len(parts) == 1:
             return parts[0]
         # Each partition's offset order is kept (merge only interleaves).

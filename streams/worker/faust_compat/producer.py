@@ -237,9 +237,14 @@ class Publisher:
     @property
     def due(self) -> bool:
         """Whether a checkpoint is due: something waits for one, for ``interval``."""
-        return bool(self._batches or self._sent or self.store.holding) and (
-            time.monotonic() - self._since >= self.interval
-        )
+        left = self.due_in()
+        return left is not None and left <= 0
+
+    def due_in(self) -> float | None:
+        """Seconds until a checkpoint is due (<= 0: it is); None: nothing waits for one."""
+        if not (self._batches or self._sent or self.store.holding):
+            return None
+        return self.interval - (time.monotonic() - self._since)
 
     async def checkpoint(self) -> None:
         async with self._lock:
