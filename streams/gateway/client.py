@@ -91,6 +91,17 @@ DROP_LOG_INTERVAL_SECONDS = 10.0
 MAX_WATCHED_EVENTS = 4096
 
 
+#: Errors of a producer's start that are no broker refusing idempotence: unreachable,
+#: or the ACLs (to be granted, not worked around).
+_NOT_A_REFUSAL = (
+    kafka_errors.KafkaConnectionError,
+    kafka_errors.ClusterAuthorizationFailedError,
+    kafka_errors.TransactionalIdAuthorizationFailed,
+    kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.SaslAuthenticationFailed,
+)
+
+
 @dataclass(slots=True)
 class ClientStats:
     """What the client could not do as asked; a rising number is worth an alert."""
@@ -344,7 +355,8 @@ class GatewayClient:
         self._signature_logged: float | None = None
         self._signature_unlogged = 0
         self._foreign_abort_logged: float | None = None
-        # The embedded broker has no idempotent producer: pass idempotent=False there.
+        # A broker that answers but refuses an idempotent producer (the embedded one) gets
+        # a plain one, said in one line (_start); idempotent=False skips the attempt.
         self._idempotent = idempotent
         # The verdict reader's fetch long-poll. Apache Kafka answers it at the first
         # verdict, so a long one costs no latency and spares the broker a poll every few
@@ -414,17 +426,20 @@ class GatewayClient:
             await self.stop()  # a failed start leaves no client connected
             raise
 
-    async def _start(self) -> None:
-        self._producer = AIOKafkaProducer(
+    def _new_producer(self, idempotent: bool) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers,
             client_id=self.client_id,
             linger_ms=self._linger_ms,
             # A call's event is acknowledged once min.insync.replicas hold it, and a
             # resend after a leader's crash is not written twice (idempotence).
             acks="all",
-            enable_idempotence=self._idempotent,
+            enable_idempotence=idempotent,
             **self._kafka_options,
         )
+
+    async def _start(self) -> None:
+        self._producer = self._new_producer(self._idempotent)
         try:
             await self._producer.start()
         except (kafka_errors.KafkaConnectionError, OSError) as exc:
@@ -436,6 +451,20 @@ class GatewayClient:
             if diagnosis is not None and diagnosis.lasting:
                 raise BrokerAccessError(f"loopfuse gateway client: {diagnosis.message}") from None
             raise exc from None
+        except kafka_errors.KafkaError as exc:
+            if not self._idempotence_refused(self._producer, exc):
+                raise
+            await self._producer.stop()
+            log.warning(
+                "loopfuse gateway client: the broker at %s answers but refuses an idempotent "
+                "producer (InitProducerId: %s); publishing without idempotence: a batch "
+                "resent after a lost acknowledgement may be written twice (loopfuse drops "
+                "the copy by its seq)",
+                self.bootstrap_servers,
+                type(exc).__name__,
+            )
+            self._producer = self._new_producer(idempotent=False)
+            await self._producer.start()
         # No consumer group: every gateway reads every verdict partition from "now".
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers,
@@ -453,6 +482,20 @@ class GatewayClient:
             await self._consumer.position(tp)
         self._stopping = False
         self._start_reader()
+
+    def _idempotence_refused(self, producer: AIOKafkaProducer, exc: Exception) -> bool:
+        """Whether ``exc`` is the broker refusing a producer id, not one being unreachable.
+
+        The producer's start asks for its id (InitProducerId) only once the broker has
+        answered its metadata; an error then, other than the ACLs' refusal (which
+        must be fixed, not worked around), is the broker's own: the embedded one
+        answers every InitProducerId with UNKNOWN_SERVER_ERROR.
+        """
+        return (
+            self._idempotent
+            and bool(producer.client.cluster.brokers())
+            and not isinstance(exc, _NOT_A_REFUSAL)
+        )
 
     async def _verdict_partitions(self) -> list[TopicPartition]:
         """What the reader reads: this gateway's reply partition, or (v1) every verdict one."""
