@@ -19,8 +19,12 @@ new incarnation, so loopfuse continues its sessions in a new seq space instead o
 taking the new events for redeliveries (docs/wire-format.md: restart-safe gateways). A verdict is
 accepted only for the pending call it answers: same session, call id, seq,
 incarnation and args hash; anything else on the verdicts topic is counted and
-dropped. The verdict reader survives bad records, callback errors and consumer
-errors (logged, counted, restarted); ``client.stats`` has the counters.
+dropped. An ``abort`` is taken likewise only for an event this client published in
+a run it watches (``on_abort``): same session, run, incarnation, seq and call id, so
+events someone else publishes under this gateway's session key, run id and
+``reply_to`` cannot end its runs. The verdict reader survives bad records, callback
+errors and consumer errors (logged, counted, restarted); ``client.stats`` has the
+counters.
 
 Reply routing (docs/wire-format.md: Reply routing): every event names ``reply_to``, one
 partition of the reply topic (``Topics.replies``, per tenant if the operator says so)
@@ -78,8 +82,24 @@ TIMEOUT_MESSAGE = "loopfuse did not answer in time; the call is {what} by the fa
 #: continues in a fresh seq space (a sub-incarnation), which loopfuse handles like a
 #: restart, so eviction never turns detection off.
 MAX_TRACKED_SESSIONS = 100_000
-#: How often, at most, the client logs verdicts it dropped for their signature (counted).
-SIGNATURE_LOG_INTERVAL_SECONDS = 10.0
+#: How often, at most, the client logs verdicts it dropped for their signature or as
+#: foreign aborts (each counted).
+DROP_LOG_INTERVAL_SECONDS = 10.0
+#: The calls and results a watched run remembers for its aborts, newest kept: an abort
+#: answers an event of the run just judged, so only a worker this far behind the run
+#: has its abort dropped (counted in ``foreign_aborts``).
+MAX_WATCHED_EVENTS = 4096
+
+
+#: Errors of a producer's start that are no broker refusing idempotence: unreachable,
+#: or the ACLs (to be granted, not worked around).
+_NOT_A_REFUSAL = (
+    kafka_errors.KafkaConnectionError,
+    kafka_errors.ClusterAuthorizationFailedError,
+    kafka_errors.TransactionalIdAuthorizationFailed,
+    kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.SaslAuthenticationFailed,
+)
 
 
 @dataclass(slots=True)
@@ -92,6 +112,9 @@ class ClientStats:
     sticky_blocks: int = 0  # calls answered from the sticky-block cache (still reported)
     undecodable_records: int = 0  # records on the verdicts topic that are not verdicts
     callback_errors: int = 0  # on_abort callbacks that raised
+    # aborts routed to this gateway for no event it published in a watched run: someone
+    # published under its session key, run id and reply_to (or the worker is far behind)
+    foreign_aborts: int = 0
     reader_errors: int = 0  # consumer errors survived by the verdict reader
     reader_restarts: int = 0  # times the verdict reader task was started again
     records_read: int = 0  # records the verdict reader took from Kafka
@@ -109,6 +132,27 @@ class _SeqSpace:
     incarnation: str
     seq: itertools.count[int] = field(default_factory=itertools.count)
     calls: itertools.count[int] = field(default_factory=itertools.count)
+
+
+@dataclass(slots=True)
+class _WatchedRun:
+    """A run with ``on_abort`` callbacks, and the events of it this client published."""
+
+    callbacks: list[AbortCallback] = field(default_factory=list)
+    # (incarnation, seq) -> call id, of the run's calls and results, oldest first
+    published: OrderedDict[tuple[str, int], str] = field(default_factory=OrderedDict)
+
+    def note(self, event: dict[str, Any]) -> None:
+        published = self.published
+        published[(event["incarnation"], event["seq"])] = event["call_id"]
+        if len(published) > MAX_WATCHED_EVENTS:
+            published.popitem(last=False)
+
+    def answers(self, verdict: Verdict) -> bool:
+        """Whether ``verdict`` is about an event of this run that this client published."""
+        if verdict.incarnation is None or verdict.seq is None or verdict.call_id is None:
+            return False
+        return self.published.get((verdict.incarnation, verdict.seq)) == verdict.call_id
 
 
 @dataclass(slots=True)
@@ -192,6 +236,10 @@ class GatewaySession:
     async def _publish(self, topic: str, event: dict[str, Any]) -> None:
         if self.observer is not None:
             self.observer(event)
+        if "call_id" in event:  # a call or a result: what an abort can answer
+            watched = self.client._watched.get((self.session_key, event["run_id"]))
+            if watched is not None:
+                watched.note(event)
         await self.client._publish(topic, self.session_key, event)
 
     def _envelope(self, kind: str) -> dict[str, Any]:
@@ -307,7 +355,9 @@ class GatewayClient:
         self._verifier = VerdictVerifier(keys) if keys else None
         self._signature_logged: float | None = None
         self._signature_unlogged = 0
-        # The embedded broker has no idempotent producer: pass idempotent=False there.
+        self._foreign_abort_logged: float | None = None
+        # A broker that answers but refuses an idempotent producer (the embedded one) gets
+        # a plain one, said in one line (_start); idempotent=False skips the attempt.
         self._idempotent = idempotent
         # The verdict reader's fetch long-poll. Apache Kafka answers it at the first
         # verdict, so a long one costs no latency and spares the broker a poll every few
@@ -328,7 +378,7 @@ class GatewayClient:
         self._stopping = False
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._blocked: dict[tuple[str, str | None], dict[str, Verdict]] = {}
-        self._abort_callbacks: dict[tuple[str, str | None], list[AbortCallback]] = {}
+        self._watched: dict[tuple[str, str | None], _WatchedRun] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._aborted: OrderedDict[str, None] = OrderedDict()  # a redelivered abort fires once
         # Calls answered from the sticky-block cache and reported: their verdicts are
@@ -377,17 +427,20 @@ class GatewayClient:
             await self.stop()  # a failed start leaves no client connected
             raise
 
-    async def _start(self) -> None:
-        self._producer = AIOKafkaProducer(
+    def _new_producer(self, idempotent: bool) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers,
             client_id=self.client_id,
             linger_ms=self._linger_ms,
             # A call's event is acknowledged once min.insync.replicas hold it, and a
             # resend after a leader's crash is not written twice (idempotence).
             acks="all",
-            enable_idempotence=self._idempotent,
+            enable_idempotence=idempotent,
             **self._kafka_options,
         )
+
+    async def _start(self) -> None:
+        self._producer = self._new_producer(self._idempotent)
         try:
             await self._producer.start()
         except (kafka_errors.KafkaConnectionError, OSError) as exc:
@@ -399,6 +452,20 @@ class GatewayClient:
             if diagnosis is not None and diagnosis.lasting:
                 raise BrokerAccessError(f"loopfuse gateway client: {diagnosis.message}") from None
             raise exc from None
+        except kafka_errors.KafkaError as exc:
+            if not self._idempotence_refused(self._producer, exc):
+                raise
+            await self._producer.stop()
+            log.warning(
+                "loopfuse gateway client: the broker at %s answers but refuses an idempotent "
+                "producer (InitProducerId: %s); publishing without idempotence: a batch "
+                "resent after a lost acknowledgement may be written twice (loopfuse drops "
+                "the copy by its seq)",
+                self.bootstrap_servers,
+                type(exc).__name__,
+            )
+            self._producer = self._new_producer(idempotent=False)
+            await self._producer.start()
         # No consumer group: every gateway reads every verdict partition from "now".
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers,
@@ -416,6 +483,20 @@ class GatewayClient:
             await self._consumer.position(tp)
         self._stopping = False
         self._start_reader()
+
+    def _idempotence_refused(self, producer: AIOKafkaProducer, exc: Exception) -> bool:
+        """Whether ``exc`` is the broker refusing a producer id, not one being unreachable.
+
+        The producer's start asks for its id (InitProducerId) only once the broker has
+        answered its metadata; an error then, other than the ACLs' refusal (which
+        must be fixed, not worked around), is the broker's own: the embedded one
+        answers every InitProducerId with UNKNOWN_SERVER_ERROR.
+        """
+        return (
+            self._idempotent
+            and bool(producer.client.cluster.brokers())
+            and not isinstance(exc, _NOT_A_REFUSAL)
+        )
 
     async def _verdict_partitions(self) -> list[TopicPartition]:
         """What the reader reads: this gateway's reply partition, or (v1) every verdict one."""
@@ -515,8 +596,13 @@ class GatewayClient:
 
     def on_abort(self, session_key: str, run_id: str | None, callback: AbortCallback) -> None:
         """Call ``callback(verdict)`` when loopfuse aborts this run (post-compaction guard,
-        and the opt-in run endings and run caps: every ``abort`` verdict)."""
-        self._abort_callbacks.setdefault((session_key, run_id), []).append(callback)
+        and the opt-in run endings and run caps: every ``abort`` verdict).
+
+        Register before the run publishes: an abort is taken only for a call or result
+        this client published in the run after the first ``on_abort`` for it.
+        """
+        watched = self._watched.setdefault((session_key, run_id), _WatchedRun())
+        watched.callbacks.append(callback)
 
     async def check(
         self,
@@ -661,7 +747,7 @@ class GatewayClient:
 
     def _forget_run(self, session_key: str, run_id: str | None) -> None:
         self._blocked.pop((session_key, run_id), None)
-        self._abort_callbacks.pop((session_key, run_id), None)
+        self._watched.pop((session_key, run_id), None)
 
     async def _read_verdicts(self) -> None:
         """Hand verdicts to the calls waiting for them, whatever else turns up.
@@ -714,7 +800,7 @@ class GatewayClient:
             self.stats.bad_signatures += 1
         now = time.monotonic()
         last = self._signature_logged
-        if last is not None and now - last < SIGNATURE_LOG_INTERVAL_SECONDS:
+        if last is not None and now - last < DROP_LOG_INTERVAL_SECONDS:
             self._signature_unlogged += 1
             return False
         self._signature_logged = now
@@ -769,13 +855,20 @@ class GatewayClient:
         pending.future.set_result(verdict)
 
     def _on_abort(self, verdict: Verdict) -> None:
+        watched = self._watched.get((verdict.session_key, verdict.run_id))
+        if watched is None:
+            return  # a run nobody here watches: another gateway's, or one already ended
+        if not watched.answers(verdict):
+            self._foreign_abort(verdict)
+            return
+        # Deduplicated only once known to be ours: a foreign abort with the id of one
+        # still to come must not make the genuine one look redelivered.
         if verdict.verdict_id in self._aborted:
             return
         self._aborted[verdict.verdict_id] = None
         if len(self._aborted) > 10_000:
             self._aborted.popitem(last=False)
-        run_key = (verdict.session_key, verdict.run_id)
-        for callback in self._abort_callbacks.get(run_key, []):
+        for callback in list(watched.callbacks):
             try:
                 outcome = callback(verdict)
             except Exception:
@@ -786,6 +879,27 @@ class GatewayClient:
                 task = asyncio.ensure_future(outcome)
                 self._background.add(task)
                 task.add_done_callback(self._callback_done)
+
+    def _foreign_abort(self, verdict: Verdict) -> None:
+        """An abort for a watched run, but not for an event this client published there."""
+        if self.topics.replies is None:
+            return  # v1: every gateway reads every verdict; another's is not news
+        # Routed here, so some event named this gateway's reply_to: counted, and logged
+        # at most every 10 s (an attacker decides how many come).
+        self.stats.foreign_aborts += 1
+        now = time.monotonic()
+        last = self._foreign_abort_logged
+        if last is not None and now - last < DROP_LOG_INTERVAL_SECONDS:
+            return
+        self._foreign_abort_logged = now
+        log.warning(
+            "dropping an abort for run %r of session %r that answers no call or result of "
+            "this gateway (%d so far): events naming this gateway's reply topic were "
+            "published by someone else, or the worker is far behind",
+            (verdict.run_id or "")[:80],
+            verdict.session_key[:80],
+            self.stats.foreign_aborts,
+        )
 
     def _callback_done(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)

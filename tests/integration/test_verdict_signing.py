@@ -3,7 +3,9 @@
 A worker with ``LOOPFUSE_VERDICT_KEY`` signs every verdict; a gateway with the key takes
 them and drops, unparsed and counted, a forged ``allow`` written to its reply partition
 by someone without the key; a gateway with a key facing a worker without one gets no
-verdict it trusts and falls to its fail policy.
+verdict it trusts and falls to its fail policy. A genuinely signed ``abort`` that events
+of someone else (under the gateway's session key, run id and ``reply_to``) made the
+worker route to it does not end its run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from loopfuse.schemas.events import Verdict
 from loopfuse.schemas.verdict_signature import HEADER, VerdictSigner, parse_verdict_keys
 from loopfuse.streams.engine.fingerprint import args_hash
 from loopfuse.streams.gateway.client import (
@@ -250,3 +253,82 @@ async def test_a_gateway_with_a_key_facing_a_worker_without_one_falls_to_its_fai
     assert all("fail-closed policy" in (v.message or "") for v in verdicts)
     assert gateway.stats.timeouts == 2 and gateway.stats.verdicts == 0
     assert gateway.stats.unsigned_verdicts == 2 and gateway.stats.bad_signatures == 0
+
+
+def _attack(victim_call: dict[str, Any], incarnation: str) -> list[dict[str, Any]]:
+    """What an attacker who read the victim's call on the input topic publishes, in its
+    own incarnation: a compaction, then three identical call/result pairs, under the
+    victim's session key, run id and ``reply_to``."""
+    now = victim_call["ts"]
+    events: list[dict[str, Any]] = []
+    for kind, call in [("compaction", None)] + [
+        (kind, f"atk-{n}") for n in range(3) for kind in ("tool_call", "tool_result")
+    ]:
+        seq = len(events)
+        event: dict[str, Any] = {
+            "type": kind,
+            "event_id": f"{incarnation}:{seq}",
+            "session_key": victim_call["session_key"],
+            "run_id": victim_call["run_id"],
+            "agent_id": None,
+            "incarnation": incarnation,
+            "seq": seq,
+            "ts": now + seq,
+            "reply_to": victim_call["reply_to"],
+        }
+        if kind == "compaction":
+            event["reason"] = "context_overflow"
+        else:
+            event.update(call_id=call, tool_name="exec", args={"command": "ls"})
+        if kind == "tool_result":
+            event["result"] = SAME
+        events.append(event)
+    return events
+
+
+async def test_events_under_a_gateways_keys_and_reply_to_cannot_abort_its_run(
+    kafka_bootstrap: str, workers: tuple[Worker, Worker]
+) -> None:
+    signed, _ = workers
+    topics = signed.topics
+    async with GatewayClient(kafka_bootstrap, topics=topics, timeout=60, verdict_key=KEY) as victim:
+        aborted: list[Verdict] = []
+        session = victim.session(f"victim-{uuid.uuid4().hex}", run_id="run-V")
+        victim.on_abort(session.session_key, "run-V", aborted.append)
+        published: list[dict[str, Any]] = []
+        session.observer = published.append  # what an open input topic shows anyone
+        assert (await session.check("read", {"path": "/etc/motd"})).action == "allow"
+        attack = _attack(published[0], uuid.uuid4().hex)
+        destination = {
+            "compaction": topics.compactions,
+            "tool_call": topics.tool_calls,
+            "tool_result": topics.tool_results,
+        }
+        async with _producer(kafka_bootstrap) as producer:
+            for event in attack:
+                await producer.send_and_wait(
+                    destination[event["type"]],
+                    orjson.dumps(event),
+                    key=session.session_key.encode(),
+                )
+        # the victim reads its call's verdict, the attacker's three and the abort: all
+        # signed by the worker and routed to the victim's partition
+        await _until(
+            "the attack's verdicts routed to the victim", lambda: victim.stats.records_read >= 5
+        )
+        await asyncio.sleep(0.5)  # an abort taken would have fired by now
+        assert aborted == []
+        # the victim's own loop after a compaction still ends its run
+        await session.compaction("context_overflow")
+        for _ in range(3):
+            verdict = await session.check("exec", ARGS)
+            await session.result("exec", ARGS, call_id=verdict.call_id or "", result=SAME)
+        await _until("the victim's own abort", lambda: aborted)
+    (abort,) = aborted
+    assert (abort.incarnation, abort.call_id, abort.detector) == (
+        victim.incarnation,
+        verdict.call_id,
+        "compaction_loop_persisted",
+    )
+    assert victim.stats.foreign_aborts == 1
+    assert victim.stats.unsigned_verdicts == victim.stats.bad_signatures == 0

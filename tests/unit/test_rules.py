@@ -698,19 +698,24 @@ async def test_the_gateway_answers_the_call_with_the_block_and_ends_the_run() ->
 
     from loopfuse.streams.gateway.client import GatewayClient, _Pending
 
+    client = GatewayClient("localhost:1")  # never started: verdicts are handed in directly
     engine = rules_engine({"runEnding": {}}, warningThreshold=2, criticalThreshold=3)
     events = [*repeat_pairs("read", {"p": 1}, 3), call("read", {"p": 1})]
-    last = call("read", {"p": 1}, seq=0)  # the call the gateway waits on
+    # the call the gateway waits on, as this client numbers it
+    last = msgspec.structs.replace(call("read", {"p": 1}, seq=0), incarnation=client.incarnation)
     state, _ = fold(engine, events)
     _, outputs = fold(engine, [last], state)
     block, abort = verdicts(outputs)
     assert (block.action, abort.action, abort.detector) == ("block", "abort", "tool_loop_run_ended")
 
-    client = GatewayClient("localhost:1")  # never started: verdicts are handed in directly
     waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    client._pending[("s1", last.call_id)] = _Pending(waiting, 0, None, block.args_hash)
+    client._pending[("s1", last.call_id)] = _Pending(waiting, 0, last.incarnation, block.args_hash)
     aborted: list[Any] = []
     client.on_abort("s1", "r1", aborted.append)
+    # what the session would have noted when it published the call
+    client._watched[("s1", "r1")].note(
+        {"incarnation": last.incarnation, "seq": 0, "call_id": last.call_id}
+    )
     for verdict in (block, abort, abort):  # the abort redelivered: it fires once
         client._deliver(verdict.to_json())
     assert waiting.result().action == "block"

@@ -365,6 +365,37 @@ describe("verdicts", () => {
     assert.equal(after.decision, undefined);
   });
 
+  it("abort: taken only with this process's incarnation; another's, under the same session, run and call, is dropped and counted", async () => {
+    // What the worker routes here when someone else publishes in its own incarnation under
+    // this gateway's session key, run id and reply_to (loopfuse docs/wire-format.md).
+    const { transport, call, guard } = setup();
+    await call("s", "run-V", "c1", "exec", { command: "ls" });
+    const resultEvent = transport.sent[1]!.event;
+    const abort = {
+      type: "verdict",
+      verdict_id: "abort-V",
+      session_key: "s",
+      run_id: "run-V",
+      call_id: resultEvent.call_id as string,
+      seq: resultEvent.seq,
+      action: "abort",
+      level: "critical",
+      detector: "compaction_loop_persisted",
+      count: 3,
+      message: "CRITICAL: aborted",
+    } as const;
+    transport.push({ ...abort, incarnation: "0e4b6c1d-ffff-4222-8333-attacker0000" });
+    transport.push({ ...abort, verdict_id: "abort-other", incarnation: "another-gateway" });
+    assert.equal(guard.stats.aborts, 0);
+    assert.equal(guard.stats.verdictsOtherIncarnation, 2);
+    const after = await call("s", "run-V", "c2", "read", { path: "x" });
+    assert.equal(after.decision, undefined); // the run goes on
+    transport.push({ ...abort, incarnation: INCARNATION });
+    assert.equal(guard.stats.aborts, 1);
+    const blocked = await call("s", "run-V", "c3", "read", { path: "x" });
+    assert.deepEqual(blocked.decision, { block: true, blockReason: "CRITICAL: aborted" });
+  });
+
   it("a verdict is matched by (session_key, call_id, seq) and incarnation; any other is counted and dropped", async () => {
     const { api, transport, guard } = setup({ timeoutMs: 300 });
     transport.judge = () => null;
