@@ -530,6 +530,12 @@ export class LoopfuseGuard {
    * reaches the result middleware), so block its later calls.
    */
   private takeAbort(verdict: Verdict): void {
+    // An abort ends the run: it must name this process's incarnation, which every event
+    // the plugin publishes carries (an abort with none answers someone else's events).
+    if (verdict.incarnation !== this.incarnation) {
+      this.stats.verdictsOtherIncarnation++;
+      return;
+    }
     const rk = `${verdict.session_key ?? verdict.run_id ?? ""}${SEP}${verdict.run_id ?? ""}`;
     if (!this.knownRuns.has(rk)) {
       this.stats.verdictsUnmatched++;

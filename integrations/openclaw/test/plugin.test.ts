@@ -348,6 +348,7 @@ describe("verdicts", () => {
       detector: "compaction_loop_persisted",
       count: 3,
       message: abortMsg,
+      incarnation: INCARNATION,
     });
     const blocked = await call("s", "run-1", "c3", "read", { path: "x" });
     assert.deepEqual(blocked.decision, { block: true, blockReason: abortMsg });
@@ -356,7 +357,7 @@ describe("verdicts", () => {
     assert.equal(guard.stats.aborts, 1);
     assert.equal(guard.stats.abortBlocks, 1);
     // An abort for a run this process never saw is somebody else's.
-    transport.push({ type: "verdict", verdict_id: "abort-2", session_key: "s", run_id: "run-9", call_id: "z", seq: 1, action: "abort", message: "x" });
+    transport.push({ type: "verdict", verdict_id: "abort-2", session_key: "s", run_id: "run-9", call_id: "z", seq: 1, action: "abort", message: "x", incarnation: INCARNATION });
     assert.equal(guard.stats.aborts, 1);
     await api.emit("agent_end", { runId: "run-1", messages: [], success: false }, { sessionKey: "s", runId: "run-1" });
     await tick();
@@ -365,7 +366,7 @@ describe("verdicts", () => {
     assert.equal(after.decision, undefined);
   });
 
-  it("abort: taken only with this process's incarnation; another's, under the same session, run and call, is dropped and counted", async () => {
+  it("abort: taken only with this process's incarnation; another's or none, under the same session, run and call, is dropped and counted", async () => {
     // What the worker routes here when someone else publishes in its own incarnation under
     // this gateway's session key, run id and reply_to (loopfuse docs/wire-format.md).
     const { transport, call, guard } = setup();
@@ -386,8 +387,10 @@ describe("verdicts", () => {
     } as const;
     transport.push({ ...abort, incarnation: "0e4b6c1d-ffff-4222-8333-attacker0000" });
     transport.push({ ...abort, verdict_id: "abort-other", incarnation: "another-gateway" });
+    transport.push({ ...abort, verdict_id: "abort-none" }); // events sent with no incarnation
+    transport.push({ ...abort, verdict_id: "abort-null", incarnation: null });
     assert.equal(guard.stats.aborts, 0);
-    assert.equal(guard.stats.verdictsOtherIncarnation, 2);
+    assert.equal(guard.stats.verdictsOtherIncarnation, 4);
     const after = await call("s", "run-V", "c2", "read", { path: "x" });
     assert.equal(after.decision, undefined); // the run goes on
     transport.push({ ...abort, incarnation: INCARNATION });
