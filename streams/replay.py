@@ -18,7 +18,8 @@ from loopfuse.schemas.decode import DEFAULT_MAX_DEPTH, DEFAULT_MAX_EVENT_BYTES, 
 from loopfuse.streams.engine import Engine
 from loopfuse.streams.engine.native_step import NativeEngine, ReplayStop, native_for
 from loopfuse.streams.engine.wire import decode_fingerprinted
-from loopfuse.streams.worker.processor import Limits, SessionFold, Source, dead_letter
+from loopfuse.streams.worker.fold import PythonFold
+from loopfuse.streams.worker.outgoing import Limits, Source, dead_letter
 
 log = logging.getLogger("loopfuse.replay")
 
@@ -54,7 +55,7 @@ def replay_lines(
     if native is not None and _bounded(limits):
         yield from _replay_native(lines, native, max_event_bytes, limits)
         return
-    folds: dict[str, SessionFold] = {}
+    folds: dict[str, PythonFold] = {}
     for line_no, line in enumerate(lines, start=1):
         raw = line.rstrip(b"\r\n")
         source = Source(line=line_no, value=raw)
@@ -74,8 +75,12 @@ def replay_lines(
         key = event.key
         fold = folds.get(key)
         if fold is None:
-            fold = folds[key] = SessionFold(
-                engine, key.encode("utf-8", "surrogatepass"), limits, None, None
+            fold = folds[key] = PythonFold(
+                engine=engine,
+                key=key.encode("utf-8", "surrogatepass"),
+                limits=limits,
+                base=None,
+                state=None,
             )
         for message in fold.apply(event, source, event.ts, None, fingerprints):
             yield message.value

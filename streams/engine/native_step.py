@@ -20,7 +20,7 @@ shedding over the cap. A state's bytes are read natively too (:meth:`NativeEngin
 but for an event waiting in them and older formats, which the Python reader reads.
 
 Where it runs: ``loopfuse replay`` (streams/replay.py), and the worker's session fold
-(processor.py's ``NativeSessionFold``: events read natively from their bytes,
+(the worker's ``NativeFold``, streams/worker/fold.py: events read natively from their bytes,
 ``Judge.read``, verdicts with the reply of the event they answer, and the fleet breaker's
 overlay on them from the worker's live breakers, ``Judge.set_breakers``; loop events
 with the strike each makes).
@@ -261,6 +261,22 @@ class NativeEngine:
     def release(self, state: Any, now_ms: int, watermark_ms: int | None) -> list[NativeOutput]:
         """Engine.release: what waits in ``state`` and may go now."""
         return self.judge.release(state, now_ms, watermark_ms)  # type: ignore[no-any-return]
+
+    def step_event(
+        self,
+        state: Any,
+        event: InputEvent,
+        now_ms: int,
+        watermark_ms: int | None,
+        *,
+        routed: bool = False,
+    ) -> tuple[Any, list[Any]]:
+        """Engine.step of an event Python decoded (not the native read's); ``routed``:
+        each verdict with the reply of the event it answers."""
+        values = self._event_values(event)
+        if routed:
+            return self.judge.step_event_routed(state, values, now_ms, watermark_ms)  # type: ignore[no-any-return]
+        return self.judge.step_event(state, values, now_ms, watermark_ms)  # type: ignore[no-any-return]
 
     def _event_values(self, event: InputEvent) -> tuple[Any, ...]:
         """An event Python decoded, with the tokens the Python engine computes for it."""

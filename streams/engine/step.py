@@ -198,7 +198,7 @@ class Engine:
         ``state`` is changed in place and returned (a new one when it is None). If
         the step raises, ``state`` may be partly changed: a caller that goes on with
         the session must go back to its state before the event, as
-        loopfuse.streams.worker.processor.SessionFold does (it keeps the last good state bytes and
+        loopfuse.streams.worker.fold.SessionFold does (it keeps the last good state bytes and
         the events applied since, and rebuilds from them).
 
         ``watermark_ms`` is the event time up to which every input the session's

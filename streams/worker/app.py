@@ -40,7 +40,8 @@ from loopfuse.streams.worker.faust_compat.typed import (
 from loopfuse.streams.worker.faust_compat.web import operators_only_web
 from loopfuse.streams.worker.fleet_breaker import install_fleet_breaker
 from loopfuse.streams.worker.metrics import Metrics
-from loopfuse.streams.worker.processor import Limits, OutputTopics, SessionProcessor
+from loopfuse.streams.worker.outgoing import Limits
+from loopfuse.streams.worker.processor import OutputTopics, SessionProcessor
 from loopfuse.streams.worker.topics import SESSION_TABLE, Readiness
 
 log = logging.getLogger("loopfuse.worker")

@@ -39,6 +39,7 @@ from loopfuse.streams.local.kafka_security import TENANTS, KafkaSecurity
 from loopfuse.streams.local.worker_process import WorkerProcess
 from loopfuse.streams.settings import Settings
 from tests.integration.test_notify_cli import Notify, until
+from tests.integration.test_verdict_signing import _attack
 from tests.support.harness import worker_settings
 from tests.support.webhook import Webhook
 
@@ -51,6 +52,7 @@ VERDICTS, LOOP_EVENTS, DEAD_LETTERS = (
     "loopfuse.dead-letters",
 )
 REPLIES, REPLIES_B, CALLS = "loopfuse.replies", "loopfuse.replies.b", "agent.tool-calls"
+RESULTS, COMPACTIONS = "agent.tool-results", "agent.compactions"
 CALLS_B, RESULTS_B, VERDICTS_B = "agent.tool-calls.b", "agent.tool-results.b", "loopfuse.verdicts.b"
 
 
@@ -365,6 +367,47 @@ async def test_a_reply_into_another_tenants_topic_is_refused(secured: Secured) -
     assert "'loopfuse.replies.b'" in letter["reason"]
     stolen = await _read_all(secured, "gateway-b", REPLIES_B, lambda got: False, 3)
     assert not [v for v in stolen if v.get("session_key") == session]
+
+
+async def test_a_forged_path_abort_never_reaches_another_gateways_on_abort(
+    secured: Secured,
+) -> None:
+    """Attack 3 of both kinds: tenant b, and another gateway of the victim's own tenant,
+    publish a compaction and three identical call/result pairs under the victim's
+    session key, run id and reply_to (read off the input topic). Tenant b's verdicts
+    are refused (dead letters); the same tenant's reach the victim and are dropped."""
+    async with secured.client("gateway") as victim:
+        aborted: list[Any] = []
+        session = victim.session(f"victim-{uuid.uuid4().hex[:8]}", run_id="run-V")
+        victim.on_abort(session.session_key, "run-V", aborted.append)
+        published: list[dict[str, Any]] = []
+        session.observer = published.append  # what an open input topic would show
+        assert (await session.check("read", {"path": "/etc/motd"})).action == "allow"
+        b_topics = {
+            "compaction": "agent.compactions.b",
+            "tool_call": CALLS_B,
+            "tool_result": RESULTS_B,
+        }
+        other_tenant = [(e["type"], e) for e in _attack(published[0], uuid.uuid4().hex)]
+        await _publish(secured, "gateway-b", b_topics, other_tenant)
+        letters = await _read_all(
+            secured,
+            "auditor",
+            DEAD_LETTERS,
+            lambda got: sum(session.session_key in (d.get("original") or "") for d in got) >= 4,
+            60,
+        )
+        refused = [d for d in letters if session.session_key in (d.get("original") or "")]
+        assert {d["error_code"] for d in refused} == {"reply_refused"}
+        assert any('"action":"abort"' in d["original"] for d in refused)
+        own_tenant = {"compaction": COMPACTIONS, "tool_call": CALLS, "tool_result": RESULTS}
+        same_tenant = [(e["type"], e) for e in _attack(published[0], uuid.uuid4().hex)]
+        await _publish(secured, "gateway", own_tenant, same_tenant)
+        deadline = time.monotonic() + 60
+        while victim.stats.foreign_aborts < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert victim.stats.foreign_aborts == 1
+    assert aborted == []
 
 
 async def test_an_auditor_reads_and_writes_nothing_else(secured: Secured) -> None:

@@ -48,7 +48,7 @@ from loopfuse.schemas import parse_config
 from loopfuse.streams.engine import Engine
 from loopfuse.streams.engine.native_step import native_for
 from loopfuse.streams.replay import _replay_native
-from loopfuse.streams.worker.processor import Limits
+from loopfuse.streams.worker.outgoing import Limits
 from loopfuse.schemas.decode import DEFAULT_MAX_EVENT_BYTES
 
 lines = build_workload(40, 30, 3)

@@ -19,7 +19,8 @@ from loopfuse.schemas import ConfigError, load_config, parse_config
 from loopfuse.schemas.decode import EventRejected, decode_event
 from loopfuse.streams.engine import Engine, LoopEvent, state_codec
 from loopfuse.streams.replay import replay_lines
-from loopfuse.streams.worker.processor import Limits, SessionFold, Source
+from loopfuse.streams.worker.fold import PythonFold
+from loopfuse.streams.worker.outgoing import Limits, Source
 from tests.unit.conftest import call, result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,7 +232,7 @@ def _events(draw: Any) -> bytes:
 def test_any_json_gets_outputs_or_a_dead_letter_within_bounds(lines: list[bytes]) -> None:
     engine = Engine(parse_config({"tools": {"loopDetection": {"enabled": True}}}))
     limits = Limits(max_state_bytes=65_536)
-    folds: dict[str, SessionFold] = {}
+    folds: dict[str, PythonFold] = {}
     for number, raw in enumerate(lines, start=1):
         source = Source(line=number, value=raw)
         try:
@@ -239,7 +240,8 @@ def test_any_json_gets_outputs_or_a_dead_letter_within_bounds(lines: list[bytes]
         except EventRejected:
             continue
         fold = folds.setdefault(
-            event.key, SessionFold(engine, event.key.encode(), limits, None, None)
+            event.key,
+            PythonFold(engine=engine, key=event.key.encode(), limits=limits, base=None, state=None),
         )
         for message in fold.apply(event, source, 2_000_000_000_000, None):
             assert len(message.value) <= limits.output_budget
@@ -255,7 +257,8 @@ def test_a_state_over_its_cap_sheds_its_oldest_history() -> None:
     engine = Engine(
         parse_config({"tools": {"loopDetection": {"enabled": True, "historySize": 5000}}})
     )
-    fold = SessionFold(engine, b"s1", Limits(max_state_bytes=16_384), None, None)
+    limits = Limits(max_state_bytes=16_384)
+    fold = PythonFold(engine=engine, key=b"s1", limits=limits, base=None, state=None)
     for i in range(2_000):
         event = call(f"tool-{i % 300}-" + "n" * 400, {"i": i}, call_id=f"c{i}")
         fold.apply(event, Source(line=i), 2_000_000_000_000, None)

@@ -79,12 +79,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "loopfuse.streams.end_offsets",
         "loopfuse.streams.broker_access",
     ),
-    # offline replay: the session processor without Kafka
+    # offline replay: the session fold without Kafka
     "loopfuse.streams.replay": (
         "loopfuse.schemas",
         "loopfuse.streams.engine",
-        "loopfuse.streams.worker.processor",
-        "loopfuse.streams.worker.progress",
+        "loopfuse.streams.worker.fold",
+        "loopfuse.streams.worker.outgoing",
     ),
     "loopfuse.streams.local": (
         "loopfuse.schemas",
@@ -109,6 +109,8 @@ BASE = (
     "loopfuse.streams.ops",
     "loopfuse.streams.replay",
     "loopfuse.streams.cli",
+    "loopfuse.streams.worker.fold",
+    "loopfuse.streams.worker.outgoing",
     "loopfuse.streams.worker.processor",
     "loopfuse.streams.worker.progress",
 )

@@ -1,8 +1,8 @@
 """The worker's session fold, native and in Python: the same messages, routes, dead
 letters, notices, metrics and state bytes.
 
-processor.py folds a session on the native fold (``NativeSessionFold``) wherever
-``native_for`` accepts the engine, and on the Python one (``SessionFold``) elsewhere.
+processor.py folds a session on the native fold (``NativeFold``) wherever
+``native_for`` accepts the engine, and on the Python one (``PythonFold``) elsewhere.
 Both run here over the same records, in one process: seeded random sessions with
 hostile strings, disorder, losses and gateway restarts
 (tests/support/generated_sessions.py), with replies named (some to partitions the
@@ -26,15 +26,13 @@ from loopfuse.schemas.config import parse_config
 from loopfuse.streams.engine import Engine
 from loopfuse.streams.engine.fleet import ToolBreaker
 from loopfuse.streams.engine.native import NATIVE
+from loopfuse.streams.worker.fold import NativeFold, PythonFold
+from loopfuse.streams.worker.outgoing import RECORD_OVERHEAD_BYTES, Limits
 from loopfuse.streams.worker.processor import (
-    RECORD_OVERHEAD_BYTES,
     DictStore,
     InputRecord,
-    Limits,
     Message,
-    NativeSessionFold,
     OutputTopics,
-    SessionFold,
     SessionProcessor,
 )
 from tests.support.generated_sessions import generated_lines
@@ -192,7 +190,7 @@ def test_the_native_fold_sends_what_the_python_fold_sends(
         caplog.clear()
         python = _run(records, CONFIGS[config], limits, False, seed)
         python_log = [r.getMessage() for r in caplog.records]
-    assert native[3] == {NativeSessionFold} and python[3] == {SessionFold}
+    assert native[3] == {NativeFold} and python[3] == {PythonFold}
     assert len(native[0]) == len(python[0])
     for got, expected in zip(native[0], python[0], strict=True):
         assert got == expected
@@ -240,7 +238,7 @@ def test_the_fleet_breaker_on_both_folds(seed: int) -> None:
     }
     native = _run(records, FLEET, Limits(), True, seed, dict(broken))
     python = _run(records, FLEET, Limits(), False, seed, dict(broken))
-    assert native[3] == {NativeSessionFold} and python[3] == {SessionFold}
+    assert native[3] == {NativeFold} and python[3] == {PythonFold}
     for got, expected in zip(native[0], python[0], strict=True):
         assert got == expected
     assert native[1] == python[1] and native[2] == python[2]

@@ -14,10 +14,10 @@ import pytest
 
 from loopfuse.schemas import parse_config
 from loopfuse.streams.engine import Engine
+from loopfuse.streams.worker.outgoing import Limits
 from loopfuse.streams.worker.processor import (
     DictStore,
     InputRecord,
-    Limits,
     Message,
     OutputTopics,
     SessionProcessor,
