@@ -226,8 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     tail = sub.add_parser("tail", help="follow loop events (or verdicts) from now on")
     tail.add_argument("--bootstrap", help="Kafka bootstrap servers (LOOPFUSE_BOOTSTRAP_SERVERS)")
-    tail.add_argument("--verdicts", action="store_true", help="follow verdicts, not loop events")
-    tail.add_argument("--topic", help="topic to follow (default: the loop-events/verdicts topic)")
+    tail.add_argument(
+        "--verdicts",
+        action="store_true",
+        help="follow verdicts, not loop events (the reply topics and the verdicts topic)",
+    )
+    tail.add_argument(
+        "--topic",
+        help="follow this topic only (default: the loop-events topic; with --verdicts, every "
+        "topic verdicts go to)",
+    )
     tail.add_argument("--agent", action="append", help="only this agent id (repeatable)")
     tail.add_argument("--session", action="append", help="only this session key (repeatable)")
     tail.add_argument("--detector", action="append", help="only this detector (repeatable)")

@@ -12,8 +12,9 @@ apart from the enforced ones; the funnel counts enforced events only. A loop eve
 crash) carries the id of the first: it is counted once, and the summary says how many
 such duplicates were dropped.
 
-Every string in a loop event comes from an agent: the terminal shows it through
-``ops/plain`` (never as rich markup), the report through ``textContent``.
+Every string in a loop event comes from an agent: the terminal and the report show it
+through ``ops/plain`` (controls, bidi and other format characters escaped), the
+terminal never as rich markup, the report only through ``textContent``.
 """
 
 from __future__ import annotations
@@ -109,8 +110,15 @@ async def loop_events_from_topic(
 
 
 def _event_ts(event: dict[str, Any]) -> int | None:
+    """The event's time, any integer (one no date can hold included), else None."""
     ts = event.get("event_ts")
     return ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+
+
+def _json_time(ts: int | None) -> int | str | None:
+    """A time as the report's data carries it: a number when it is a date, else its
+    digits as text (JSON numbers past 2**53 lose digits in the page's JavaScript)."""
+    return str(ts) if ts is not None and not plain.is_date(ts) else ts
 
 
 def in_range(event: dict[str, Any], since_ms: int | None, until_ms: int | None) -> bool:
@@ -172,7 +180,8 @@ class AuditSummary:
     runs: dict[tuple[str, str], _Tally] = field(default_factory=dict)
     funnel_sessions: dict[str, set[str]] = field(default_factory=dict)
     shadow_actions: Counter[str] = field(default_factory=Counter)
-    times: list[tuple[int, str]] = field(default_factory=list)  # (event_ts, detector)
+    # (event_ts, detector) of each loop event whose time is a date (plain.is_date)
+    times: list[tuple[int, str]] = field(default_factory=list)
     # Every id counted: no bound, as the summary itself already grows with the events.
     seen: set[str] = field(default_factory=set)
 
@@ -224,7 +233,8 @@ class AuditSummary:
         if ts is not None:
             state.first_ts = ts if state.first_ts is None else min(state.first_ts, ts)
             state.last_ts = ts if state.last_ts is None else max(state.last_ts, ts)
-            self.times.append((ts, detector))
+            if plain.is_date(ts):
+                self.times.append((ts, detector))
         if shadow:
             self.shadow += 1
             self.shadow_actions[action] += 1
@@ -253,8 +263,10 @@ class AuditSummary:
 
     def timeline(self) -> dict[str, Any]:
         """Loop events per time bucket and detector (enforced and shadow alike), at most
-        MAX_BUCKETS + 1 buckets whatever the span: two events years apart (or a time an
-        older worker let through) make wide buckets, not millions of them."""
+        MAX_BUCKETS + 1 buckets whatever the span: two events years apart make wide
+        buckets, not millions of them. A loop event without a time a date can hold (an
+        older worker let any through) is counted in the totals as ``undated`` and is
+        not on the chart: -2**63 ms would stretch it over 292 million years."""
         if not self.times:
             return {"start_ms": None, "bucket_s": 0, "buckets": 0, "series": {}}
         start = min(ts for ts, _ in self.times)
@@ -297,6 +309,7 @@ class AuditSummary:
                 "tools": len(self.by_tool),
                 "skipped": self.skipped,
                 "duplicates": self.duplicates,
+                "undated": self.total - len(self.times),
             },
             "by_detector": table(self.by_detector),
             "by_agent": table(self.by_agent, top),
@@ -318,8 +331,8 @@ class AuditSummary:
                     **s.tally.row(),
                     "max_count": s.max_count,
                     "detectors": dict(s.detectors.most_common()),
-                    "first_ts": s.first_ts,
-                    "last_ts": s.last_ts,
+                    "first_ts": _json_time(s.first_ts),
+                    "last_ts": _json_time(s.last_ts),
                 }
                 for key, s in sessions[:session_rows]
             ],
@@ -369,6 +382,11 @@ def render_terminal(data: dict[str, Any], console: Console, source: str) -> None
         )
     if totals["skipped"]:
         say(f"skipped {totals['skipped']} loop events without detector/action/session")
+    if totals["undated"]:
+        say(
+            f"{totals['undated']} loop events without a time a date can hold (none, before "
+            "1970 or after year 9999): counted, not on the time chart"
+        )
     if not totals["loop_events"]:
         return
     say("columns: total = enforced loop events (warn+block+abort+allow); shadow = enforced: false")
@@ -380,10 +398,7 @@ def render_terminal(data: dict[str, Any], console: Console, source: str) -> None
         _count_table(_top("tools", totals["tools"], data["by_tool"]), "tool", data["by_tool"])
     )
     console.print(_count_table("top sessions", "session", data["top_sessions"], extra="agent"))
-    runs = [
-        {**row, "name": f"{plain.shown(row['session'])} / {plain.shown(row['run'])}"}
-        for row in data["top_runs"]
-    ]
+    runs = [{**row, "name": f"{row['session']} / {row['run']}"} for row in data["top_runs"]]
     console.print(_count_table("top runs", "session / run", runs))
     funnel = Table(title="funnel (enforced)", title_justify="left")
     funnel.add_column("stage")

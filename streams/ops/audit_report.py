@@ -7,9 +7,12 @@ terminal tables come from). Every number it shows carries a ``data-metric`` key,
 a script error is written into ``#report-errors`` and into the page title, so a
 test (or a human) sees at once that something did not render.
 
-The agents' strings reach the page only as JSON data and ``textContent``. Should an
-escaping bug ever let markup through, the Content-Security-Policy still runs no
-script but the page's own (allowed by its SHA-256, not by ``'unsafe-inline'``).
+The agents' strings reach the page only as JSON data and ``textContent``, each shown
+through ``ops/plain`` first (:func:`render_html`, the one place): a bidi override or
+any other control or format character is written as its escape (``\\u202e``), so a tool
+named ``exec\\u202etxt.exe`` cannot pass for ``exe.txt``. Should an escaping bug ever let
+markup through, the Content-Security-Policy still runs no script but the page's own
+(allowed by its SHA-256, not by ``'unsafe-inline'``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from loopfuse.streams.ops.plain import shown
+from loopfuse.streams.ops.plain import shown, shown_all
 
 _CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#dde2ea; --bg:#f6f7fa; --card:#fff; }
@@ -105,6 +108,7 @@ _JS = r"""
   function shownTime(ms) {
     return typeof ms === "number" && isFinite(ms) && ms >= MIN_MS && ms <= MAX_MS;
   }
+  // A time no date can hold comes as its digits (a string): shown as its number.
   function time(ms) {
     if (ms === null || ms === undefined) return "-";
     if (!shownTime(ms)) return String(ms) + " ms";
@@ -141,8 +145,7 @@ _JS = r"""
     var max = Math.max.apply(null, rows.map(function (r) { return r.total + r.shadow; }).concat([1]));
     rows.forEach(function (row, i) {
       var y = 4 + i * rowH, x = left, scale = (width - left - 60) / max;
-      var label = row.name.length > 26 ? row.name.slice(0, 25) + "\u2026" : row.name;
-      chart.appendChild(svg("text", { x: left - 6, y: y + 14, "text-anchor": "end" }, label));
+      chart.appendChild(svg("text", { x: left - 6, y: y + 14, "text-anchor": "end" }, row.label));
       ["warn", "block", "abort", "allow", "shadow"].forEach(function (part) {
         var w = row[part] * scale;
         if (w <= 0) return;
@@ -164,7 +167,12 @@ _JS = r"""
     var width = 1100, height = 260, left = 44, bottom = 28, top = 10;
     var chart = svg("svg", { viewBox: "0 0 " + width + " " + height, role: "img", "class": "chart wide" });
     holder.appendChild(chart);
-    if (!t.buckets) { holder.appendChild(el("p", { "class": "muted" }, "no loop events")); return; }
+    var undated = data.totals.undated ? "; " + data.totals.undated +
+      " loop events without a time a date can hold are not on the chart" : "";
+    if (!t.buckets) {
+      holder.appendChild(el("p", { "class": "muted" }, "no loop events with a date" + undated));
+      return;
+    }
     var sums = [];
     for (var b = 0; b < t.buckets; b++) {
       sums.push(names.reduce(function (s, n) { return s + t.series[n][b]; }, 0));
@@ -210,7 +218,8 @@ _JS = r"""
     });
     holder.appendChild(legend);
     holder.appendChild(el("p", { "class": "muted" },
-      "bucket " + bucketWidth(t.bucket_s) + ", from " + time(t.start_ms) + " UTC; enforced and shadow events"));
+      "bucket " + bucketWidth(t.bucket_s) + ", from " + time(t.start_ms) + " UTC; enforced and shadow events" +
+      undated));
   }
 
   function funnel(data) {
@@ -272,6 +281,7 @@ _JS = r"""
     function value(row, key) {
       if (key === "detectors") return Object.keys(row.detectors).join(",");
       var v = row[key];
+      if (typeof v === "string" && key.slice(-3) === "_ts") return Number(v);
       return v === null || v === undefined ? -Infinity : v;
     }
     function draw() {
@@ -410,8 +420,18 @@ def _json_for_script(data: Any) -> str:
     return orjson.dumps(data).decode().replace("<", "\\u003c")
 
 
+#: Characters of an agent's or a tool's name beside its bar (the table has it whole).
+LABEL_CHARS = 26
+
+
 def render_html(data: dict[str, Any], *, source: str) -> str:
-    """The report page for one ``AuditSummary.to_dict()``."""
+    """The report page for one ``AuditSummary.to_dict()``: every string in it shown
+    through ``ops/plain``, names beside bars cut whole."""
+    shown_data = shown_all(data, None)
+    assert isinstance(shown_data, dict)
+    for rows in ("by_agent", "by_tool"):
+        for row, raw in zip(shown_data[rows], data[rows], strict=True):
+            row["label"] = shown(raw["name"], LABEL_CHARS)
     totals = data["totals"]
     # the source is a path or a topic: shown escaped, as a file name may hold anything
     subtitle = (
@@ -420,5 +440,9 @@ def render_html(data: dict[str, Any], *, source: str) -> str:
         f"shadow {totals['shadow']}"
     )
     return _PAGE.format(
-        csp=CSP, css=_CSS, js=_JS, subtitle=html.escape(subtitle), data=_json_for_script(data)
+        csp=CSP,
+        css=_CSS,
+        js=_JS,
+        subtitle=html.escape(subtitle),
+        data=_json_for_script(shown_data),
     )

@@ -25,11 +25,15 @@ What it guarantees, and how:
 * **Bounded.** At most ``max_pending`` records are held; beyond that reading
   pauses (the consumer stays in its group), so an outage makes records wait
   uncommitted on the broker, never dropped.
-* **Inert text.** Every string of a loop event comes from an agent: in ``text``
-  each is shown as escaped plain text (:func:`loopfuse.streams.ops.plain.shown`)
-  and then ``&``, ``<``, ``>`` are escaped, Slack's rule, so no value can mention,
-  ping or link. The ``loop_event`` posted is an allow-list of fields: never the
-  config, never the call's ``args`` unless ``include_args`` (``--include-args``).
+* **Inert, bounded text.** Every string of a loop event comes from an agent: each
+  string a post carries (in ``text`` and in ``loop_event``, object keys too) is shown
+  as escaped plain text (:func:`loopfuse.streams.ops.plain.shown`) with the
+  characters chats read as markup in an inert form (:data:`CHAT_MARKUP`), so no value
+  can mention, ping, link or load an image in Slack, Mattermost or Rocket.Chat; each
+  is cut at :data:`ID_CHARS` (a message at :data:`MESSAGE_CHARS`) and a post never
+  passes :data:`MAX_POST_BYTES`. The ``loop_event`` posted is an allow-list of
+  fields: never the config, never the call's ``args`` unless ``include_args``
+  (``--include-args``).
 
 The webhook URL is a secret (Slack's carries its token): it is taken from the
 environment or a file, never the command line, and never printed.
@@ -61,7 +65,7 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loopfuse.streams.broker_access import explain
-from loopfuse.streams.ops.plain import shown
+from loopfuse.streams.ops.plain import Markup, shown, shown_all
 from loopfuse.streams.ops.topic_reader import TopicRecord
 
 log = logging.getLogger("loopfuse.notify")
@@ -70,9 +74,31 @@ MAX_BACKOFF_SECONDS = 30.0
 #: A Retry-After beyond this is taken as this (a misconfigured endpoint must not
 #: silence notifications for a day).
 MAX_RETRY_AFTER_SECONDS = 300.0
-#: Characters of one identifier, and of the message, in ``text``.
+#: Characters of one string a post carries (an identifier, a key, a value of ``args``),
+#: and of the message, after escaping.
 ID_CHARS = 200
 MESSAGE_CHARS = 1_000
+#: Bytes of one post at most. What ``text`` and ``coalesced`` can hold stays far below
+#: it (``text`` measured 8,864 bytes with every string cut, 4 bytes a character);
+#: ``loop_event``'s values, largest first, are left out (:data:`LEFT_OUT`) until the
+#: post fits.
+MAX_POST_BYTES = 32_768
+LEFT_OUT = "(left out: the post would pass its size cap)"
+#: What chats read as markup in a post's text, each shown inert. ``<`` ``&`` ``>``:
+#: Slack's ``<!channel>``, ``<@U123>``, ``<url|label>`` and Markdown's autolinks
+#: ``<https://…>`` (as entities, which Slack and Markdown show as typed); ``[``:
+#: Markdown links and images, ``[label](url)``, ``![alt](src)``, ``[label][ref]``;
+#: ``@``: mentions in Mattermost and Rocket.Chat (``@channel``, ``@all``, ``@user``) and
+#: e-mail autolinks; a backslash: Markdown reads ``\\`` as one, so an escape shown
+#: would no longer be told from the agent's own text.
+CHAT_MARKUP: Markup = {
+    "&": "&amp;",
+    "<": "&lt;",
+    ">": "&gt;",
+    "[": "\\x5b",
+    "@": "\\x40",
+    "\\": "\\x5c",
+}
 
 #: The loop-event fields a post carries (schemas.events.LoopEvent minus ``config``,
 #: which is noise in a chat, and ``args``, which may hold secrets: see include_args).
@@ -197,20 +223,16 @@ class NotifyMetrics:
 # -- what is posted ------------------------------------------------------------------------
 
 
-def slack_escaped(value: object, limit: int = ID_CHARS) -> str:
-    """``value`` as inert text in a Slack message: plain, then ``&`` ``<`` ``>`` escaped.
-
-    ``<...>`` is Slack's only markup that reaches anyone (``<!channel>``, ``<@U123>``,
-    ``<url|label>``); with those three escaped it shows as typed.
-    """
-    text = shown(value, limit)
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def inert(value: object, limit: int = ID_CHARS) -> str:
+    """``value`` as inert text in a chat message: plain (``ops/plain``), the characters
+    of :data:`CHAT_MARKUP` in their inert form, at most ``limit`` characters."""
+    return shown(value, limit, CHAT_MARKUP)
 
 
 def slack_text(event: Mapping[str, Any], repeats: int = 1, span_ms: int = 0) -> str:
     """What a human reads in the channel: one line, the repeats, the message."""
     where = ", ".join(
-        f"{label} {slack_escaped(event[key])}"
+        f"{label} {inert(event[key])}"
         for label, key in (
             ("agent", "agent_id"),
             ("session", "session_key"),
@@ -221,27 +243,49 @@ def slack_text(event: Mapping[str, Any], repeats: int = 1, span_ms: int = 0) -> 
     )
     shadow = " (shadow mode: allowed)" if event.get("enforced") is False else ""
     lines = [
-        f":rotating_light: loopfuse {slack_escaped(str(event.get('action', '?')).upper())}"
-        f"{shadow}: {slack_escaped(event.get('detector'))} "
-        f"(count {slack_escaped(event.get('count'))}) - {where}"
+        f":rotating_light: loopfuse {inert(str(event.get('action', '?')).upper())}"
+        f"{shadow}: {inert(event.get('detector'))} "
+        f"(count {inert(event.get('count'))}) - {where}"
     ]
     if repeats > 1:
         lines.append(
             f"{repeats} loop events like this in {span_ms / 1000:.1f} s (this is the last)"
         )
     if event.get("message"):
-        lines.append(slack_escaped(event["message"], MESSAGE_CHARS))
+        lines.append(inert(event["message"], MESSAGE_CHARS))
     return "\n".join(lines)
 
 
 def posted_event(event: Mapping[str, Any], include_args: bool = False) -> dict[str, Any]:
-    """The loop event as posted: the allow-listed fields (``args`` only if asked)."""
+    """The loop event as posted: the allow-listed fields (``args`` only if asked), every
+    string in them inert and cut (:func:`inert`; the message at MESSAGE_CHARS)."""
     # In the event's own order: the post reads like the record on the topic.
     return {
-        name: value
+        name: shown_all(value, MESSAGE_CHARS if name == "message" else ID_CHARS, CHAT_MARKUP)
         for name, value in event.items()
         if name in POSTED_FIELDS or (include_args and name == "args")
     }
+
+
+def post_body(document: dict[str, Any]) -> bytes:
+    """``document`` (``text``, ``loop_event``, ...) as JSON of at most MAX_POST_BYTES:
+    the largest values of its ``loop_event`` are left out until it fits."""
+    body = orjson.dumps(document)
+    if len(body) <= MAX_POST_BYTES:
+        return body
+    event = dict(document["loop_event"])
+    note = orjson.dumps(LEFT_OUT)
+    sizes = sorted(
+        ((len(orjson.dumps(value)), name) for name, value in event.items()), reverse=True
+    )
+    for size, name in sizes:
+        if size <= len(note):
+            break
+        event[name] = LEFT_OUT
+        body = orjson.dumps({**document, "loop_event": event})
+        if len(body) <= MAX_POST_BYTES:
+            break
+    return body
 
 
 def critical_loop_event(value: bytes | None) -> tuple[dict[str, Any] | None, bool]:
@@ -409,15 +453,16 @@ class Notification:
                 span = max(0, last_ts - first_ts)
             document["coalesced"] = {
                 "events": len(self.events),
-                "first_event_id": first.get("event_id"),
-                "first_event_ts": first_ts,
+                "first_event_id": shown_all(first.get("event_id"), ID_CHARS, CHAT_MARKUP),
+                "first_event_ts": shown_all(first_ts, ID_CHARS, CHAT_MARKUP),
             }
         document = {"text": slack_text(last, len(self.events), span), **document}
-        return orjson.dumps(document)
+        return post_body(document)
 
 
 class DeadLetterFile:
-    """Loop events whose post was given up, one JSON line each, on disk before commit."""
+    """Loop events whose post was given up, one JSON line each as it was posted (its
+    topic, partition and offset find the record itself), on disk before commit."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -1,6 +1,7 @@
 """``loopfuse tail``: loop events (or verdicts) as they are published, one line each.
 
-Follows every partition of the topic from its end (no consumer group, nothing
+Follows every partition of the loop-events topic (or of every topic verdicts go to:
+the reply topics and the verdicts topic) from its end (no consumer group, nothing
 committed), so any number of operators can tail alongside the workers. Filters by
 agent, session and detector; a record that is not a loop event / verdict is skipped
 with a note on stderr, never a crash. A record delivered again (its ``event_id`` /
@@ -8,7 +9,7 @@ with a note on stderr, never a crash. A record delivered again (its ``event_id``
 
 Every field of a record comes from an agent: each is written through ``ops/plain``, so
 one record is one line of plain text whatever it holds (no control byte reaches the
-terminal), and a time no ``datetime`` can hold is shown as its number.
+terminal), and a time no date can hold is shown as its number of milliseconds.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import argparse
 import asyncio
 import sys
 from collections import OrderedDict
-from datetime import UTC, datetime
 from typing import IO, Any
 
 import orjson
 
 from loopfuse.streams.broker_access import explain
-from loopfuse.streams.ops.plain import shown
+from loopfuse.streams.ops.plain import shown, shown_time
 
 MESSAGE_CHARS = 120
 #: Ids remembered to drop a record delivered again. Redelivery repeats what a worker
@@ -31,17 +31,6 @@ MESSAGE_CHARS = 120
 #: bound keeps a tail that runs for weeks at a few MB.
 SEEN_IDS = 50_000
 _TIME_WIDTH = 23
-
-
-def _time(ms: Any) -> str:
-    if not isinstance(ms, int) or isinstance(ms, bool):
-        return "-" * _TIME_WIDTH
-    try:
-        moment = datetime.fromtimestamp(ms / 1000, UTC)
-    except (OverflowError, ValueError, OSError):
-        # after year 9999 (or before year 1): a loop event from before ts was bounded
-        return f"{ms} ms".ljust(_TIME_WIDTH)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:_TIME_WIDTH]
 
 
 def _field(value: Any, width: int = 0) -> str:
@@ -56,12 +45,12 @@ def format_line(record: dict[str, Any]) -> str:
     shadow = " (shadow)" if record.get("enforced") is False else ""
     return "  ".join(
         (
-            _time(record.get("event_ts")),
+            shown_time(record.get("event_ts")).ljust(_TIME_WIDTH),
             _field(record.get("session_key")),
             _field(record.get("run_id")),
             _field(record.get("agent_id")),
             _field(record.get("tool_name")),
-            _field(shown(str(record.get("action", "?")).upper()) + shadow, 5),
+            (shown(str(record.get("action", "?")).upper()) + shadow).ljust(5),
             _field(record.get("detector"), 22),
             f"count={shown(record.get('count', '-'))}",
             message,
@@ -108,10 +97,16 @@ class Filters:
 
     def match(self, record: dict[str, Any]) -> bool:
         return (
-            (not self.agents or record.get("agent_id") in self.agents)
-            and (not self.sessions or record.get("session_key") in self.sessions)
-            and (not self.detectors or record.get("detector") in self.detectors)
+            _among(record.get("agent_id"), self.agents)
+            and _among(record.get("session_key"), self.sessions)
+            and _among(record.get("detector"), self.detectors)
         )
+
+
+def _among(value: Any, wanted: set[str]) -> bool:
+    """Whether a field passes a filter: any value when there is none, else one of its
+    strings (a field holding an object, an array or a number is none of them)."""
+    return not wanted or (isinstance(value, str) and value in wanted)
 
 
 def parse_record(value: bytes, kind: str) -> dict[str, Any] | None:
@@ -127,7 +122,7 @@ def parse_record(value: bytes, kind: str) -> dict[str, Any] | None:
 
 async def tail(
     bootstrap: str,
-    topic: str,
+    topics: tuple[str, ...],
     kind: str,
     filters: Filters,
     out: IO[str],
@@ -137,9 +132,11 @@ async def tail(
 ) -> int:
     from loopfuse.streams.ops.topic_reader import follow
 
+    names = ", ".join(topics)
+
     def ready(partitions: int) -> None:
         print(
-            f"tail: following {topic} ({partitions} partitions) from the end; Ctrl-C to stop",
+            f"tail: following {names} ({partitions} partitions) from the end; Ctrl-C to stop",
             file=sys.stderr,
             flush=True,
         )
@@ -147,12 +144,12 @@ async def tail(
     lines = 0
     seen = SeenIds()
     id_field = "verdict_id" if kind == "verdict" else "event_id"
-    stream = follow(bootstrap, topic, kafka_options=kafka_options, on_ready=ready)
+    stream = follow(bootstrap, topics, kafka_options=kafka_options, on_ready=ready)
     try:
         async for value in stream:
             record = parse_record(value, kind)
             if record is None:
-                print(f"tail: skipped a record on {topic} that is not a {kind}", file=sys.stderr)
+                print(f"tail: skipped a record on {names} that is not a {kind}", file=sys.stderr)
                 continue
             if seen.again(record.get(id_field)) or not filters.match(record):
                 continue
@@ -167,17 +164,22 @@ async def tail(
 
 
 def run_tail(args: argparse.Namespace) -> int:
-    from loopfuse.streams.ops.topic_reader import TopicMissing, reader_settings
+    from loopfuse.streams.ops.topic_reader import TopicMissing, reader_settings, verdict_topics
 
     settings = reader_settings(args.bootstrap)
     kind = "verdict" if args.verdicts else "loop_event"
-    topic = args.topic or (settings.topic_verdicts if args.verdicts else settings.topic_loop_events)
+    if args.topic:
+        topics: tuple[str, ...] = (args.topic,)
+    elif args.verdicts:
+        topics = verdict_topics(settings)
+    else:
+        topics = (settings.topic_loop_events,)
     filters = Filters(args.agent, args.session, args.detector)
     try:
         return asyncio.run(
             tail(
                 settings.bootstrap_servers,
-                topic,
+                topics,
                 kind,
                 filters,
                 sys.stdout,

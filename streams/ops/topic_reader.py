@@ -2,7 +2,7 @@
 
 ``loopfuse audit`` reads a snapshot (every partition from a time to the end offsets as
 they were when it started, then stop) and ``loopfuse tail`` follows every partition
-from the end, forever; neither uses a consumer group, so readers never disturb each
+of its topics from the end, forever (:func:`verdict_topics` says where verdicts go); neither uses a consumer group, so readers never disturb each
 other or the workers, and nothing is committed. ``loopfuse notify`` must not lose a
 record across restarts, so it reads with a consumer group of its own
 (:class:`GroupReader`) and commits what it has dealt with.
@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from loopfuse.streams.settings import Settings
 
 log = logging.getLogger("loopfuse.topic_reader")
+
+
+def verdict_topics(settings: Settings) -> tuple[str, ...]:
+    """Every topic the worker writes verdicts to: each reply topic (a call that names
+    one in ``reply_to`` is answered there) and the verdicts topic (every other call)."""
+    return (*settings.reply_topic_names, settings.topic_verdicts)
 
 
 def reader_settings(bootstrap: str | None) -> Settings:
@@ -133,13 +139,13 @@ async def read_snapshot(
 
 async def follow(
     bootstrap: str,
-    topic: str,
+    topics: tuple[str, ...],
     *,
     kafka_options: dict[str, Any] | None = None,
     on_ready: Callable[[int], None] | None = None,
     wait_for_topic: float = 30.0,
 ) -> AsyncGenerator[bytes, None]:
-    """Record values of ``topic`` published from now on, as they arrive (never ends).
+    """Record values of ``topics`` published from now on, as they arrive (never ends).
 
     ``on_ready(partitions)`` is called once every partition's end is resolved: from
     then on nothing published is missed, and nothing published before is shown.
@@ -147,7 +153,8 @@ async def follow(
     consumer = _consumer(bootstrap, kafka_options or {})
     try:
         await consumer.start()  # inside: a refused start still closes the consumer
-        tps = await _assign_all(consumer, topic, wait_for_topic)
+        tps = [tp for topic in topics for tp in await _partitions(consumer, topic, wait_for_topic)]
+        consumer.assign(tps)
         ends = await fetch_end_offsets(consumer, tps)
         for tp in tps:
             consumer.seek(tp, ends[tp])

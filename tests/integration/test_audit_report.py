@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,44 @@ async def test_report_runs_its_own_script_only(tmp_path: Path) -> None:
     assert seen["rendered"] == "true" and seen["errors"] == "" and seen["owned"] == "undefined"
     assert seen_injected["rendered"] == "true" and seen_injected["injected"] == ""
     assert [url for url in requests if not url.startswith("file://")] == []
+
+
+SHOWN_TEXT = """(() => ({rendered: document.body.dataset.rendered || "",
+  errors: document.getElementById("report-errors").textContent,
+  labels: [...document.querySelectorAll("svg text, svg title")].map(n => n.textContent),
+  cells: [...document.querySelectorAll("td, th, .legend")].map(n => n.textContent)}))()"""
+
+
+async def test_report_shows_bidi_and_format_characters_escaped_and_any_time(
+    tmp_path: Path,
+) -> None:
+    base = fixture_records("loop_event")[0]
+    marks = "\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c\u200b"
+    events = [
+        {
+            **base,
+            "event_id": "bidi",
+            "tool_name": "exec\u202etxt.exe",
+            "agent_id": f"a{marks}",
+            "session_key": f"s{marks}",
+            "detector": f"d{marks}",
+        },
+        # times no date can hold: counted, the report still written, shown as numbers
+        {**base, "event_id": "past", "session_key": "past", "event_ts": -(2**63)},
+        {**base, "event_id": "future", "session_key": "future", "event_ts": 2**63},
+    ]
+    report = _report(tmp_path, "bidi", events)
+
+    async with chromium_page() as page:
+        await page.open(report.as_uri())
+        seen = await page.evaluate(SHOWN_TEXT)
+        times = await page.evaluate(RENDERED)
+        exceptions = page.exceptions
+
+    assert seen["rendered"] == "true" and seen["errors"] == "", seen["errors"]
+    shown = seen["labels"] + seen["cells"]
+    assert [c for text in shown for c in text if unicodedata.category(c) in ("Cc", "Cf")] == []
+    assert "exec\\u202etxt.exe" in seen["cells"]  # the tools table
+    assert "exec\\u202etxt.exe" in seen["labels"]  # beside its bar
+    assert "-9223372036854775808 ms" in times["times"] and f"{2**63} ms" in times["times"]
+    assert not exceptions

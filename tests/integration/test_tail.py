@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import sys
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
+from loopfuse.streams.gateway.client import GatewayClient, Topics
+from loopfuse.streams.local.worker_process import WorkerProcess
+from loopfuse.streams.settings import Settings
 from tests.fixtures.hostile_strings import as_json, hostile_loop_events
+from tests.support.harness import new_topics, unique, worker_settings
 from tests.support.kafka import fixture_records, new_topic, produce
 from tests.support.terminal import foreign_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def _start_tail(*args: str) -> asyncio.subprocess.Process:
+async def _start_tail(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -25,6 +32,7 @@ async def _start_tail(*args: str) -> asyncio.subprocess.Process:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=ROOT,
+        env=None if env is None else {**os.environ, **env},
     )
     assert process.stderr is not None
     line = await asyncio.wait_for(process.stderr.readline(), 60)
@@ -52,11 +60,13 @@ async def test_tail_follows_loop_events_from_the_end(kafka_bootstrap: str) -> No
     wanted = {**fresh[0], "agent_id": "ops-bot", "message": "line one\nline two " + "x" * 300}
     other = {**fresh[1], "agent_id": "someone-else"}
     shadow = {**fresh[2], "agent_id": "ops-bot", "enforced": False}
+    # fields holding objects and arrays match no filter, and the stream goes on
+    odd = {**fresh[3], "agent_id": {"name": "ops-bot"}, "session_key": ["s"], "detector": {}}
 
     process = await _start_tail(
         "--bootstrap", kafka_bootstrap, "--topic", topic, "--agent", "ops-bot", "--count", "2"
     )
-    await produce(kafka_bootstrap, topic, [other, b"not json", wanted, shadow])
+    await produce(kafka_bootstrap, topic, [other, b"not json", odd, wanted, shadow])
     lines, err = await _finish(process)
 
     assert len(lines) == 2
@@ -141,3 +151,50 @@ async def _produce_raw(bootstrap: str, topic: str, values: list[bytes]) -> None:
         await asyncio.gather(*[await producer.send(topic, value, key=b"s") for value in values])
     finally:
         await producer.stop()
+
+
+@pytest.mark.timeout(300)
+async def test_tail_verdicts_follows_the_reply_topics_and_the_verdicts_topic(
+    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path: Path
+) -> None:
+    """A worker with the default reply routing answers a routing gateway on the reply
+    topic and a v1 gateway on the verdicts topic: ``tail --verdicts`` shows both."""
+    roles = new_topics()
+    settings = worker_settings(
+        kafka_bootstrap, kafka_broker_kind, roles, unique("tail-test"), tmp_path / "data"
+    )
+    (replies,) = Settings().reply_topic_names  # the default: loopfuse.replies
+    routed = Topics(
+        roles["tool_calls"], roles["tool_results"], roles["compactions"], roles["verdicts"], replies
+    )
+    v1 = dataclasses.replace(routed, replies=None)
+    routed_key, v1_key = unique("routed"), unique("v1")
+    worker = WorkerProcess(settings, log_path=tmp_path / "worker.log").start()
+    try:
+        worker.wait_ready(90)
+        process = await _start_tail(
+            "--bootstrap",
+            kafka_bootstrap,
+            "--verdicts",
+            "--session",
+            routed_key,
+            "--session",
+            v1_key,
+            "--count",
+            "2",
+            env={"LOOPFUSE_TOPIC_VERDICTS": roles["verdicts"]},
+        )
+        async with (
+            GatewayClient(kafka_bootstrap, topics=routed, timeout=60) as gateway,
+            GatewayClient(kafka_bootstrap, topics=v1, timeout=60) as old,
+        ):
+            first = await gateway.session(routed_key, run_id="run-1").check("read", {"p": 1})
+            second = await old.session(v1_key, run_id="run-1").check("read", {"p": 2})
+        lines, _ = await _finish(process)
+    finally:
+        worker.stop()
+
+    assert (first.action, second.action) == ("allow", "allow")
+    # the routing gateway reads only its reply topic: its verdict was routed there
+    assert sorted(line.split()[2] for line in lines) == sorted([routed_key, v1_key])
+    assert all(line.split()[6] == "ALLOW" for line in lines)

@@ -31,7 +31,7 @@ async def test_tail_starts_at_the_end_after_a_batch(
     old, (new,) = critical_loop_events(100, "old"), critical_loop_events(1, "new")
     await produce(bootstrap, topic, old)  # one producer batch
     out = io.StringIO()
-    reading = asyncio.create_task(tail(bootstrap, topic, "loop_event", Filters(), out, count=1))
+    reading = asyncio.create_task(tail(bootstrap, (topic,), "loop_event", Filters(), out, count=1))
     await asyncio.sleep(3)  # tail resolves the end, then waits
     await produce(bootstrap, topic, [new])
     await asyncio.wait_for(reading, 30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import resource
 import subprocess
 import sys
+import unicodedata
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,8 @@ import orjson
 import pytest
 
 from loopfuse.streams.cli import main
-from loopfuse.streams.ops.audit import AuditSummary, parse_time
+from loopfuse.streams.ops.audit import AuditSummary, loop_events_from_lines, parse_time
+from loopfuse.streams.ops.audit_report import render_html
 
 
 def _event(
@@ -130,13 +132,71 @@ def test_a_redelivered_loop_event_is_counted_once_and_the_drop_is_said(
 
 def test_the_timeline_has_at_most_61_buckets_whatever_the_span() -> None:
     year_ms = 365 * 86_400_000
-    for times in ([0, 3 * year_ms], [1_796_032_800_000, 2**53 - 1], [5, 5], [0, 60 * 86_400_000]):
+    last_date = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+    for times in ([0, 3 * year_ms], [1_796_032_800_000, last_date], [5, 5], [0, 60 * 86_400_000]):
         events = [_event(f"s{i}", "block", event_ts=ts) for i, ts in enumerate(times)]
         timeline = AuditSummary.of(events).to_dict()["timeline"]
         assert 1 <= timeline["buckets"] <= 61, (times, timeline["bucket_s"])
         assert sum(timeline["series"]["generic_repeat"]) == len(times)
         last = timeline["start_ms"] + timeline["buckets"] * timeline["bucket_s"] * 1000
         assert timeline["start_ms"] <= min(times) and max(times) < last
+
+
+def test_a_time_no_date_can_hold_is_counted_and_shown_as_its_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = [orjson.dumps(_event("dated", "warn", event_ts=1_796_032_800_000))]
+    for i, ts in enumerate((-(2**63), 2**63, 2**64 - 1, -1, 2**53 - 1)):
+        lines.append(orjson.dumps(_event(f"s{i}", "block", event_id=f"e{i}", event_ts=ts)))
+    for i, ts in enumerate((b"1e300", b"-1e400", b"-184467440737095516160", b'"NaN"')):
+        lines.append(
+            b'{"type":"loop_event","session_key":"x%d","detector":"generic_repeat",'
+            b'"action":"warn","event_ts":%s}' % (i, ts)
+        )
+    events, report = tmp_path / "e.jsonl", tmp_path / "r.html"
+    events.write_bytes(b"\n".join(lines) + b"\n")
+
+    assert main(["audit", str(events), "--html", str(report)]) == 0
+    out = capsys.readouterr().out
+    # -1e400 is no JSON a reader takes (infinity): that line is skipped
+    assert out.startswith("loop events: 9 from ")
+    assert "8 loop events without a time a date can hold" in out
+    data = AuditSummary.of(loop_events_from_lines(events.open("rb"))).to_dict()
+    assert data["totals"]["undated"] == 8
+    assert data["timeline"]["buckets"] == 1 and data["timeline"]["series"]["generic_repeat"] == [1]
+    times = {row["session"]: row["first_ts"] for row in data["sessions"]}
+    assert times["dated"] == 1_796_032_800_000  # a date: a number, drawn as a date
+    assert times["s0"] == "-9223372036854775808" and times["s1"] == str(2**63)  # digits, exact
+    assert times["x0"] is None and times["x3"] is None  # no integer time at all
+    assert "-9223372036854775808" in report.read_text()
+
+
+def test_top_runs_are_escaped_once(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    events = tmp_path / "e.jsonl"
+    events.write_bytes(orjson.dumps(_event("s\x1b[2J", "warn", run_id="r\u202e")) + b"\n")
+    assert main(["audit", str(events)]) == 0
+    out = capsys.readouterr().out
+    assert "s\\x1b[2J / r\\u202e" in out and "\\\\" not in out
+
+
+def test_the_report_shows_every_agent_string_escaped(tmp_path: Path) -> None:
+    hidden = (
+        "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c\u200b\ufeff\x1b"
+    )
+    events = [
+        _event(
+            f"sess{hidden}",
+            "block",
+            detector=f"det{hidden}",
+            agent_id=f"agent{hidden}",
+            tool_name="exec\u202etxt.exe",
+            run_id=f"run{hidden}",
+        )
+    ]
+    data = AuditSummary.of(events).to_dict()
+    page = render_html(data, source="e.jsonl")
+    assert [c for c in page if unicodedata.category(c) in ("Cc", "Cf") and c != "\n"] == []
+    assert "exec\\\\u202etxt.exe" in page  # in the JSON data: the escape, as text
 
 
 def test_a_since_too_far_back_is_one_line_not_a_traceback(

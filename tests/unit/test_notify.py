@@ -19,7 +19,17 @@ import pytest
 from prometheus_client import start_http_server
 
 from loopfuse.streams.cli import main
-from loopfuse.streams.ops.notify import DeadLetterFile, Delivery, Notifier, Shaping, TokenBucket
+from loopfuse.streams.ops.notify import (
+    ID_CHARS,
+    LEFT_OUT,
+    MAX_POST_BYTES,
+    MESSAGE_CHARS,
+    DeadLetterFile,
+    Delivery,
+    Notifier,
+    Shaping,
+    TokenBucket,
+)
 from loopfuse.streams.ops.topic_reader import TopicRecord
 from tests.support.kafka import fixture_records
 from tests.support.webhook import Webhook, critical_loop_events
@@ -121,15 +131,86 @@ async def test_a_hostile_tool_name_pings_nobody_and_links_nowhere(webhook: Webho
     }
     await _notifier(webhook.url).run(Records(hostile))
 
+    tool = "&lt;!channel&gt; &lt;\\x40U123&gt; &lt;http://evil.example|click&gt;"
+    message = "see &lt;https://evil.example|the docs&gt; &amp; &lt;!here&gt;\\x0anow"
     text = (
         ":rotating_light: loopfuse BLOCK: unknown_tool_repeat (count 10) - "
-        "agent ops\\x1b]0;owned\\x07bot, session sim:7:4:unknown_tool, run run-0, "
-        "tool &lt;!channel&gt; &lt;@U123&gt; &lt;http://evil.example|click&gt;\n"
-        "see &lt;https://evil.example|the docs&gt; &amp; &lt;!here&gt;\\x0anow"
+        f"agent ops\\x1b]0;owned\\x07bot, session sim:7:4:unknown_tool, run run-0, tool {tool}\n"
+        f"{message}"
     )
+    shown = {"tool_name": tool, "agent_id": "ops\\x1b]0;owned\\x07bot", "message": message}
     assert webhook.bodies == [
-        orjson.dumps({"text": text, "loop_event": {k: hostile[k] for k in POSTED}})
+        orjson.dumps({"text": text, "loop_event": {k: shown.get(k, hostile[k]) for k in POSTED}})
     ]
+
+
+async def test_markdown_links_images_autolinks_and_mentions_are_inert_everywhere(
+    webhook: Webhook,
+) -> None:
+    # what Mattermost and Rocket.Chat render as a disguised link, an image or a ping
+    hostile = {
+        **CRITICAL,
+        "tool_name": "[click me](https://evil.example)",
+        "agent_id": "![x](https://evil.example/pixel.png)",
+        "run_id": "<https://evil.example> <me@evil.example>",
+        "message": "[docs][1] @channel @all \\[escaped](https://evil.example)\n"
+        "[1]: https://evil.example",
+        "args": {"[k](https://evil.example)": ["@here"]},
+    }
+    await _notifier(webhook.url, include_args=True).run(Records(hostile))
+
+    (post,) = webhook.received
+    strings = [post["text"], *_strings(post["loop_event"])]
+    for text in strings:
+        assert "[" not in text and "@" not in text and "<" not in text, text
+        assert "\\\\" not in text  # Markdown would read "\\\\" as one backslash
+    assert "\\x5bclick me](https://evil.example)" in post["text"]
+    assert "\\x40channel \\x40all \\x5c\\x5bescaped]" in post["text"]
+    assert post["loop_event"]["args"] == {"\\x5bk](https://evil.example)": ["\\x40here"]}
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (k, *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+async def test_every_string_and_the_post_are_capped(webhook: Webhook) -> None:
+    huge = "\u2066" * 100_000  # 6 characters shown for each, 3 bytes on the wire
+    hostile = {
+        **CRITICAL,
+        **{k: huge + "x" for k in ("tool_name", "agent_id", "run_id", "message", "call_id")},
+        **{k: huge for k in ("paired_tool_name", "args_hash", "warning_key", "incarnation")},
+        "session_key": "big",
+        "event_id": "big-1",
+        "fleet": {f"tool-{i}": huge[:1000] for i in range(2_000)},
+        "args": {"payload": huge, "nested": "NESTED", "many": ["é" * 200] * 5_000},
+    }
+    # nested deeper than any JSON writer takes (orjson: 255), which a reader takes
+    record = orjson.dumps(hostile).replace(b'"NESTED"', b"[" * 300 + b"1" + b"]" * 300)
+    assert len(record) > 900_000
+    await _notifier(webhook.url, include_args=True).run(Records(record, CRITICAL))
+
+    posts = {
+        post["loop_event"]["session_key"]: body
+        for post, body in zip(webhook.received, webhook.bodies, strict=True)
+    }
+    assert len(posts["big"]) <= MAX_POST_BYTES
+    post = orjson.loads(posts["big"])
+    for name in ("tool_name", "agent_id", "run_id", "call_id"):
+        value = post["loop_event"][name]
+        assert value == LEFT_OUT or (len(value) <= ID_CHARS and value.endswith("…")), name
+    assert len(post["loop_event"]["message"]) <= MESSAGE_CHARS
+    assert all(len(line) <= MESSAGE_CHARS for line in post["text"].split("\n"))
+    assert post["loop_event"]["fleet"] == LEFT_OUT and post["loop_event"]["args"] == LEFT_OUT
+    # an ordinary post is left whole
+    assert orjson.loads(posts[CRITICAL["session_key"]])["loop_event"] == {
+        k: CRITICAL[k] for k in POSTED
+    }
 
 
 async def test_a_webhook_failing_twice_then_answering_gets_the_event_once() -> None:
@@ -221,7 +302,8 @@ async def test_a_redelivered_loop_event_is_posted_once(webhook: Webhook) -> None
     records.end = True
     await notifier.run(records)
 
-    assert webhook.event_ids() == [first["event_id"], second["event_id"]]
+    # posts run concurrently: either may arrive first
+    assert sorted(webhook.event_ids()) == [first["event_id"], second["event_id"]]
     assert notifier.metrics.value("loopfuse_notify_duplicates_total") == 2
     assert records.committed == {0: 4}
 

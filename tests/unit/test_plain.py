@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from loopfuse.streams.ops.plain import shown, text
+from loopfuse.streams.ops.plain import shown, shown_all, shown_time, text
 from tests.fixtures.hostile_strings import HOSTILE
 
 _HIDDEN = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
@@ -71,3 +71,34 @@ def test_any_string_is_one_printable_line_within_the_limit(value: str, limit: in
 def test_every_corpus_payload_round_trips() -> None:
     for payload in HOSTILE.values():
         assert _unescaped(shown(payload, None)) == payload
+
+
+def test_a_sinks_markup_is_shown_in_its_inert_form_cut_whole() -> None:
+    markup = {"[": "\\x5b", "\\": "\\x5c"}
+    assert shown("[x](https://e.example) \\ \u202e", None, markup) == (
+        r"\x5bx](https://e.example) \x5c \u202e"
+    )
+    assert (
+        shown("ab[", 6, markup) == r"ab\x5b" and shown("ab[", 5, markup) == "ab…"
+    )  # never half of an inert form
+    assert shown("plain", None, markup) == "plain"
+
+
+def test_shown_all_shows_every_string_of_a_json_value_keys_too() -> None:
+    value = {"exec\u202etxt.exe": ["a\x1b", 1, 2.5, None, True, {"k": "v\u2066"}], "n": 2**70}
+    assert shown_all(value, None) == {
+        r"exec\u202etxt.exe": [r"a\x1b", 1, 2.5, None, True, {"k": r"v\u2066"}],
+        "n": str(2**70),  # no JSON writer takes it as a number
+    }
+    deep: list[object] = []
+    for _ in range(300):
+        deep = [deep]
+    assert "nested too deep" in str(shown_all(deep, None))
+
+
+def test_shown_time_is_a_date_or_the_number_no_date_can_hold() -> None:
+    assert shown_time(0) == "1970-01-01 00:00:00.000"
+    assert shown_time(253_402_300_799_999) == "9999-12-31 23:59:59.999"
+    assert shown_time(253_402_300_800_000) == "253402300800000 ms"
+    assert shown_time(-(2**63)) == "-9223372036854775808 ms"
+    assert shown_time(1e300) == shown_time("NaN") == shown_time(True) == shown_time(None) == "-"
