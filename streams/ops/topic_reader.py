@@ -35,9 +35,10 @@ log = logging.getLogger("loopfuse.topic_reader")
 
 
 def verdict_topics(settings: Settings) -> tuple[str, ...]:
-    """Every topic the worker writes verdicts to: each reply topic (a call that names
-    one in ``reply_to`` is answered there) and the verdicts topic (every other call)."""
-    return (*settings.reply_topic_names, settings.topic_verdicts)
+    """Every topic the worker writes verdicts to, for every tenant it serves
+    (``LOOPFUSE_TENANTS``): each reply topic (a call that names one in ``reply_to`` is
+    answered there) and each verdicts topic (every other call)."""
+    return (*settings.reply_topic_names, *settings.verdict_topics)
 
 
 def reader_settings(bootstrap: str | None) -> Settings:

@@ -157,3 +157,14 @@ def test_settings_name_each_tenants_topics_and_keep_the_single_tenant_ones() -> 
     assert "loopfuse.replies.globex" in two.reply_topic_names
     with pytest.raises(ValueError, match="tenants must be names"):
         Settings(tenants="a.b")
+
+
+def test_tail_follows_every_tenants_verdict_and_reply_topics() -> None:
+    from loopfuse.streams.ops.topic_reader import verdict_topics
+
+    assert set(verdict_topics(Settings(tenants="acme"))) == {
+        "loopfuse.replies",
+        "loopfuse.replies.acme",
+        "loopfuse.verdicts",
+        "loopfuse.verdicts.acme",
+    }
