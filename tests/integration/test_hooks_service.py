@@ -9,6 +9,7 @@ tests/e2e/agents.)
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -164,6 +165,37 @@ async def test_the_block_and_warning_carry_loopfuses_message(
     output = answer["hookSpecificOutput"]
     assert output["hookEventName"] == "PreToolUse" and output["permissionDecision"] == "deny"
     assert output["permissionDecisionReason"].startswith("CRITICAL: Called Bash with identical")
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex"])
+async def test_a_loop_after_a_compaction_ends_the_run_where_the_agent_can(
+    agent: str, service: HooksServer, http: aiohttp.ClientSession
+) -> None:
+    """The post-compaction guard (window 3) aborts the run: Claude is told to stop
+    (continue false together with the deny); Codex cannot stop from a hook, so this and
+    every later call of the run is denied with the abort's message."""
+    session_id = str(uuid.uuid4())
+    compaction = {"hook_event_name": "PostCompact", "session_id": session_id, "trigger": "auto"}
+    assert await post(http, f"{service.url}/{agent}", compaction) == {}
+    assert [await claude_call(http, service.url, session_id, n, agent) for n in (1, 2, 3)] == [
+        "allow"
+    ] * 3
+    await asyncio.sleep(1.0)  # the abort comes for the third result; the model's turn is slower
+    call = {
+        "hook_event_name": "PreToolUse",
+        "session_id": session_id,
+        "tool_name": "Bash",
+        "tool_input": COMMAND,
+    }
+    fourth = await post(http, f"{service.url}/{agent}", {**call, "tool_use_id": "toolu_4"})
+    fifth = await post(http, f"{service.url}/{agent}", {**call, "tool_use_id": "toolu_5"})
+    reason = fourth["hookSpecificOutput"]["permissionDecisionReason"]
+    assert fourth["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert "after auto-compaction" in reason and reason.startswith("CRITICAL: ")
+    if agent == "claude":
+        assert fourth["continue"] is False and fourth["stopReason"] == reason
+    else:
+        assert "continue" not in fourth and fifth == fourth
 
 
 async def test_two_agents_sessions_with_one_id_stay_apart(
