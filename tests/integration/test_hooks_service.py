@@ -98,10 +98,17 @@ async def claude_call(
     answer = await post(http, f"{url}/{agent}", {**call, "hook_event_name": "PreToolUse"})
     action = decision(answer)
     if action in ("allow", "warn"):
-        response: Any = {"stdout": "FAIL: 3 tests", "stderr": "", "interrupted": False}
-        if agent == "codex":  # what Codex reads: the wall time differs on every call
-            response = f"Exit code: 1\nWall time: 0.{n}1 seconds\nOutput:\nFAIL: 3 tests"
-        after = {**call, "hook_event_name": "PostToolUse", "tool_response": response}
+        # as each sends it (captured): Claude reports a non-zero exit as a failure,
+        # Codex hands over the output alone
+        after: dict[str, Any] = {
+            **call,
+            "hook_event_name": "PostToolUseFailure",
+            "error": "Exit code 1\nFAIL: 3 tests",
+            "is_interrupt": False,
+            "duration_ms": 30 + n,
+        }
+        if agent == "codex":
+            after = {**call, "hook_event_name": "PostToolUse", "tool_response": "FAIL: 3 tests\n"}
         assert await post(http, f"{url}/{agent}", after) == {}
     return action
 
@@ -120,9 +127,9 @@ async def gemini_call(http: aiohttp.ClientSession, url: str, session_id: str, n:
     action = decision(answer)
     if action != "allow":
         return action
-    output = (  # Gemini's shell result: the process group differs on every call
-        "Command: make test\nDirectory: (root)\nOutput: FAIL: 3 tests\nError: (none)\n"
-        f"Exit Code: 1\nSignal: (none)\nBackground PIDs: (none)\nProcess Group PGID: {4100 + n}"
+    output = (  # Gemini's shell result (captured): the process group differs on every call
+        "<untrusted_context>\nOutput: FAIL: 3 tests\nExit Code: 1\n"
+        f"Process Group PGID: {4100 + n}\n</untrusted_context>"
     )
     response = {"llmContent": output, "returnDisplay": "FAIL: 3 tests"}
     after = await post(

@@ -295,7 +295,7 @@ class HooksService:
         except Exception as exc:  # Kafka failing, a publish that hangs
             self.stats.unjudged += 1
             log.warning(
-                "no verdict for %s call of session %r (%s): %s by the fail-%s policy",
+                "no verdict for %r call of session %r (%s): %s by the fail-%s policy",
                 event.tool_name[:80],
                 key[:80],
                 type(exc).__name__,
