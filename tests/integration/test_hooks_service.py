@@ -10,6 +10,9 @@ tests/e2e/agents.)
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -203,6 +206,43 @@ async def test_a_loop_after_a_compaction_ends_the_run_where_the_agent_can(
         assert fourth["continue"] is False and fourth["stopReason"] == reason
     else:
         assert "continue" not in fourth and fifth == fourth
+
+
+async def test_codex_interrupt_ends_the_aborted_codex_process_and_no_other(
+    settings: dict[str, str], http: aiohttp.ClientSession
+) -> None:
+    """Opt-in: the process the hook names ($PPID of its shell) gets SIGINT after the
+    abort's deny, if its command line says codex; any other process is left alone."""
+    codex = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "codex"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = HooksServer(settings, ["--port", "0", "--codex-interrupt"]).start()
+    try:
+        for pid in (other.pid, codex.pid):
+            session_id = str(uuid.uuid4())
+            compaction = {"hook_event_name": "PostCompact", "session_id": session_id}
+            await post(http, f"{server.url}/codex", compaction)
+            for n in (1, 2, 3):
+                await claude_call(http, server.url, session_id, n, "codex")
+            await asyncio.sleep(1.0)
+            call = {
+                "hook_event_name": "PreToolUse",
+                "session_id": session_id,
+                "tool_name": "Bash",
+                "tool_input": COMMAND,
+                "tool_use_id": "toolu_4",
+            }
+            headers = {"X-Loopfuse-Agent-Pid": str(pid)}
+            async with http.post(f"{server.url}/codex", json=call, headers=headers) as response:
+                answer = await response.json()
+            assert answer["hookSpecificOutput"]["permissionDecision"] == "deny"
+        assert codex.wait(10) == -signal.SIGINT
+        assert other.poll() is None
+    finally:
+        assert server.stop() == 0
+        for process in (codex, other):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 async def test_two_agents_sessions_with_one_id_stay_apart(
