@@ -418,7 +418,10 @@ class HooksService:
         if run in self._watched:
             self._watched.move_to_end(run)
             return
-        _remember(self._watched, run, None)
+        self._watched[run] = None
+        if len(self._watched) > MAX_REMEMBERED:  # a run that never ended (Gemini's may not)
+            (old_key, old_run), _ = self._watched.popitem(last=False)
+            self.client.forget_run(old_key, old_run)
         key = session.session_key
 
         def aborted(verdict: Verdict) -> None:
