@@ -156,6 +156,11 @@ async def test_a_loop_is_warned_then_blocked_in_each_agents_protocol(
         else:
             actions.append(await claude_call(http, service.url, session_id, n, agent))
     assert actions == LOOP
+    async with http.get(f"{service.url}/healthz") as response:
+        health = await response.json()
+    assert health["stats"]["calls"] == 8 and health["stats"]["unjudged"] == 0
+    assert health["verdict_wait_ms"]["count"] == 8
+    assert 0 < health["verdict_wait_ms"]["p50"] <= health["verdict_wait_ms"]["p99"]
 
 
 async def test_the_block_and_warning_carry_loopfuses_message(
