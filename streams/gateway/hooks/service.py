@@ -344,9 +344,15 @@ class HooksService:
         sends for it is dropped); an abort beside the block ends the run."""
         key = session.session_key
         _remember(self._blocked_calls, (key, call_id), None)
-        await session.result(
-            event.tool_name, event.tool_input, call_id=call_id, result=blocked_tool_result(verdict)
-        )
+        try:
+            await session.result(
+                event.tool_name,
+                event.tool_input,
+                call_id=call_id,
+                result=blocked_tool_result(verdict),
+            )
+        except Exception as exc:  # the block stands; loopfuse misses the blocked shape
+            log.warning("cannot publish the blocked result of session %r (%r)", key[:80], exc)
         abort = self._aborts.get(key)
         waited = 0.0
         while abort is None and waited < ABORT_BESIDE_BLOCK_SECONDS:
