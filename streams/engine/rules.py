@@ -107,9 +107,9 @@ class RuleBook:
                 )
         identical = rules.identical_calls
         if identical is not None:
-            streak = state.rules.identical_streak(run_key(run), sig) if state.rules else 0
-            if streak + 1 >= identical.warning_threshold:
-                count = streak + 1  # this call included
+            # like the failure streak: the calls already made, judged on the next one
+            count = state.rules.identical_streak(run_key(run), sig) if state.rules else 0
+            if count >= identical.warning_threshold:
                 rank: Level = "critical" if count >= identical.critical_threshold else "warning"
                 found.append(
                     (

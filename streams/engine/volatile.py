@@ -48,6 +48,7 @@ count) still tell progress apart.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
@@ -75,6 +76,10 @@ _UNITS: Final = ("ns", "us", "ms", "s", "m", "h", "d")  # two letters first: 5ms
 _PID_WORDS: Final = frozenset({"pid", "ppid", "pgid", "tid"})
 _CONTEXT_SEPARATORS: Final = frozenset(" \t:=#")
 MASKED: Final = "<masked>"
+# Where the scanner can match at all: a word starting with a hex digit (every token of
+# the fixed set does) or a slash. Jumping between these is the character loop of
+# volatile.rs with the positions that cannot match skipped (Python pays per step).
+_CANDIDATES: Final = re.compile(r"(?<![A-Za-z0-9])[0-9A-Fa-f]|/")
 
 Pattern = tuple[str, str]  # (prefix, token class name)
 
@@ -123,30 +128,23 @@ def _mask_prefixed(text: str, prefix: str, chars: frozenset[str]) -> str:
 
 def _mask_fixed(text: str) -> str:
     out: list[str] = []
-    size = len(text)
-    copied = 0  # text[copied:i] is still to be copied
-    i = 0
-    while i < size:
-        c = text[i]
-        if c == "/" and (i == 0 or text[i - 1] not in _PATH) and text.startswith(_TMP_PREFIXES, i):
-            end = i
-            while end < size and text[end] in _PATH:
-                end += 1
-            out.append(text[copied:i])
-            out.append("<tmp>")
-            i = copied = end
-            continue
-        if c in _ALNUM and (i == 0 or text[i - 1] not in _ALNUM):
-            end, placeholder = _token(text, i)
-            if end:
+    copied = 0  # text[copied:i] is still to be copied; nothing before it is looked at
+    for candidate in _CANDIDATES.finditer(text):
+        i = candidate.start()
+        if i < copied:
+            continue  # inside a token already masked
+        if text[i] == "/":
+            if (i == 0 or text[i - 1] not in _PATH) and text.startswith(_TMP_PREFIXES, i):
+                end = _run(text, i, _PATH)
                 out.append(text[copied:i])
-                out.append(placeholder)
-                i = copied = end
-                continue
-            while i < size and text[i] in _ALNUM:
-                i += 1
+                out.append("<tmp>")
+                copied = end
             continue
-        i += 1
+        end, placeholder = _token(text, i)
+        if end:
+            out.append(text[copied:i])
+            out.append(placeholder)
+            copied = end
     out.append(text[copied:])
     return "".join(out)
 

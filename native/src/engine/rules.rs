@@ -513,7 +513,8 @@ pub fn judge(
         }
     }
     if let Some(rule) = &rules.identical_calls {
-        let count = state.identical_streak(run_hash, sig) + 1; // this call included
+        // like the failure streak: the calls already made, judged on the next one
+        let count = state.identical_streak(run_hash, sig);
         if count >= rule.warning_threshold {
             let level = if count >= rule.critical_threshold {
                 Level::Critical
