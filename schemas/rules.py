@@ -20,6 +20,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     StringConstraints,
+    field_validator,
     model_validator,
 )
 
@@ -143,12 +144,19 @@ class VolatilePattern(BaseModel):
     """A token to mask: the run of ``chars`` right after each ``prefix``."""
 
     model_config = _STRICT
-    prefix: Annotated[
-        StrictStr, StringConstraints(min_length=1, max_length=64, pattern=r"^[\x20-\x7e]+$")
-    ] = Field(description="printable ASCII, as it appears in the output")
+    prefix: StrictStr = Field(
+        description="1 to 64 printable ASCII characters, as they appear in the output"
+    )
     chars: Literal["digits", "hex", "alnum", "id"] = Field(
         description="digits 0-9; hex 0-9a-fA-F; alnum letters and digits; id: alnum, _ . -"
     )
+
+    @field_validator("prefix")
+    @classmethod
+    def _printable(cls, prefix: str) -> str:
+        if not 0 < len(prefix) <= 64 or not all(" " <= c <= "~" for c in prefix):
+            raise ValueError("must be 1 to 64 printable ASCII characters")
+        return prefix
 
 
 class VolatileResultsRule(_Rule):
