@@ -926,3 +926,22 @@ def test_identical_call_streaks_round_trip_and_leave_other_states_as_they_were()
     assert caps.rules is not None and not caps.rules.identical
     # no streaks: the rule trailer is version 1, as before the rule existed
     assert b"R\x01" in state_codec.encode(caps)
+
+
+def test_volatile_results_mask_errors_but_not_a_gateway_hash() -> None:
+    loop = {"warningThreshold": 3, "criticalThreshold": 5}
+    engine = rules_engine({"volatileResults": {}}, **loop)
+    timeouts = [
+        event
+        for n in range(6)
+        for event in pair(
+            "fetch",
+            {"url": "u"},
+            error=f"timeout after {30 + n}ms (request {n:08x}-1a2b-4c3d-9e8f-0123456789ab)",
+        )
+    ]
+    assert decided(engine.replay(timeouts))[-1][0] == "block"
+    hashed = [
+        event for n in range(6) for event in pair("fetch", {"url": "u"}, result_hash=f"{n:032x}")
+    ]
+    assert "block" not in [v.action for v in verdicts(engine.replay(hashed))]
