@@ -229,6 +229,7 @@ Detector = Literal[
     "token_budget",
     "cost_budget",
     "fleet_tool_breaker",
+    "identical_calls",
 ]
 
 

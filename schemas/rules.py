@@ -18,6 +18,9 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    StrictStr,
+    StringConstraints,
+    field_validator,
     model_validator,
 )
 
@@ -123,6 +126,63 @@ class FleetBreakerRule(_Rule):
     )
 
 
+class IdenticalCallsRule(_Rule):
+    """An unbroken run of byte-identical calls (same tool, same args), whatever the results."""
+
+    warningThreshold: PositiveInt | None = Field(default=None, description="default 10")
+    criticalThreshold: PositiveInt | None = Field(default=None, description="default 20")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IdenticalCallsRule:
+        error = threshold_order_error(self.warningThreshold, self.criticalThreshold)
+        if error is not None:
+            raise ValueError(error)
+        return self
+
+
+class VolatilePattern(BaseModel):
+    """A token to mask: the run of ``chars`` right after each ``prefix``."""
+
+    model_config = _STRICT
+    prefix: StrictStr = Field(
+        description="1 to 64 printable ASCII characters, as they appear in the output"
+    )
+    chars: Literal["digits", "hex", "alnum", "id"] = Field(
+        description="digits 0-9; hex 0-9a-fA-F; alnum letters and digits; id: alnum, _ . -"
+    )
+
+    @field_validator("prefix")
+    @classmethod
+    def _printable(cls, prefix: str) -> str:
+        if not 0 < len(prefix) <= 64 or not all(" " <= c <= "~" for c in prefix):
+            raise ValueError("must be 1 to 64 printable ASCII characters")
+        return prefix
+
+
+class VolatileResultsRule(_Rule):
+    """Mask tokens that change on every call (times, durations, ids, PIDs, ports,
+    temporary paths, ages) before a result's outcome token is taken."""
+
+    tools: (
+        Annotated[
+            list[Annotated[StrictStr, StringConstraints(min_length=1)]], Field(max_length=256)
+        ]
+        | None
+    ) = Field(default=None, description="only these tools' results (default: every tool's)")
+    patterns: Annotated[list[VolatilePattern], Field(max_length=32)] | None = Field(
+        default=None, description="more tokens to mask, after a literal prefix"
+    )
+
+    @model_validator(mode="after")
+    def _no_shadow(self) -> VolatileResultsRule:
+        if self.shadow:
+            raise ValueError(
+                "volatileResults has no shadow mode: it changes what the history records; "
+                "try it on recorded events with loopfuse replay"
+            )
+        return self
+
+
 class ToolRule(BaseModel):
     """One tool's rule: exempt it, or judge it with its own thresholds."""
 
@@ -151,6 +211,12 @@ class RulesConfig(BaseModel):
     repeatedFailure: RepeatedFailureRule | None = None
     argumentChurn: ArgumentChurnRule | None = None
     runCaps: RunCapsRule | None = None
+    identicalCalls: IdenticalCallsRule | None = Field(
+        default=None, description="warn and block N identical calls in a row, whatever the results"
+    )
+    volatileResults: VolatileResultsRule | None = Field(
+        default=None, description="mask per-call noise in results before comparing them"
+    )
     fleetBreaker: FleetBreakerRule | None = Field(
         default=None, description="warn or block a tool that loops in many sessions at once"
     )

@@ -25,8 +25,9 @@ use pyo3::types::{PyBytes, PyDict};
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::canonical::write_value;
+use crate::engine::volatile::VolatileResults;
 use crate::json::{parse_object, Parsed, Value};
-use crate::outcome::{normalised_result, write_outcome};
+use crate::outcome::{normalised_result, write_masked, write_outcome};
 
 /// The largest integer a JavaScript gateway sends exactly (schemas/events.py MAX_WIRE_INT).
 const MAX_WIRE_INT: i64 = (1 << 53) - 1;
@@ -388,12 +389,22 @@ pub fn read_event<'v, 'a>(
 
 /// The event's args and result tokens, as fingerprint.py computes them from the event;
 /// `send_tools`: the configured provider send tools (an engine's), or none.
-pub fn tokens(event: &WireEvent<'_, '_>, send_tools: &HashSet<String>) -> Tokens {
+/// An event's tokens; `mask`: the volatileResults rule in force for its tool, whose
+/// masking the result token is taken after.
+pub fn tokens(
+    event: &WireEvent<'_, '_>,
+    send_tools: &HashSet<String>,
+    mask: Option<&VolatileResults>,
+) -> Tokens {
     let args_token = event.args.and_then(canonical_token);
     let (mut result_token, mut result_known) = (None, false);
     if event.kind == Kind::ToolResult {
         if let Some(text) = event.error_text {
-            result_token = Some(format!("error:{}", hex128(text.as_bytes())));
+            let digest = match mask {
+                Some(rule) => hex128(rule.mask(text).as_bytes()),
+                None => hex128(text.as_bytes()),
+            };
+            result_token = Some(format!("error:{digest}"));
             result_known = true;
         } else if let (Some(result), Some(tool)) = (event.result, event.tool_name) {
             // fingerprint.py's action_of: args.action when args is an object, else the hint
@@ -405,7 +416,11 @@ pub fn tokens(event: &WireEvent<'_, '_>, send_tools: &HashSet<String>) -> Tokens
                 None => result_known = true,
                 Some(outcome) => {
                     let mut out = Vec::with_capacity(256);
-                    if write_outcome(&mut out, &outcome).is_some() {
+                    let written = match mask {
+                        Some(rule) => write_masked(&mut out, &outcome, rule),
+                        None => write_outcome(&mut out, &outcome),
+                    };
+                    if written.is_some() {
                         result_token = Some(hex128(&out));
                         result_known = true;
                     }
@@ -434,6 +449,7 @@ pub fn event_fingerprints(
     Some(tokens(
         &read_event(&entries, max_depth, max_identifier_bytes)?,
         &HashSet::new(),
+        None,
     ))
 }
 

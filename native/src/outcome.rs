@@ -7,6 +7,7 @@
 //! engine decides: an integer beyond 2**53 - 1 in it.
 
 use crate::canonical::{write_object, write_string, write_value};
+use crate::engine::volatile::VolatileResults;
 use crate::json::Value;
 
 /// The outcome, built of the wire tree's values and of the strings cut from them.
@@ -270,6 +271,62 @@ pub fn write_outcome(out: &mut Vec<u8>, outcome: &Outcome<'_, '_>) -> Option<()>
             entries.iter().map(|(key, child)| (*key, child)).collect(),
             write_outcome,
         )?,
+    }
+    Some(())
+}
+
+/// `write_outcome` with every string masked by the volatileResults rule (object keys
+/// stay): fingerprint.py's `mask_value` before `canonical_digest`.
+pub fn write_masked(
+    out: &mut Vec<u8>,
+    outcome: &Outcome<'_, '_>,
+    rule: &VolatileResults,
+) -> Option<()> {
+    match outcome {
+        Outcome::Wire(value) => write_value_masked(out, value, rule)?,
+        Outcome::Text(text) => write_string(out, &rule.mask(text)),
+        Outcome::List(items) => {
+            out.push(b'[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_masked(out, item, rule)?;
+            }
+            out.push(b']');
+        }
+        Outcome::Map(entries) => write_object(
+            out,
+            entries.iter().map(|(key, child)| (*key, child)).collect(),
+            |out, child| write_masked(out, child, rule),
+        )?,
+        Outcome::Null | Outcome::Bool(_) => write_outcome(out, outcome)?,
+    }
+    Some(())
+}
+
+fn write_value_masked(out: &mut Vec<u8>, value: &Value<'_>, rule: &VolatileResults) -> Option<()> {
+    match value {
+        Value::Str(text) => write_string(out, &rule.mask(text)),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_value_masked(out, item, rule)?;
+            }
+            out.push(b']');
+        }
+        Value::Object(entries) => write_object(
+            out,
+            entries
+                .iter()
+                .map(|(key, child)| (key.as_ref(), child))
+                .collect(),
+            |out, child| write_value_masked(out, child, rule),
+        )?,
+        _ => write_value(out, value)?,
     }
     Some(())
 }

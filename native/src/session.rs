@@ -178,7 +178,7 @@ pub struct Guard {
 
 /// The persisted action and detector codes (state_codec.py ACTIONS and DETECTORS).
 pub const ACTIONS: [&str; 4] = ["allow", "warn", "block", "abort"];
-pub const DETECTORS: [Option<&str>; 16] = [
+pub const DETECTORS: [Option<&str>; 17] = [
     None,
     Some("unknown_tool_repeat"),
     Some("global_circuit_breaker"),
@@ -195,6 +195,7 @@ pub const DETECTORS: [Option<&str>; 16] = [
     Some("token_budget"),
     Some("cost_budget"),
     Some("fleet_tool_breaker"),
+    Some("identical_calls"),
 ];
 
 fn detector_code(name: &str) -> u8 {
@@ -946,7 +947,7 @@ impl<P: Policies> Step<'_, P> {
         }
         if let (Some(rules), Some(judgement)) = (&policy.rules, &judgement) {
             self.apply_rules(
-                state, event, shown, rules, run, run_hash, token, judgement, now_ms,
+                state, event, shown, rules, run, run_hash, sig, token, judgement, now_ms,
             )?;
         }
         Ok(())
@@ -963,6 +964,7 @@ impl<P: Policies> Step<'_, P> {
         rules: &Rules,
         run: Option<&str>,
         run_hash: u64,
+        sig: u64,
         token: &str,
         judgement: &RulesJudgement,
         now_ms: i64,
@@ -985,7 +987,8 @@ impl<P: Policies> Step<'_, P> {
                 self.push_loop_event(event, bytes, &reported, tool, now_ms);
             }
         }
-        let Some(ending) = rules::after_call(rules, &mut state.rules, run_hash, judgement) else {
+        let Some(ending) = rules::after_call(rules, &mut state.rules, run_hash, sig, judgement)
+        else {
             return Ok(());
         };
         let abort = Verdict {

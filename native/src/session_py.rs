@@ -17,7 +17,10 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use crate::decode::{read_event, tokens, Kind, Usage, WireEvent, DEPTH_BOUNDS};
 use crate::engine::config::ResolvedConfig;
 use crate::engine::history::{shared_name, History, Record};
-use crate::engine::rules::{Cap, RepeatedFailure, RuleState, Rules, RunCaps, RunEnding};
+use crate::engine::rules::{
+    Cap, IdenticalCalls, RepeatedFailure, RuleState, Rules, RunCaps, RunEnding,
+};
+use crate::engine::volatile::{TokenClass, VolatileResults};
 use crate::json::parse_object;
 use crate::output::write_payload;
 use crate::session::{
@@ -61,7 +64,19 @@ impl Policies for Resolver<'_, '_> {
         let (fields, rules): (ConfigFields, Option<RulesTuple>) =
             self.resolve.call1(self.py, (agent_id,))?.extract(self.py)?;
         let mut policy = Policy::new(config_of(fields), self.enforce);
-        if let Some((ending, cycle, failure, churn, caps, fleet, exempt, tools)) = rules {
+        if let Some((
+            ending,
+            cycle,
+            failure,
+            churn,
+            caps,
+            fleet,
+            exempt,
+            tools,
+            identical,
+            volatile,
+        )) = rules
+        {
             for (tool, own) in tools {
                 policy
                     .tools
@@ -104,6 +119,22 @@ impl Policies for Resolver<'_, '_> {
                     (enforced, if action == "block" { "block" } else { "warn" })
                 }),
                 exempt: exempt.into_iter().collect(),
+                identical_calls: identical.map(
+                    |(enforced, warning_threshold, critical_threshold)| IdenticalCalls {
+                        enforced,
+                        warning_threshold,
+                        critical_threshold,
+                    },
+                ),
+                volatile_results: volatile.map(|(tools, patterns)| {
+                    Arc::new(VolatileResults {
+                        tools: tools.map(|names| names.into_iter().collect()),
+                        patterns: patterns
+                            .into_iter()
+                            .filter_map(|(prefix, name)| Some((prefix, TokenClass::named(&name)?)))
+                            .collect(),
+                    })
+                }),
             });
         }
         let policy = Arc::new(policy);
@@ -135,7 +166,8 @@ type CostCap = Option<(f64, f64)>;
 /// rule_config.py's ResolvedRules as native_step.py's `_rules_values` gives them: run
 /// ending, cycle, repeated failure, argument churn, run caps, the fleet breaker
 /// (enforced, action), exempt tools and the configs of the tools with their own
-/// thresholds.
+/// thresholds, identical calls, and the volatile results' (tools in scope or None,
+/// (prefix, token class) patterns).
 type RulesTuple = (
     Option<(bool, u64, u64)>,
     Option<(bool, usize)>,
@@ -145,7 +177,10 @@ type RulesTuple = (
     Option<(bool, String)>,
     Vec<String>,
     Vec<(String, ConfigFields)>,
+    Option<(bool, u64, u64)>,
+    Option<VolatileTuple>,
 );
+type VolatileTuple = (Option<Vec<String>>, Vec<(String, String)>);
 
 fn config_of(fields: ConfigFields) -> ResolvedConfig {
     ResolvedConfig {
@@ -314,7 +349,7 @@ impl Judge {
     /// An event from its wire bytes, or None where the Python decoder must decide (as
     /// `decode.event_fingerprints` says None): the read every native step starts with.
     fn wire_event(
-        &self,
+        &mut self,
         py: Python<'_>,
         raw: &[u8],
         max_bytes: usize,
@@ -334,8 +369,15 @@ impl Judge {
     }
 
     /// The event a step applies, from what the decoder's pass read of it.
-    fn event_of(&self, py: Python<'_>, wire: &WireEvent<'_, '_>) -> PyResult<Option<Event>> {
-        let (args_token, result_token, result_known) = tokens(wire, &self.send_tools);
+    fn event_of(&mut self, py: Python<'_>, wire: &WireEvent<'_, '_>) -> PyResult<Option<Event>> {
+        let volatile = match (wire.kind, wire.result_hash) {
+            (Kind::ToolResult, None) => {
+                self.volatile_for(py, wire.agent_id, wire.tool_name.unwrap_or(""))?
+            }
+            _ => None,
+        };
+        let (args_token, result_token, result_known) =
+            tokens(wire, &self.send_tools, volatile.as_deref());
         let owned = |text: Option<&str>| text.map(str::to_owned);
         let body = match wire.kind {
             Kind::ToolCall => {
@@ -410,6 +452,30 @@ impl Judge {
                 .map(|(t, p, r)| (t.to_owned(), p, r.to_owned())),
             body,
         }))
+    }
+
+    /// step.py's `_result_token`: the volatileResults rule of the agent, when it masks
+    /// this tool's results.
+    fn volatile_for(
+        &mut self,
+        py: Python<'_>,
+        agent_id: Option<&str>,
+        tool: &str,
+    ) -> PyResult<Option<Arc<VolatileResults>>> {
+        let policies = &mut self.policies;
+        let mut resolver = Resolver {
+            resolve: &policies.resolve,
+            enforce: policies.enforce,
+            cache: &mut policies.cache,
+            last: &mut policies.last,
+            py,
+        };
+        let policy = resolver.policy(agent_id)?;
+        Ok(policy
+            .rules
+            .as_ref()
+            .and_then(|rules| rules.volatile_results.clone())
+            .filter(|rule| rule.applies(tool)))
     }
 
     /// One of replay's lines (`replay_step`): (its session key, outputs, whether its
@@ -804,7 +870,7 @@ impl Judge {
     /// (as `step_raw` says None).
     #[pyo3(signature = (raw, max_bytes, max_depth, max_identifier_bytes))]
     fn read<'py>(
-        &self,
+        &mut self,
         py: Python<'py>,
         raw: &[u8],
         max_bytes: usize,

@@ -16,6 +16,7 @@ from xxhash import xxh3_64_intdigest, xxh3_128_hexdigest
 
 from loopfuse.streams.engine.canonical import canonical_json
 from loopfuse.streams.engine.native import NATIVE
+from loopfuse.streams.engine.volatile import mask_value
 
 ERROR_PREFIX = "error:"
 #: An unknown-tool name taken from error text is cut to this many characters (an
@@ -283,15 +284,20 @@ def result_token(
     error: str | None = None,
     args_action: str | None = None,
     send_tools: frozenset[str] = frozenset(),
+    mask: Callable[[str], str] | None = None,
 ) -> str | None:
     """The 128-bit outcome token of a tool result, or None when nothing is recorded.
 
-    Gateways that hash locally send this token as ``result_hash``.
+    Gateways that hash locally send this token as ``result_hash``. ``mask``: the
+    volatileResults rule's, applied to the error and to every string of the outcome.
     """
     if error is not None:
-        return ERROR_PREFIX + digest(error.encode("utf-8", "surrogatepass"))
+        text = error if mask is None else mask(error)
+        return ERROR_PREFIX + digest(text.encode("utf-8", "surrogatepass"))
     action = action_of(args, args_action)
     outcome = normalised_result(tool_name, action, result, send_tools)
     if outcome is None:
         return None
+    if mask is not None:
+        outcome = mask_value(outcome, mask)
     return canonical_digest(outcome)

@@ -51,6 +51,7 @@ MIRRORED = (
     "streams/engine/rules.py",
     "streams/engine/rule_state.py",
     "streams/engine/rule_config.py",
+    "streams/engine/volatile.py",
 )
 
 

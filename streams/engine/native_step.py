@@ -515,6 +515,7 @@ def _rules_values(rules: ResolvedRules, config: ResolvedConfig) -> tuple[Any, ..
         rules.run_caps,
         rules.fleet_breaker,
     )
+    identical, volatile = rules.identical_calls, rules.volatile_results
 
     def cap(limit: float | None, bound: int) -> tuple[Any, float] | None:
         if limit is None or caps is None:
@@ -553,6 +554,19 @@ def _rules_values(rules: ResolvedRules, config: ResolvedConfig) -> tuple[Any, ..
         None if fleet is None else (fleet.enforced, fleet.action),
         sorted(rules.exempt),
         [(tool, _config_fields(rules.for_tool(config, tool))) for tool, _ in rules.thresholds],
+        None
+        if identical is None
+        else (
+            identical.enforced,
+            min(identical.warning_threshold, _U64_MAX),
+            min(identical.critical_threshold, _U64_MAX),
+        ),
+        None
+        if volatile is None
+        else (
+            None if volatile.tools is None else sorted(volatile.tools),
+            list(volatile.patterns),
+        ),
     )
 
 

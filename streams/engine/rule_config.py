@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from loopfuse.schemas.config import DetectionConfigFile
 from loopfuse.streams.engine.config import ResolvedConfig, _positive_int, clamp_thresholds
+from loopfuse.streams.engine.volatile import CLASSES, Pattern, mask_text
 
 DEFAULT_CRITICALS_PER_RUN = 2  # OpenClaw's "recover once": the second critical ends the run
 DEFAULT_BLOCKED_STREAK = 3  # OpenClaw's BLOCKED_STREAK_TERMINATE_THRESHOLD
@@ -21,6 +22,9 @@ DEFAULT_MAX_PERIOD = 5
 DEFAULT_FAILURE_WARNING = 3
 DEFAULT_FAILURE_CRITICAL = 5
 DEFAULT_WARN_AT = 0.8
+DEFAULT_IDENTICAL_WARNING = 10
+DEFAULT_IDENTICAL_CRITICAL = 20
+MAX_VOLATILE_PATTERNS = 32
 DEFAULT_FLEET_SESSIONS = 20
 DEFAULT_FLEET_WINDOW_SECONDS = 300
 
@@ -64,6 +68,27 @@ class RunCaps:
 
 
 @dataclass(frozen=True, slots=True)
+class IdenticalCalls:
+    enforced: bool
+    warning_threshold: int = DEFAULT_IDENTICAL_WARNING
+    critical_threshold: int = DEFAULT_IDENTICAL_CRITICAL
+
+
+@dataclass(frozen=True, slots=True)
+class VolatileResults:
+    """Masking of results (no ``enforced``: it has no shadow mode)."""
+
+    tools: frozenset[str] | None = None  # None: every tool
+    patterns: tuple[Pattern, ...] = ()
+
+    def applies(self, tool: str) -> bool:
+        return self.tools is None or tool in self.tools
+
+    def mask(self, text: str) -> str:
+        return mask_text(text, self.patterns)
+
+
+@dataclass(frozen=True, slots=True)
 class FleetBreaker:
     """The fleet-wide tool breaker: trips at ``sessions`` within ``window_seconds``."""
 
@@ -90,6 +115,8 @@ class ResolvedRules:
     argument_churn: ArgumentChurn | None = None
     run_caps: RunCaps | None = None
     fleet_breaker: FleetBreaker | None = None
+    identical_calls: IdenticalCalls | None = None
+    volatile_results: VolatileResults | None = None
     exempt: frozenset[str] = frozenset()
     thresholds: tuple[tuple[str, ToolThresholds], ...] = ()
     # Derived: the per-tool configs handed out by for_tool (a config is immutable).
@@ -171,6 +198,8 @@ def resolve_rules(block: dict[str, Any], enforce: bool) -> ResolvedRules | None:
     churn = rule("argumentChurn")
     caps = rule("runCaps")
     fleet = rule("fleetBreaker")
+    identical = rule("identicalCalls")
+    volatile = rule("volatileResults")
     exempt: set[str] = set()
     thresholds: list[tuple[str, ToolThresholds]] = []
     tools = block.get("tools")
@@ -187,7 +216,18 @@ def resolve_rules(block: dict[str, Any], enforce: bool) -> ResolvedRules | None:
         )
         if limits != ToolThresholds():
             thresholds.append((name, limits))
-    if not (ending or cycle or failure or churn or caps or fleet or exempt or thresholds):
+    if not (
+        ending
+        or cycle
+        or failure
+        or churn
+        or caps
+        or fleet
+        or identical
+        or volatile
+        or exempt
+        or thresholds
+    ):
         return None
     max_period = (cycle[0] if cycle else {}).get("maxPeriod")
     failure_warning = _positive_int(
@@ -232,6 +272,8 @@ def resolve_rules(block: dict[str, Any], enforce: bool) -> ResolvedRules | None:
             warn_at if warn_at is not None and warn_at < 1 else DEFAULT_WARN_AT,
         ),
         fleet_breaker=None if fleet is None else _fleet_breaker(*fleet),
+        identical_calls=None if identical is None else _identical_calls(*identical),
+        volatile_results=None if volatile is None else _volatile_results(volatile[0]),
         exempt=frozenset(exempt),
         thresholds=tuple(thresholds),
     )
@@ -245,6 +287,37 @@ def _fleet_breaker(raw: dict[str, Any], enforced: bool) -> FleetBreaker:
         sessions if type(sessions) is int and 2 <= sessions <= 1_000 else DEFAULT_FLEET_SESSIONS,
         window if type(window) is int and 1 <= window <= 86_400 else DEFAULT_FLEET_WINDOW_SECONDS,
     )
+
+
+def _identical_calls(raw: dict[str, Any], enforced: bool) -> IdenticalCalls:
+    warning = _positive_int(raw.get("warningThreshold"), DEFAULT_IDENTICAL_WARNING)
+    critical = _positive_int(raw.get("criticalThreshold"), DEFAULT_IDENTICAL_CRITICAL)
+    # like OpenClaw's thresholds: warning is never lowered, critical moves up
+    return IdenticalCalls(enforced, warning, max(critical, warning + 1))
+
+
+def _volatile_results(raw: dict[str, Any]) -> VolatileResults:
+    """The rule's scope and patterns; entries of the wrong kind are left out."""
+    tools = raw.get("tools")
+    scope = (
+        frozenset(name for name in tools if isinstance(name, str) and name)
+        if isinstance(tools, list)
+        else None
+    )
+    patterns: list[Pattern] = []
+    listed = raw.get("patterns")
+    for entry in listed if isinstance(listed, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        prefix, chars = entry.get("prefix"), entry.get("chars")
+        if (
+            isinstance(prefix, str)
+            and 0 < len(prefix) <= 64
+            and all(" " <= c <= "~" for c in prefix)
+            and chars in CLASSES
+        ):
+            patterns.append((prefix, chars))
+    return VolatileResults(scope, tuple(patterns[:MAX_VOLATILE_PATTERNS]))
 
 
 class RulesResolver:

@@ -17,6 +17,9 @@ MAX_FAILURE_STREAKS = 64  # (run, tool) failure identities per session, oldest d
 
 _TRAILER_TAG = 0x52  # "R": a byte no version-3 body ends with before its end
 _TRAILER_VERSION = 1
+# Version 2 adds the identical-call streaks at the end; a state without any is written
+# as version 1, byte for byte what it was before the streaks existed.
+_TRAILER_VERSION_STREAKS = 2
 _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 # The varint codec is state.py's, passed in, so that this module needs nothing of it.
@@ -43,6 +46,21 @@ class RuleState:
     failures: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     session_tokens: int = 0
     session_cost: float = 0.0
+    # run_key(run) -> (signature of its latest call, how many in a row); insertion
+    # order = age (at most MAX_RUN_TALLIES)
+    identical: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def identical_streak(self, run: int, sig: int) -> int:
+        """How many calls of ``sig`` in a row the run has made, this one not counted."""
+        streak = self.identical.get(run)
+        return streak[1] if streak is not None and streak[0] == sig else 0
+
+    def note_call(self, run: int, sig: int) -> None:
+        count = self.identical_streak(run, sig) + 1
+        self.identical.pop(run, None)  # re-inserted: the newest
+        self.identical[run] = (sig, count)
+        if len(self.identical) > MAX_RUN_TALLIES:
+            del self.identical[next(iter(self.identical))]
 
     def tally(self, run: int) -> RunTally:
         """The run's tally, created (and the oldest dropped past the cap) if new."""
@@ -64,9 +82,10 @@ class RuleState:
         self.runs.pop(run, None)
         for key in [key for key in self.failures if key[0] == run]:
             del self.failures[key]
+        self.identical.pop(run, None)
 
     def sheddable(self) -> bool:
-        return bool(self.runs or self.failures)
+        return bool(self.runs or self.failures or self.identical)
 
     def shed(self) -> None:
         """Drop the older half of the tallies and failure identities (SessionState.fit)."""
@@ -74,14 +93,20 @@ class RuleState:
             del self.runs[run]
         for key in list(self.failures)[: max(1, len(self.failures) // 2)] if self.failures else []:
             del self.failures[key]
+        for run in (
+            list(self.identical)[: max(1, len(self.identical) // 2)] if self.identical else []
+        ):
+            del self.identical[run]
 
     def empty(self) -> bool:
-        return not (self.runs or self.failures or self.session_tokens or self.session_cost)
+        return not (
+            self.runs or self.failures or self.session_tokens or self.session_cost or self.identical
+        )
 
 
 def encode_rule_state(out: bytearray, rules: RuleState, uvarint: _Writer) -> None:
     out.append(_TRAILER_TAG)
-    uvarint(out, _TRAILER_VERSION)
+    uvarint(out, _TRAILER_VERSION_STREAKS if rules.identical else _TRAILER_VERSION)
     uvarint(out, len(rules.runs))
     for run, tally in rules.runs.items():
         out += _U64.pack(run)
@@ -96,13 +121,18 @@ def encode_rule_state(out: bytearray, rules: RuleState, uvarint: _Writer) -> Non
         uvarint(out, count)
     uvarint(out, rules.session_tokens)
     out += _F64.pack(rules.session_cost)
+    if rules.identical:
+        uvarint(out, len(rules.identical))
+        for run, (sig, count) in rules.identical.items():
+            out += struct.pack("<QQ", run, sig)
+            uvarint(out, count)
 
 
 def decode_rule_state(data: bytes, pos: int, read_uvarint: _Reader) -> tuple[RuleState, int]:
     if data[pos] != _TRAILER_TAG:
         raise ValueError(f"session state has {len(data) - pos} trailing bytes")
     version, pos = read_uvarint(data, pos + 1)
-    if version != _TRAILER_VERSION:
+    if version not in (_TRAILER_VERSION, _TRAILER_VERSION_STREAKS):
         raise ValueError(f"unknown rule state format {version}")
     rules = RuleState()
     count, pos = read_uvarint(data, pos)
@@ -123,4 +153,11 @@ def decode_rule_state(data: bytes, pos: int, read_uvarint: _Reader) -> tuple[Rul
         rules.failures[(run, tool)] = (error, streak)
     rules.session_tokens, pos = read_uvarint(data, pos)
     rules.session_cost = _F64.unpack_from(data, pos)[0]
-    return rules, pos + 8
+    pos += 8
+    if version == _TRAILER_VERSION_STREAKS:
+        count, pos = read_uvarint(data, pos)
+        for _ in range(count):
+            run, sig = struct.unpack_from("<QQ", data, pos)
+            streak, pos = read_uvarint(data, pos + 16)
+            rules.identical[run] = (sig, streak)
+    return rules, pos

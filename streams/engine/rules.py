@@ -105,6 +105,25 @@ class RuleBook:
                         False,
                     )
                 )
+        identical = rules.identical_calls
+        if identical is not None:
+            # like the failure streak: the calls already made, judged on the next one
+            count = state.rules.identical_streak(run_key(run), sig) if state.rules else 0
+            if count >= identical.warning_threshold:
+                rank: Level = "critical" if count >= identical.critical_threshold else "warning"
+                found.append(
+                    (
+                        _detection(
+                            rank,
+                            "identical_calls",
+                            count,
+                            _identical_message(rank, tool, count),
+                            f"{run or ''}:identical:{sig:016x}",
+                        ),
+                        identical.enforced,
+                        False,
+                    )
+                )
         if config.detection_on and (rules.cycle is not None or rules.argument_churn is not None):
             history = state.run_history(run_key(run))
             if rules.cycle is not None:
@@ -133,11 +152,14 @@ class RuleBook:
         state: SessionState,
         rules: ResolvedRules,
         run: str | None,
+        sig: int,
         judgement: Judgement,
     ) -> RunEnd | None:
         """Count the call; the run to abort when this call ends it."""
         if state.rules is None:
             state.rules = RuleState()
+        if rules.identical_calls is not None:
+            state.rules.note_call(run_key(run), sig)
         tally = state.rules.tally(run_key(run))
         tally.calls += 1
         detection = judgement.detection
@@ -474,6 +496,18 @@ def _failure_message(level: Level, tool: str, count: int) -> str:
     return (
         f"WARNING: {tool} failed {count} times in a row with the same error. Stop retrying "
         "it; change approach or report the task as failed."
+    )
+
+
+def _identical_message(level: Level, tool: str, count: int) -> str:
+    if level == "critical":
+        return (
+            f"CRITICAL: You have called {tool} {count} times in a row with identical "
+            "arguments. Session execution blocked to prevent runaway loops."
+        )
+    return (
+        f"WARNING: You have called {tool} {count} times in a row with identical arguments. "
+        "If this is not making progress, stop retrying and report the task as failed."
     )
 
 

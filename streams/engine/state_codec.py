@@ -124,6 +124,7 @@ DETECTORS: Final[tuple[Detector | None, ...]] = (
     "token_budget",
     "cost_budget",
     "fleet_tool_breaker",  # the fleet-wide tool breaker (issue 14)
+    "identical_calls",
 )
 _ACTION_CODE: Final = {name: code for code, name in enumerate(ACTIONS)}
 _DETECTOR_CODE: Final = {name: code for code, name in enumerate(DETECTORS)}

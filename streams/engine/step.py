@@ -543,8 +543,22 @@ class Engine:
             unknown = unknown or unknown_tool_name(error)
         if event.result_hash is not None:
             return event.result_hash, unknown
-        given = self._given
         send_tools = self.resolver.send_tools
+        rules = self._policy(event.agent_id).rules
+        volatile = None if rules is None else rules.volatile_results
+        if volatile is not None and volatile.applies(event.tool_name):
+            # masked before the token is taken: the native decoder's token is unmasked
+            token = result_token(
+                event.tool_name,
+                event.args,
+                result=event.result,
+                error=error,
+                args_action=event.args_action,
+                send_tools=send_tools,
+                mask=volatile.mask,
+            )
+            return token, unknown
+        given = self._given
         if (
             given is not None
             and given[0] is event
@@ -656,7 +670,9 @@ class Engine:
                 )
             )
         if rules is not None and judgement is not None:
-            self._apply_rules(state, event, config, rules, run, token, judgement, now_ms, outputs)
+            self._apply_rules(
+                state, event, config, rules, run, token, sig, judgement, now_ms, outputs
+            )
 
     def _on_tool_result(
         self, state: SessionState, event: ToolResult, now_ms: int, outputs: list[Output]
@@ -914,6 +930,7 @@ class Engine:
         rules: ResolvedRules,
         run: str | None,
         token: str,
+        sig: int,
         judgement: Judgement,
         now_ms: int,
         outputs: list[Output],
@@ -927,7 +944,7 @@ class Engine:
         for shadow in judgement.shadows:
             if shadow.level == "critical" or _warning_rises(state, shadow, run):
                 outputs.append(self._rule_event(event, config, shadow, token, now_ms))
-        ending = self.rules.after_call(state, rules, run, judgement)
+        ending = self.rules.after_call(state, rules, run, sig, judgement)
         if ending is None:
             return
         if ending.enforced:

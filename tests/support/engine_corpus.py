@@ -12,7 +12,7 @@ engines and compares.
 The corpus: the examples (each with its config), the test fixtures, the
 benchmark's workload with deliveries out of order, duplicated and lost, so that
 parking, gaps and redeliveries run too, and random sessions with hostile strings
-(tests/support/generated_sessions.py) under seven kinds of config, the opt-in rules
+(tests/support/generated_sessions.py) under eight kinds of config, the opt-in rules
 among them. tests/unit/test_native_identity.py runs it under the native and the pure
 engine.
 """
@@ -81,7 +81,8 @@ def corpora() -> list[tuple[str, DetectionConfigFile, list[bytes]]]:
     # Random sessions with hostile strings, under each kind of config (seeded: a
     # difference can be run again)
     for seed, (name, config) in enumerate(_GENERATED_CONFIGS.items()):
-        found.append((f"generated, {name}", parse_config(config), generated_lines(seed)))
+        lines = generated_lines(seed, volatile=name.startswith("volatile"))
+        found.append((f"generated, {name}", parse_config(config), lines))
     return found
 
 
@@ -135,6 +136,32 @@ _GENERATED_CONFIGS: dict[str, dict[str, Any]] = {
         },
         "agents": {
             "list": [{"id": "run-ender", "tools": {"loopDetection": {"warningThreshold": 2}}}]
+        },
+    },
+    "volatile results and identical calls": {
+        "tools": {
+            "loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}
+        },
+        "loopfuse": {
+            "rules": {
+                "volatileResults": {
+                    "patterns": [{"prefix": "job ", "chars": "id"}, {"prefix": "#", "chars": "hex"}]
+                },
+                "identicalCalls": {"warningThreshold": 4, "criticalThreshold": 7},
+            }
+        },
+        "agents": {
+            "list": [
+                {
+                    "id": "run-ender",
+                    "loopfuse": {
+                        "rules": {
+                            "volatileResults": {"tools": ["exec", "process"]},
+                            "identicalCalls": {"shadow": True},
+                        }
+                    },
+                }
+            ]
         },
     },
 }

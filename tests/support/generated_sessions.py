@@ -10,7 +10,9 @@ strings (tests/fixtures/hostile_strings.py) in every string field a gateway send
 The draws are small on purpose (a few tools, a few argument sets), so that loops
 occur by chance. Deterministic for a seed: a failing run can be run again. With
 ``usage=True`` results also report what they spent (the run caps' input), in draws of
-their own: the sessions of a seed are otherwise the same.
+their own: the sessions of a seed are otherwise the same. With ``volatile=True`` some
+results carry per-call noise (times, durations, ids, PIDs, ports, temporary paths), in
+draws of their own too.
 """
 
 from __future__ import annotations
@@ -54,6 +56,31 @@ def _text(rng: random.Random, plain: str) -> str:
     return hostile if roll < 0.95 else f"{plain}{hostile}"
 
 
+def _volatile(rng: random.Random) -> Any:
+    """Output whose per-call tokens (times, durations, ids, PIDs, ports, paths) differ
+    on every draw, around words that do not: the volatileResults rule's input."""
+    tokens = [
+        f"2026-12-0{rng.randint(1, 9)}T1{rng.randint(0, 9)}:0{rng.randint(0, 9)}:1{rng.randint(0, 9)}Z",
+        f"in {rng.randint(0, 9)}.{rng.randint(0, 99)}s",
+        f"{rng.randint(1, 59)}m{rng.randint(1, 59)}s",
+        f"{rng.getrandbits(32):08x}-1a2b-4c3d-9e8f-{rng.getrandbits(48):012x}",
+        f"pid={rng.randint(1, 99999)}",
+        f"127.0.0.1:{rng.randint(1024, 65535)}",
+        f"/tmp/tmp.{rng.getrandbits(24):x}/out",
+        f"job {rng.choice(['a-1', 'b.2', 'c_3'])}",
+        f"#{rng.getrandbits(20):x}",
+        f"{1_790_000_000 + rng.randint(0, 99)}",
+        "3 passed ünï 12:3 5mb deadbeef",
+    ]
+    text = " ".join(tokens)  # one shape: masked, most of these are the same
+    roll = rng.random()
+    if roll < 0.6:
+        return {"content": [{"type": "text", "text": _text(rng, text)}]}
+    if roll < 0.9:
+        return {"details": {"status": "completed", "exitCode": 1, "aggregated": text}}
+    return [text, {"at": text}]
+
+
 def _usage(rng: random.Random) -> dict[str, Any]:
     """A result's usage report: counts, a total instead of them, costs (ints too)."""
     roll = rng.random()
@@ -70,7 +97,11 @@ def _usage(rng: random.Random) -> dict[str, Any]:
 
 
 def _session(
-    rng: random.Random, index: int, events: int, usage: random.Random | None
+    rng: random.Random,
+    index: int,
+    events: int,
+    usage: random.Random | None,
+    noise: random.Random | None = None,
 ) -> list[dict[str, Any]]:
     key = _text(rng, f"agent:{index % 3}:session:{index}")
     agent = rng.choice([None, "run-ender", f"agent-{index % 4}", _text(rng, "a")])
@@ -78,6 +109,7 @@ def _session(
     tools = [_text(rng, tool) for tool in rng.sample(_TOOLS, 3)] + ["deploy_magic"]
     incarnation: str | None = rng.choice([None, f"gw-{index}-0"])
     numbered = rng.random() < 0.85
+    noisy = noise is not None and noise.random() < 0.5  # every result with per-call noise
     seq = 0
     run = runs[0]
     out: list[dict[str, Any]] = []
@@ -147,6 +179,8 @@ def _session(
                 result["result"] = _text(rng, "x") if outcome > 0.97 else rng.choice(_RESULTS)
             if usage is not None and usage.random() < 0.5:
                 result["usage"] = _usage(usage)
+            if noisy and noise is not None and "result" in result:
+                result["result"] = _volatile(noise)
             bodies = [call] if rng.random() < 0.05 else [call, result]
         for body in bodies:
             if numbered:
@@ -174,13 +208,14 @@ def _disorder(rng: random.Random, events: list[dict[str, Any]]) -> list[dict[str
 
 
 def generated_lines(
-    seed: int, sessions: int = 120, events: int = 40, usage: bool = False
+    seed: int, sessions: int = 120, events: int = 40, usage: bool = False, volatile: bool = False
 ) -> list[bytes]:
     """Wire lines of ``sessions`` random sessions, interleaved as topics deliver them."""
     rng = random.Random(seed)
     spent = random.Random(seed + 1) if usage else None
+    noise = random.Random(seed + 2) if volatile else None
     streams = [
-        _disorder(rng, _session(rng, index, rng.randint(1, events), spent))
+        _disorder(rng, _session(rng, index, rng.randint(1, events), spent, noise))
         for index in range(sessions)
     ]
     lines: list[bytes] = []

@@ -70,18 +70,31 @@ CONFIGS: dict[str, dict[str, Any]] = {
         },
     },
 }
+CONFIGS["volatile results and identical calls"] = {
+    "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}},
+    "loopfuse": {
+        "rules": {
+            "volatileResults": {"patterns": [{"prefix": "#", "chars": "hex"}]},
+            "identicalCalls": {"warningThreshold": 3, "criticalThreshold": 6},
+        }
+    },
+    "agents": {
+        "list": [{"id": "run-ender", "loopfuse": {"rules": {"identicalCalls": {"shadow": True}}}}]
+    },
+}
 TIGHT = Limits(
     max_state_bytes=3_000, max_output_bytes=RECORD_OVERHEAD_BYTES + 900, max_identifier_bytes=256
 )
 
 
-def _records(seed: int) -> list[InputRecord]:
-    """The generated sessions as input records, most of them naming a reply."""
+def _records(seed: int, volatile: bool = False) -> list[InputRecord]:
+    """The generated sessions as input records, most of them naming a reply; with
+    ``volatile``, some sessions' results carry per-call noise."""
     rng = random.Random(seed)
     records = []
     offsets: dict[tuple[str, int], int] = {}
     asks: dict[str, Any] = {}
-    for line in generated_lines(seed, sessions=60, events=30, usage=True):
+    for line in generated_lines(seed, sessions=60, events=30, usage=True, volatile=volatile):
         event = json.loads(line)
         key = event.get("session_key") or event.get("run_id") or ""
         if key not in asks:
@@ -182,7 +195,7 @@ def _run(
 def test_the_native_fold_sends_what_the_python_fold_sends(
     config: str, tight: bool, seed: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    records = _records(seed)
+    records = _records(seed, volatile=config.startswith("volatile"))
     limits = TIGHT if tight else Limits()
     with caplog.at_level(logging.INFO, logger="loopfuse.processor"):
         native = _run(records, CONFIGS[config], limits, True, seed)

@@ -147,6 +147,34 @@ RULE_CONFIGS: dict[str, dict[str, Any]] = {
         "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3}},
         "loopfuse": {"enforce": False, "rules": _RULES},
     },
+    "volatile results and identical calls": {
+        "tools": {
+            "loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}
+        },
+        "loopfuse": {
+            "rules": {
+                "volatileResults": {
+                    "patterns": [{"prefix": "job ", "chars": "id"}, {"prefix": "#", "chars": "hex"}]
+                },
+                "identicalCalls": {"warningThreshold": 3, "criticalThreshold": 6},
+                "runEnding": {},
+            }
+        },
+        "agents": {
+            "list": [
+                {
+                    "id": "run-ender",
+                    "loopfuse": {
+                        "rules": {
+                            "volatileResults": {"tools": ["exec"]},
+                            "identicalCalls": {"shadow": True},
+                        }
+                    },
+                },
+                {"id": "agent-1", "loopfuse": {"rules": {"volatileResults": {"enabled": False}}}},
+            ]
+        },
+    },
 }
 
 
@@ -217,7 +245,8 @@ def test_generated_sessions_under_the_rules(native: ModuleType, name: str, seed:
     every line and final state (the rules' tallies in it) is the Python fold's, with a
     restart through the Python engine's bytes every few events."""
     config = parse_config(RULE_CONFIGS[name])
-    lines = generated_lines(seed, sessions=80, events=60, usage=True)
+    volatile = name.startswith("volatile")
+    lines = generated_lines(seed, sessions=80, events=60, usage=True, volatile=volatile)
     python = _python(config, lines)
     assert len(python[0]) > 2_000
     assert _native(config, lines) == python
@@ -252,6 +281,32 @@ def test_the_rules_fire_in_the_generated_sessions(native: ModuleType) -> None:
     assert {d for d, _, enforced in found if enforced is False} >= {"cycle", "repeated_failure"}
     with_tallies = [state_codec.decode(data).rules for data in finals]
     assert sum(rules is not None and bool(rules.runs) for rules in with_tallies) > 40
+
+
+def test_identical_calls_and_masked_results_decide_in_the_generated_sessions(
+    native: ModuleType,
+) -> None:
+    """The comparisons above hold identical-call verdicts, enforced and only reported,
+    and masking that turns results the same."""
+    name = "volatile results and identical calls"
+    lines = generated_lines(101, 80, 60, usage=True, volatile=True)
+    masked, _ = _python(parse_config(RULE_CONFIGS[name]), lines)
+    plain = RULE_CONFIGS[name] | {
+        "loopfuse": {"rules": {"identicalCalls": {"warningThreshold": 3, "criticalThreshold": 6}}}
+    }
+    unmasked, _ = _python(parse_config(plain), lines)
+    found = {
+        (value["detector"], value["action"], value.get("enforced", True))
+        for value in map(orjson.loads, masked)
+        if isinstance(value, dict) and value.get("detector")
+    }
+    assert ("identical_calls", "block", True) in found
+    assert ("identical_calls", "block", False) in found
+    blocks = [
+        sum(b'"action":"block"' in line and b'"detector":"generic_repeat"' in line for line in out)
+        for out in (masked, unmasked)
+    ]
+    assert blocks[0] > blocks[1], blocks
 
 
 def test_decisions_happen_in_the_generated_sessions(native: ModuleType) -> None:

@@ -737,6 +737,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "rules"
         ("per-tool", "generic_repeat", True),
         ("run-caps", "token_budget", True),
         ("shadow", "repeated_failure", False),
+        ("volatile-results", "generic_repeat", True),
+        ("identical-calls", "identical_calls", True),
     ],
 )
 def test_each_example_shows_its_rule(name: str, detector: str, enforced: bool) -> None:
@@ -756,7 +758,7 @@ def test_every_rules_example_in_the_docs_is_valid() -> None:
     docs = (EXAMPLES.parents[1] / "docs" / "configuration.md").read_text()
     section = docs[docs.index("## Rules beyond") : docs.index("## Worker settings")]
     blocks = re.findall(r"```json5\n(.*?)```", section, re.S)
-    assert len(blocks) == 7
+    assert len(blocks) == 9
     for block in blocks:
         assert parse_config(json5.loads(block)).loopfuse.rules is not None
 
@@ -792,3 +794,159 @@ def test_fit_sheds_the_oldest_run_tallies_before_remembered_verdicts() -> None:
     size = len(state_codec.encode(state))
     state_codec.fit(state, size - 1)
     assert 0 < len(state.rules.runs) < MAX_RUN_TALLIES
+
+
+# -- volatile results and identical calls ----------------------------------------------
+
+
+def build(attempt: int) -> dict[str, Any]:
+    """A failed build's exec result: the same failure, a new time and duration each time."""
+    text = (
+        f"[2026-12-01T10:00:{attempt:02d}Z] make: *** [app] Error 1 (pid {4000 + attempt})\n"
+        f"failed after {1 + attempt * 0.37:.2f}s"
+    )
+    return {"details": {"status": "completed", "exitCode": 2, "aggregated": text}}
+
+
+def retried_build(times: int, tool: str = "exec") -> list[Any]:
+    return [
+        event
+        for attempt in range(times)
+        for event in pair(tool, {"command": "make"}, result=build(attempt))
+    ]
+
+
+def test_a_retried_build_whose_output_only_changes_in_times_is_blocked() -> None:
+    loop = {"warningThreshold": 3, "criticalThreshold": 5}
+    without = rules_engine({}, **loop).replay(retried_build(6))
+    assert "block" not in [v.action for v in verdicts(without)]  # OpenClaw's verdicts
+    masked = rules_engine({"volatileResults": {}}, **loop).replay(retried_build(6))
+    assert decided(masked)[-1] == ("block", "generic_repeat", 5)
+    assert verdicts(masked)[-1].message == (
+        "CRITICAL: Called exec with identical arguments and identical outcomes 5 times. "
+        "Session execution blocked to prevent runaway loops."
+    )
+
+
+def test_volatile_results_mask_only_the_tools_in_scope() -> None:
+    loop = {"warningThreshold": 3, "criticalThreshold": 5}
+    engine = rules_engine({"volatileResults": {"tools": ["bash"]}}, **loop)
+    assert "block" not in [v.action for v in verdicts(engine.replay(retried_build(6)))]
+    assert decided(engine.replay(retried_build(6, "bash")))[-1][0] == "block"
+
+
+def test_a_result_that_really_changes_is_progress_under_volatile_results() -> None:
+    loop = {"warningThreshold": 3, "criticalThreshold": 5}
+    pages = [
+        event
+        for page in range(8)
+        for event in pair(
+            "exec",
+            {"command": "tail -n 3 build.log"},
+            result={"content": [{"type": "text", "text": f"step {page} of 40 done in 0.{page}s"}]},
+        )
+    ]
+    outputs = rules_engine({"volatileResults": {}}, **loop).replay(pages)
+    assert "block" not in [v.action for v in verdicts(outputs)]
+
+
+def test_volatile_results_have_no_shadow_mode() -> None:
+    with pytest.raises(ConfigError, match="volatileResults has no shadow mode"):
+        parse_config({"loopfuse": {"rules": {"volatileResults": {"shadow": True}}}})
+    with pytest.raises(ConfigError, match="prefix"):
+        parse_config(
+            {
+                "loopfuse": {
+                    "rules": {"volatileResults": {"patterns": [{"prefix": "", "chars": "hex"}]}}
+                }
+            }
+        )
+
+
+def polls(times: int, tool: str = "queue_depth") -> list[Any]:
+    """The same call ``times`` times, each result different (a depth that keeps moving)."""
+    return [
+        event
+        for n in range(times)
+        for event in pair(
+            tool, {"queue": "orders"}, result={"content": [{"type": "text", "text": f"{n}"}]}
+        )
+    ]
+
+
+IDENTICAL_5 = (
+    "CRITICAL: You have called queue_depth 5 times in a row with identical arguments. "
+    "Session execution blocked to prevent runaway loops."
+)
+
+
+def test_identical_calls_are_warned_and_blocked_whatever_the_results() -> None:
+    engine = rules_engine({"identicalCalls": {"warningThreshold": 3, "criticalThreshold": 5}})
+    outputs = engine.replay(polls(7))
+    assert decided(outputs) == [
+        ("allow", None, 0),
+        ("allow", None, 0),
+        ("allow", None, 0),
+        ("warn", "identical_calls", 3),
+        ("warn", "identical_calls", 4),
+        ("block", "identical_calls", 5),
+        ("block", "identical_calls", 6),
+    ]
+    assert verdicts(outputs)[5].message == IDENTICAL_5
+    assert verdicts(outputs)[3].message == (
+        "WARNING: You have called queue_depth 3 times in a row with identical arguments. "
+        "If this is not making progress, stop retrying and report the task as failed."
+    )
+    assert events_of(outputs)[0] == ("block", "identical_calls", 5, True)
+
+
+def test_another_call_or_another_run_starts_the_identical_count_again() -> None:
+    engine = rules_engine({"identicalCalls": {"warningThreshold": 3, "criticalThreshold": 5}})
+    events = [*polls(4), *pair("read", {"p": 1}), *polls(4), *polls(2)]
+    other_run = [call("queue_depth", {"queue": "orders"}, run="r2")]
+    actions = [a for a, _, _ in decided(engine.replay(events + other_run))]
+    assert actions == [
+        *("allow", "allow", "allow", "warn"),
+        "allow",  # read
+        *("allow", "allow", "allow", "warn", "warn", "block"),
+        "allow",  # another run
+    ]
+
+
+def test_identical_calls_in_shadow_are_only_reported() -> None:
+    engine = rules_engine(
+        {"identicalCalls": {"warningThreshold": 3, "criticalThreshold": 5, "shadow": True}}
+    )
+    outputs = engine.replay(polls(6))
+    assert {v.action for v in verdicts(outputs)} == {"allow"}
+    assert events_of(outputs) == [("block", "identical_calls", 5, False)]
+
+
+def test_identical_call_streaks_round_trip_and_leave_other_states_as_they_were() -> None:
+    streaks, _ = fold(rules_engine({"identicalCalls": {}}), polls(3))
+    assert streaks.rules is not None and next(iter(streaks.rules.identical.values()))[1] == 3
+    again = state_codec.decode(state_codec.encode(streaks))
+    assert again.rules is not None and again.rules.identical == streaks.rules.identical
+    caps, _ = fold(rules_engine({"runCaps": {"maxToolCalls": 100}}), polls(3))
+    assert caps.rules is not None and not caps.rules.identical
+    # no streaks: the rule trailer is version 1, as before the rule existed
+    assert b"R\x01" in state_codec.encode(caps)
+
+
+def test_volatile_results_mask_errors_but_not_a_gateway_hash() -> None:
+    loop = {"warningThreshold": 3, "criticalThreshold": 5}
+    engine = rules_engine({"volatileResults": {}}, **loop)
+    timeouts = [
+        event
+        for n in range(6)
+        for event in pair(
+            "fetch",
+            {"url": "u"},
+            error=f"timeout after {30 + n}ms (request {n:08x}-1a2b-4c3d-9e8f-0123456789ab)",
+        )
+    ]
+    assert decided(engine.replay(timeouts))[-1][0] == "block"
+    hashed = [
+        event for n in range(6) for event in pair("fetch", {"url": "u"}, result_hash=f"{n:032x}")
+    ]
+    assert "block" not in [v.action for v in verdicts(engine.replay(hashed))]

@@ -43,6 +43,7 @@ pub enum Detector {
     RunCallCap,
     TokenBudget,
     CostBudget,
+    IdenticalCalls,
 }
 
 impl Detector {
@@ -60,6 +61,7 @@ impl Detector {
             Detector::RunCallCap => "run_call_cap",
             Detector::TokenBudget => "token_budget",
             Detector::CostBudget => "cost_budget",
+            Detector::IdenticalCalls => "identical_calls",
         }
     }
 }

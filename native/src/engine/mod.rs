@@ -17,3 +17,4 @@ pub mod fingerprint;
 pub mod history;
 pub mod py;
 pub mod rules;
+pub mod volatile;

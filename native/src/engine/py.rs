@@ -18,6 +18,7 @@ use super::config::ResolvedConfig;
 use super::detectors::{detect, guard_message, Detection};
 use super::fingerprint;
 use super::history::{History, Record};
+use super::volatile::{TokenClass, VolatileResults};
 
 /// A Python str as UTF-8, or None for one with a lone surrogate (or not a str).
 fn text(value: &Bound<'_, PyAny>) -> Option<Arc<str>> {
@@ -327,7 +328,18 @@ fn guard_message_of(tool: &Bound<'_, PyAny>, count: i64, window: i64) -> Option<
     Some(guard_message(&text(tool)?, count, window))
 }
 
+/// volatile.py's `mask_text` (None for a lone surrogate, or an unknown token class).
+#[pyfunction]
+fn mask_volatile(text_value: &Bound<'_, PyAny>, patterns: Vec<(String, String)>) -> Option<String> {
+    let mut rule = VolatileResults::default();
+    for (prefix, name) in patterns {
+        rule.patterns.push((prefix, TokenClass::named(&name)?));
+    }
+    Some(rule.mask(&text(text_value)?))
+}
+
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(mask_volatile, module)?)?;
     module.add_function(wrap_pyfunction!(detect_history, module)?)?;
     module.add_function(wrap_pyfunction!(time_detect_history, module)?)?;
     module.add_function(wrap_pyfunction!(history_view, module)?)?;

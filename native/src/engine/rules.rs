@@ -8,10 +8,12 @@
 //! its detection.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::detectors::{Detection, Detector, Level};
 use super::fingerprint::hash64;
 use super::history::RunHistory;
+use super::volatile::VolatileResults;
 
 /// rule_state.py's bounds.
 pub const MAX_RUN_TALLIES: usize = 32;
@@ -63,7 +65,16 @@ pub struct Rules {
     pub run_caps: Option<RunCaps>,
     /// The fleet breaker's (enforced, action): "warn" or "block" (the worker's overlay).
     pub fleet_breaker: Option<(bool, &'static str)>,
+    pub identical_calls: Option<IdenticalCalls>,
+    /// The result masking (read where a result's outcome token is taken).
+    pub volatile_results: Option<Arc<VolatileResults>>,
     pub exempt: HashSet<String>,
+}
+
+pub struct IdenticalCalls {
+    pub enforced: bool,
+    pub warning_threshold: u64,
+    pub critical_threshold: u64,
 }
 
 // -- what the rules remember (rule_state.py) ---------------------------------------------
@@ -86,6 +97,8 @@ pub struct RuleState {
     pub failures: Vec<((u64, u64), (u64, u64))>,
     pub session_tokens: u128,
     pub session_cost: f64,
+    /// (run key, (signature of its latest call, how many in a row)), oldest first
+    pub identical: Vec<(u64, (u64, u64))>,
 }
 
 impl RuleState {
@@ -134,6 +147,23 @@ impl RuleState {
         }
     }
 
+    /// How many calls of `sig` in a row the run has made, this one not counted.
+    pub fn identical_streak(&self, run: u64, sig: u64) -> u64 {
+        match self.identical.iter().find(|(key, _)| *key == run) {
+            Some((_, (last, count))) if *last == sig => *count,
+            _ => 0,
+        }
+    }
+
+    pub fn note_call(&mut self, run: u64, sig: u64) {
+        let count = self.identical_streak(run, sig) + 1;
+        self.identical.retain(|(key, _)| *key != run);
+        self.identical.push((run, (sig, count))); // re-inserted: the newest
+        if self.identical.len() > MAX_RUN_TALLIES {
+            self.identical.remove(0);
+        }
+    }
+
     pub fn end_streak(&mut self, key: (u64, u64)) {
         self.failures.retain(|(k, _)| *k != key);
     }
@@ -141,6 +171,7 @@ impl RuleState {
     pub fn forget_run(&mut self, run: u64) {
         self.runs.retain(|(key, _)| *key != run);
         self.failures.retain(|((key, _), _)| *key != run);
+        self.identical.retain(|(key, _)| *key != run);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -148,6 +179,7 @@ impl RuleState {
             && self.failures.is_empty()
             && self.session_tokens == 0
             && self.session_cost == 0.0
+            && self.identical.is_empty()
     }
 
     /// The trailer's bytes (`encode_rule_state`), or none for an empty state
@@ -158,7 +190,12 @@ impl RuleState {
             return out;
         }
         out.push(TRAILER_TAG);
-        put(&mut out, TRAILER_VERSION as u128);
+        let version = if self.identical.is_empty() {
+            TRAILER_VERSION
+        } else {
+            TRAILER_VERSION_STREAKS
+        };
+        put(&mut out, version as u128);
         put(&mut out, self.runs.len() as u128);
         for (run, tally) in &self.runs {
             out.extend_from_slice(&run.to_le_bytes());
@@ -181,6 +218,14 @@ impl RuleState {
         }
         put(&mut out, self.session_tokens);
         out.extend_from_slice(&self.session_cost.to_le_bytes());
+        if !self.identical.is_empty() {
+            put(&mut out, self.identical.len() as u128);
+            for (run, (sig, count)) in &self.identical {
+                out.extend_from_slice(&run.to_le_bytes());
+                out.extend_from_slice(&sig.to_le_bytes());
+                put(&mut out, *count as u128);
+            }
+        }
         out
     }
 
@@ -192,7 +237,11 @@ impl RuleState {
             return Some(rules);
         }
         let mut reader = Reader { data, pos: 0 };
-        if reader.byte()? != TRAILER_TAG || reader.uvarint()? != TRAILER_VERSION as u128 {
+        if reader.byte()? != TRAILER_TAG {
+            return None;
+        }
+        let version = reader.uvarint()?;
+        if version != TRAILER_VERSION as u128 && version != TRAILER_VERSION_STREAKS as u128 {
             return None;
         }
         for _ in 0..reader.uvarint()? {
@@ -215,12 +264,23 @@ impl RuleState {
         }
         rules.session_tokens = reader.uvarint()?;
         rules.session_cost = f64::from_bits(reader.u64()?);
+        if version == TRAILER_VERSION_STREAKS as u128 {
+            for _ in 0..reader.uvarint()? {
+                let run = reader.u64()?;
+                let sig = reader.u64()?;
+                rules
+                    .identical
+                    .push((run, (sig, reader.uvarint()?.try_into().ok()?)));
+            }
+        }
         (reader.pos == data.len()).then_some(rules)
     }
 }
 
 const TRAILER_TAG: u8 = 0x52;
 const TRAILER_VERSION: u8 = 1;
+/// rule_state.py's: the identical-call streaks at the end (version 1 without any).
+const TRAILER_VERSION_STREAKS: u8 = 2;
 
 /// state_codec.py's `_uvarint` (LEB128), to 128 bits.
 fn put(out: &mut Vec<u8>, mut value: u128) {
@@ -452,6 +512,29 @@ pub fn judge(
             }
         }
     }
+    if let Some(rule) = &rules.identical_calls {
+        // like the failure streak: the calls already made, judged on the next one
+        let count = state.identical_streak(run_hash, sig);
+        if count >= rule.warning_threshold {
+            let level = if count >= rule.critical_threshold {
+                Level::Critical
+            } else {
+                Level::Warning
+            };
+            let key = format!("{}:identical:{sig:016x}", run.unwrap_or(""));
+            found.push((
+                rule_detection(
+                    level,
+                    Detector::IdenticalCalls,
+                    count as usize,
+                    identical_message(level, tool, count),
+                    key,
+                ),
+                rule.enforced,
+                false,
+            ));
+        }
+    }
     if let Some(history) = history {
         if let Some((enforced, max_period)) = rules.cycle {
             if let Some(cycle) = cycle(
@@ -527,8 +610,12 @@ pub fn after_call(
     rules: &Rules,
     state: &mut RuleState,
     run_hash: u64,
+    sig: u64,
     judgement: &Judgement,
 ) -> Option<RunEnd> {
+    if rules.identical_calls.is_some() {
+        state.note_call(run_hash, sig);
+    }
     let tally = state.tally(run_hash);
     tally.calls += 1;
     let detection = judgement.detection.as_ref();
@@ -621,6 +708,20 @@ fn failure_message(level: Level, tool: &str, count: u64) -> String {
         format!(
             "WARNING: {tool} failed {count} times in a row with the same error. Stop retrying it; change approach \
              or report the task as failed."
+        )
+    }
+}
+
+fn identical_message(level: Level, tool: &str, count: u64) -> String {
+    if level == Level::Critical {
+        format!(
+            "CRITICAL: You have called {tool} {count} times in a row with identical arguments. Session execution \
+             blocked to prevent runaway loops."
+        )
+    } else {
+        format!(
+            "WARNING: You have called {tool} {count} times in a row with identical arguments. If this is not making \
+             progress, stop retrying and report the task as failed."
         )
     }
 }
@@ -796,6 +897,9 @@ mod tests {
         spend(&mut state, 5, 1 << 70, 0.25);
         state.note_failure((5, 9), 3);
         state.note_failure((5, 9), 3);
+        state.note_call(5, 7);
+        state.note_call(5, 7);
+        assert_eq!(state.identical_streak(5, 7), 2);
         let bytes = state.to_bytes();
         assert_eq!(RuleState::from_bytes(&bytes), Some(state));
         assert!(RuleState::default().to_bytes().is_empty());
