@@ -103,6 +103,7 @@ def describe_rules(rules: ResolvedRules | None) -> list[str]:
         ("argumentChurn", rules.argument_churn),
         ("runCaps", rules.run_caps),
         ("fleetBreaker", rules.fleet_breaker),
+        ("identicalCalls", rules.identical_calls),
     ):
         if rule is None:
             continue
@@ -113,6 +114,15 @@ def describe_rules(rules: ResolvedRules | None) -> list[str]:
         )
         mode = "enforced" if rule.enforced else "shadow"
         lines.append(f"{name}: {mode}" + (f" ({settings})" if settings else ""))
+    volatile = rules.volatile_results
+    if volatile is not None:  # masking has no shadow mode
+        tools = (
+            "every tool"
+            if volatile.tools is None
+            else ", ".join(map(shown, sorted(volatile.tools)))
+        )
+        extra = f", {len(volatile.patterns)} pattern(s) of its own" if volatile.patterns else ""
+        lines.append(f"volatileResults: masking results of {tools}{extra}")
     if rules.exempt:
         lines.append(f"exempt tools: {', '.join(shown(t) for t in sorted(rules.exempt))}")
     for tool, own in rules.thresholds:

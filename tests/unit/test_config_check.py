@@ -92,3 +92,18 @@ def test_invalid_file_exits_2_naming_the_key_path(
     assert captured.out == ""
     assert captured.err.startswith("loopfuse config check: invalid config: ")
     assert message in captured.err
+
+
+def test_the_volatile_results_and_identical_calls_rules_are_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = Path(__file__).resolve().parents[2] / "examples" / "rules"
+    assert main(["config", "check", str(root / "volatile-results.json5")]) == 0
+    assert "rule volatileResults: masking results of exec, 1 pattern(s) of its own" in (
+        capsys.readouterr().out
+    )
+    assert main(["config", "check", str(root / "identical-calls.json5")]) == 0
+    assert (
+        "rule identicalCalls: enforced (warningThreshold=3, criticalThreshold=5)"
+        in capsys.readouterr().out
+    )

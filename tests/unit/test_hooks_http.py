@@ -174,6 +174,4 @@ async def test_what_the_service_keeps_per_run_is_bounded(
         await answer(client, "/claude", data)  # not published (no Kafka here): fail policy
     [service] = services
     assert [key for key, _ in service._watched] == [f"claude:s{n}" for n in range(15, 20)]
-    assert sorted(service.client._watched) == [
-        (f"claude:s{n}", f"s{n}") for n in range(15, 20)
-    ]
+    assert sorted(service.client._watched) == [(f"claude:s{n}", f"s{n}") for n in range(15, 20)]
