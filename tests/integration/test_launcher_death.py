@@ -178,3 +178,26 @@ def test_children_started_from_a_thread_that_ended_live_and_die_with_the_launche
     assert not _port_closed("127.0.0.1", port)
 
     _kill_launcher(launcher, children, [port], term_first=False)
+
+
+#: A launcher whose child ignores SIGTERM, as a Kafka node already in a controlled
+#: shutdown that waits for its quorum does.
+_STUBBORN_CHILD = """
+import subprocess, sys, time
+from loopfuse.streams.local.broker import popen_tied
+child = popen_tied(
+    [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+     "print('ready', flush=True); time.sleep(600)"],
+    stdout=subprocess.PIPE,
+)
+print(child.stdout.readline().decode(), end="", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_child_that_ignores_sigterm_dies_with_its_launcher_too() -> None:
+    launcher, children, line = _launch([sys.executable, "-c", _STUBBORN_CHILD], timeout=30)
+    assert line == "ready\n"
+    assert len(children) == 1, children
+
+    _kill_launcher(launcher, children, [], term_first=False)
