@@ -227,8 +227,8 @@ def popen_tied(cmd: list[str], **options: Any) -> subprocess.Popen[bytes]:
     dies (and exits at once if the parent is already gone), and is forked from
     :class:`_Spawner`'s thread, which lives as long as the process; so a launcher killed
     with SIGKILL, or crashing, takes its brokers and workers with it. Elsewhere the
-    child is started as usual and the launchers' atexit hooks and signal handlers stop
-    it on every exit but a SIGKILL.
+    child is started as usual, and only the launchers' own stops (atexit hooks, signal
+    handlers, ``finally`` blocks) end it: on every exit but a SIGKILL or a crash.
     """
     hook = _parent_death_hook()
     if hook is None:
