@@ -1,5 +1,11 @@
 """The ``loopfuse`` command line: replay, worker, broker, demo, audit, tail, notify, hooks,
-config."""
+config.
+
+Each subcommand imports what it needs when it runs: operators run these commands in
+scripts and loops, and a coding agent's hook may run one per tool call, so the parser
+and ``--help`` load no models, Kafka client or terminal library
+(tests/unit/test_cli_startup.py holds it).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,10 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
-from loopfuse.schemas.config import ConfigError, DetectionConfigFile, load_config
+if TYPE_CHECKING:
+    from loopfuse.schemas.config import DetectionConfigFile
 
 
 def _worker_missing(command: str) -> int | None:
@@ -32,7 +38,11 @@ def _worker_missing(command: str) -> int | None:
 
 
 def _load(path: str | None) -> DetectionConfigFile | None:
-    return None if path is None else load_config(path)
+    if path is None:
+        return None
+    from loopfuse.schemas.config import load_config
+
+    return load_config(path)
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -523,16 +533,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             handler.addFilter(EXPLAINED_HERE)
     try:
         return int(args.handler(args))
-    except ConfigError as exc:
-        print(f"loopfuse {args.command}: invalid config: {exc}", file=sys.stderr)
-        return 2
-    except ValidationError as exc:  # settings from LOOPFUSE_* variables or flags
-        from loopfuse.streams.settings import describe_settings_error
-
-        print(f"loopfuse {args.command}: {describe_settings_error(exc)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not _explained(args.command, exc):
+            raise
+        return 2
+
+
+def _explained(command: str, exc: Exception) -> bool:
+    """Print one line for an invalid config file or invalid settings; False for any
+    other exception. The classes are looked up where loaded, not imported: an
+    exception of a class that no module loaded cannot have been raised."""
+    config = sys.modules.get("loopfuse.schemas.config")
+    if config is not None and isinstance(exc, config.ConfigError):
+        print(f"loopfuse {command}: invalid config: {exc}", file=sys.stderr)
+        return True
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(exc, pydantic.ValidationError):
+        # settings from LOOPFUSE_* variables or flags
+        from loopfuse.streams.settings import describe_settings_error
+
+        print(f"loopfuse {command}: {describe_settings_error(exc)}", file=sys.stderr)
+        return True
+    return False
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ and memory until the machine is recycled:
 * the broker runs in its own session / process group, so ``stop()`` can signal
   the whole group and a Ctrl-C in the terminal reaches only *us* (we then stop
   the broker in order) rather than racing both processes;
-* on Linux the kernel is asked to SIGTERM the broker if its parent dies without
-  cleaning up (SIGKILL, crash), which ``atexit`` cannot cover;
+* on Linux the kernel kills the broker when its parent dies without cleaning up
+  (SIGKILL, crash), which ``atexit`` cannot cover (:func:`popen_tied`);
 * an ``atexit`` hook stops it on normal interpreter exit;
 * ``stop()`` escalates SIGTERM -> SIGKILL and always reaps the child.
 """
@@ -33,6 +33,7 @@ import ctypes
 import importlib.resources
 import importlib.util
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -56,6 +57,7 @@ __all__ = [
     "TansuNotFoundError",
     "find_tansu",
     "free_port",
+    "popen_tied",
     "run_broker_cli",
 ]
 
@@ -73,6 +75,13 @@ _SCRUBBED_ENV = ("SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 # prctl(2) option: deliver a signal to this process when its parent dies.
 _PR_SET_PDEATHSIG = 1
+
+#: What a child gets from the kernel when its launcher dies. SIGKILL: the launcher that
+#: would have stopped it in order, and escalated a stop that hangs, is gone; a SIGTERM
+#: can hang for minutes (a Kafka node whose quorum has already stopped waits for it in
+#: its controlled shutdown). What a kill -9 loses, the children recover from on their
+#: next start (Kafka's log recovery, the worker's changelog and committed offsets).
+_PARENT_DEATH_SIGNAL = signal.SIGKILL
 
 _T = TypeVar("_T")
 
@@ -138,16 +147,10 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return port
 
 
-def pdeathsig_preexec() -> Callable[[], None] | None:
-    """Return a pre-exec hook that makes the kernel SIGTERM the child when we die.
-
-    Linux only. PR_SET_PDEATHSIG fires when the *thread* that forked the child
-    exits, so it is only used when starting from the main thread (the lifetime
-    of the process); from other threads the atexit hook has to do.
-    """
+def _parent_death_hook() -> Callable[[], None] | None:
+    """A pre-exec hook that has the kernel kill the child when this process dies
+    (Linux: prctl PR_SET_PDEATHSIG); None elsewhere, where the atexit hooks have to do."""
     if not sys.platform.startswith("linux"):
-        return None
-    if threading.current_thread() is not threading.main_thread():
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)  # loaded in the parent, not in the child
@@ -155,14 +158,82 @@ def pdeathsig_preexec() -> Callable[[], None] | None:
     except (OSError, AttributeError):
         return None
     parent = os.getpid()
+    sig = int(_PARENT_DEATH_SIGNAL)
 
     def _hook() -> None:
         # Runs in the child between fork and exec: keep it to plain system calls.
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
-        if os.getppid() != parent:  # parent already gone before prctl took effect
+        prctl(_PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
 
     return _hook
+
+
+_Jobs = queue.SimpleQueue[
+    tuple[
+        Callable[[], subprocess.Popen[bytes]],
+        concurrent.futures.Future[subprocess.Popen[bytes]],
+    ]
+]
+
+
+class _Spawner:
+    """One thread per process that forks every tied child.
+
+    The kernel sends the parent-death signal when the *thread* that forked the child
+    exits, not the process: a child forked from a pytest fixture's thread, an executor's
+    or ``asyncio.to_thread``'s would be killed when that thread ends. This thread is a
+    daemon that waits on its queue until the process exits, so it never ends first.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: _Jobs = queue.SimpleQueue()
+        self._pid: int | None = None  # the process whose thread it is (none after a fork)
+
+    def run(self, spawn: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked copy without the thread
+                self._jobs = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._serve, args=(self._jobs,), name="loopfuse-spawner", daemon=True
+                ).start()
+                self._pid = os.getpid()
+            jobs = self._jobs
+        done: concurrent.futures.Future[subprocess.Popen[bytes]] = concurrent.futures.Future()
+        jobs.put((spawn, done))
+        return done.result()
+
+    @staticmethod
+    def _serve(jobs: _Jobs) -> None:
+        while True:
+            spawn, done = jobs.get()
+            if not done.set_running_or_notify_cancel():
+                continue
+            try:
+                done.set_result(spawn())
+            except BaseException as exc:  # handed to the caller's thread
+                done.set_exception(exc)
+
+
+_SPAWNER = _Spawner()
+
+
+def popen_tied(cmd: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(cmd, **options)`` whose child dies with this process, however
+    this process dies.
+
+    On Linux the child asks the kernel for :data:`_PARENT_DEATH_SIGNAL` when its parent
+    dies (and exits at once if the parent is already gone), and is forked from
+    :class:`_Spawner`'s thread, which lives as long as the process; so a launcher killed
+    with SIGKILL, or crashing, takes its brokers and workers with it. Elsewhere the
+    child is started as usual, and only the launchers' own stops (atexit hooks, signal
+    handlers, ``finally`` blocks) end it: on every exit but a SIGKILL or a crash.
+    """
+    hook = _parent_death_hook()
+    if hook is None:
+        return subprocess.Popen(cmd, **options)
+    return _SPAWNER.run(lambda: subprocess.Popen(cmd, preexec_fn=hook, **options))
 
 
 def _run_coroutine_blocking(coro: Coroutine[Any, Any, _T]) -> _T:
@@ -259,8 +330,6 @@ class BrokerProcess:
             return self
         deadline = time.monotonic() + (self._START_TIMEOUT if timeout is None else timeout)
         for attempt in range(self._attempts()):
-            # Spawn from the caller's thread (see pdeathsig_preexec); only the
-            # readiness probe may need a helper thread.
             self._spawn()
             try:
                 _run_coroutine_blocking(self._wait_ready(deadline))
@@ -332,7 +401,7 @@ class BrokerProcess:
     def _popen(
         cmd: list[str], env: dict[str, str], stdout: IO[bytes] | int
     ) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+        return popen_tied(
             cmd,
             stdin=subprocess.DEVNULL,
             stdout=stdout,
@@ -342,8 +411,6 @@ class BrokerProcess:
             # Own session => own process group (pgid == pid): stop() signals the
             # group, and terminal signals aimed at our group do not hit it.
             start_new_session=True,
-            # Not a general-purpose hook: a single prctl call (see the function).
-            preexec_fn=pdeathsig_preexec(),
         )
 
     async def _wait_ready(self, deadline: float) -> None:

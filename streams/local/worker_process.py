@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Self
 
-from loopfuse.streams.local.broker import free_port, pdeathsig_preexec
+from loopfuse.streams.local.broker import free_port, popen_tied
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The Python that runs the worker: this one, unless LOOPFUSE_WORKER_PYTHON names another
@@ -53,7 +53,8 @@ def input_topic_for(topics: Mapping[str, str], event: Mapping[str, Any]) -> str:
 
 
 class WorkerProcess:
-    """``python -m loopfuse.streams.worker.run`` with the given settings; never leaves an orphan."""
+    """``python -m loopfuse.streams.worker.run`` with the given settings; never leaves an orphan
+    (it dies with the process that started it: :func:`~loopfuse.streams.local.broker.popen_tied`)."""
 
     def __init__(
         self,
@@ -87,7 +88,7 @@ class WorkerProcess:
         """Start (or start again, after it exited) the worker; its log is appended to."""
         if self.log_path is not None and self._log is None:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
+        self.proc = popen_tied(
             [
                 os.environ.get(WORKER_PYTHON_ENV) or sys.executable,
                 *self.python_options,
@@ -103,8 +104,6 @@ class WorkerProcess:
             # Its own process group: a Ctrl-C in the terminal reaches us, and we stop
             # the worker in order (after the simulator, before the broker).
             start_new_session=True,
-            # A test or demo that dies without stopping it must not leave it running.
-            preexec_fn=pdeathsig_preexec(),
         )
         return self
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from loopfuse.streams.engine import native as choice
+from loopfuse.streams.local import native_engine
 
 
 def test_a_build_carries_the_digest_of_the_python_beside_it(native: ModuleType) -> None:
@@ -30,3 +33,37 @@ def test_the_digest_changes_with_any_mirrored_file(tmp_path: Path) -> None:
         seen.add(choice.mirrored_digest(engine_dir))
         (package / name).write_bytes(original)
     assert len(seen) == len(choice.MIRRORED) + 1
+
+
+def _checkout_copy(tmp_path: Path) -> Path:
+    """The mirrored Python and the build's stamp, copied byte for byte: a checkout whose
+    build counts exactly when this one's does. Its engine folder."""
+    package = choice.ENGINE_DIR.parent.parent
+    for name in choice.MIRRORED:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes((package / name).read_bytes())
+    engine_dir = tmp_path / "streams" / "engine"
+    (engine_dir / choice.STAMP).write_bytes((choice.ENGINE_DIR / choice.STAMP).read_bytes())
+    return engine_dir
+
+
+def test_the_build_here_is_what_the_engine_runs(
+    native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(choice.PURE_ENV, raising=False)
+    assert native_engine.mismatch() is None
+    assert native_engine.mismatch(_checkout_copy(tmp_path)) is None
+
+
+def test_a_comment_edited_in_a_mirrored_file_fails_the_check_not_only_warns(
+    native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(choice.PURE_ENV, raising=False)
+    engine_dir = _checkout_copy(tmp_path)
+    rules = tmp_path / "streams" / "engine" / "rules.py"
+    rules.write_text(rules.read_text() + "# a comment\n")
+
+    why = native_engine.mismatch(engine_dir)
+
+    assert why is not None
+    assert "does not match its sources" in why
