@@ -220,7 +220,7 @@ Detector = Literal[
     "generic_repeat",
     "compaction_loop_persisted",
     "sequence_gap",
-    # opt-in rules (issue 14, docs/configuration.md: Rules)
+    # opt-in rules (docs/configuration.md: Rules)
     "tool_loop_run_ended",
     "cycle",
     "repeated_failure",

@@ -1,4 +1,4 @@
-"""loopfuse's opt-in rules beyond OpenClaw's documented detector (issue 14), validated strictly.
+"""loopfuse's opt-in rules beyond OpenClaw's documented detector, validated strictly.
 
 They live in loopfuse's own block, ``loopfuse.rules``, and per agent in
 ``agents.list[].loopfuse.rules``. Every rule is off unless its block is present

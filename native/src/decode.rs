@@ -11,8 +11,7 @@
 //! decoder's, byte for byte, and the event is msgspec's, as before.
 //!
 //! `read_event` gives the event's fields as a `WireEvent` borrowing the parsed bytes:
-//! what a native step (the next stage of issue 27) reads of an event without any Python
-//! object; `event_fields` shows it to the tests, which compare it with msgspec's event.
+//! what a native step reads of an event without any Python object; `event_fields` shows it to the tests, which compare it with msgspec's event.
 //!
 //! (Building the event's Python objects here as well was tried: msgspec builds them in
 //! less than half the instructions this crate took through PyO3's dict and call API.)

@@ -1,5 +1,8 @@
-//! loopfuse's native judge: canonical JSON (RFC 8785) and the 128-bit digests (stage 1);
-//! an input event's wire bytes validated and fingerprinted in one pass (stage 2, `decode`).
+//! loopfuse's native judge: canonical JSON (RFC 8785) and the 128-bit digests; an input
+//! event's wire bytes validated and fingerprinted in one pass (`decode`); the session
+//! fold over a state held in Rust (`session`, `session_py`), with the opt-in rules
+//! (`engine`); verdicts and loop events written as the Python engine writes them
+//! (`output`); a state's bytes written and read (`state_bytes`, `state_codec`).
 //!
 //! Every function answers only the common case and returns `None` for anything else
 //! (integers beyond 2**53 - 1, lone surrogates, subclasses of the JSON types, tuples,

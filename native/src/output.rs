@@ -1,8 +1,7 @@
 //! Verdicts and loop events as published: the JSON `Verdict.to_json` and
 //! `LoopEvent.to_json` write (orjson over the model's fields, in the model's order).
 //!
-//! The next stage of issue 27 judges in Rust, and its outputs must be the Python
-//! engine's bytes: orjson's string escapes (the two-character forms for `\b \t \n \f \r`
+//! The native fold's outputs are the Python engine's bytes: orjson's string escapes (the two-character forms for `\b \t \n \f \r`
 //! and `\" \\`, `\u00XX` with lowercase hex for the other control characters, every
 //! other character as its UTF-8, U+2028 and DEL included), `null` for a missing value,
 //! integers in decimal. A loop event's raw `args` (only with

@@ -1,9 +1,8 @@
 //! A session's fold in Rust: step.py's `Engine.step` and `Engine.release` over a state
-//! held here, for the default path (issue 27, stage 3).
+//! held here.
 //!
-//! The default path is every config without opt-in rules, fleet breaker, provider send
-//! tools or payloads in loop events (`streams/engine/native_step.py` decides, once per
-//! engine): the decision table, the post-compaction guard, ordering by `seq` with
+//! Every config the engine takes is judged here (`streams/engine/native_step.py`'s
+//! `native_for` decides, once per engine): the decision table, the opt-in rules, the post-compaction guard, ordering by `seq` with
 //! parking, gaps and gateway incarnations, redeliveries, warning buckets. Each branch
 //! below names the Python it mirrors; outputs are their published bytes
 //! (`output.rs`), notices and rejections their fields. What only Python can say the
@@ -820,7 +819,7 @@ impl<P: Policies> Step<'_, P> {
         let run = run_scope(event.run_id.as_deref());
         let run_hash = run_key(run);
         let sig = signature(tool, token);
-        // issue 14: exempt tools are never judged, others may have their own thresholds
+        // exempt tools are never judged, others may have their own thresholds
         let mut shown = &policy;
         if let Some(rules) = &policy.rules {
             if rules.exempt.contains(tool.as_str()) {
@@ -844,7 +843,7 @@ impl<P: Policies> Step<'_, P> {
         let mut enforce = self.settings.enforce;
         let mut judgement: Option<RulesJudgement> = None;
         if let Some(rules) = &policy.rules {
-            // issue 14: a rule may take over the verdict
+            // a rule may take over the verdict
             let critical = detection
                 .as_ref()
                 .is_some_and(|d| d.level == Level::Critical);
@@ -1060,7 +1059,7 @@ impl<P: Policies> Step<'_, P> {
         let run = run_scope(event.run_id.as_deref());
         let run_hash = run_key(run);
         if let Some(rules) = &policy.rules {
-            // issue 14 (rules.py's on_result): spend and failure identity; an exempt
+            // rules.py's on_result: spend and failure identity; an exempt
             // tool is never counted
             if let (Some(_), Some(usage)) = (&rules.run_caps, usage) {
                 let tokens = match usage.total_tokens {

@@ -71,7 +71,7 @@ def message_for(detector: str, level: str, tool: str, count: int, detail: str | 
             "is not making progress, stop retrying and report the task as failed."
         )
     if detail is not None:
-        return detail  # the opt-in rules (issue 14) keep their whole message as the detail
+        return detail  # the opt-in rules keep their whole message as the detail
     raise ValueError(f"no message for detector {detector!r}")
 
 

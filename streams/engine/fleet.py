@@ -1,5 +1,5 @@
 """The fleet-wide tool breaker as the engine sees it: which loop events strike a tool,
-and a pure overlay of the broken tools on a session's verdicts (issue 14, docs/configuration.md: Rules).
+and a pure overlay of the broken tools on a session's verdicts (docs/configuration.md: Rules).
 
 A session's verdict still comes from its own events (``Engine.step``); the breakers
 are one more input, like the event, read by the worker from the breakers topic. The

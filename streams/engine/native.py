@@ -9,11 +9,10 @@ crate beside it to check a build by), the ``loopfuse-native`` wheel (``pip insta
 ./native``: maturin) counts while the digest it was built with, of the Python it stands
 in for (``MIRRORED_DIGEST``, native/build.rs), is that of the installed modules: the
 wheel of another commit is refused with a warning. ``LOOPFUSE_PURE_ENGINE=1`` asks for
-the pure engine. Issue 27: canonical
-JSON and the 128-bit digests (stage 1), an input event decoded, validated and
-fingerprinted from its wire bytes (stage 2), the session fold (stage 3) with the opt-in
-rules (stage 5); every native function returns None for what it leaves to the Python
-code.
+the pure engine. The native judge holds canonical
+JSON and the 128-bit digests, an input event decoded, validated and fingerprinted from
+its wire bytes, and the session fold with the opt-in rules; every native function
+returns None for what it leaves to the Python code.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The native fold (native/src/session.rs) behind the Python engine's API.
 
-Issue 27: a session's events folded in Rust, over a state held in Rust
-(``NativeState``), for every config (:func:`native_for` decides, once per engine): the
-decision table and the guard (stage 3), provider send tools, payloads in loop events
-(the call's args written as orjson writes them), and the opt-in rules (stage 5: their tallies are part of the native state,
+A session's events folded in Rust, over a state held in Rust (``NativeState``), for
+every config (:func:`native_for` decides, once per engine): the decision table and the
+guard, provider send tools, payloads in loop events (the call's args written as orjson
+writes them), and the opt-in rules (their tallies are part of the native state,
 their resolution per agent is Python's, handed over once per agent by
 :meth:`NativeEngine._policy_values`). Its outputs are the Python engine's, byte for byte:
 verdicts and loop events as their published JSON, notices and rejections as their

@@ -1,4 +1,4 @@
-"""Resolution of the opt-in rules (``loopfuse.rules``, issue 14) in force for one agent.
+"""Resolution of the opt-in rules (``loopfuse.rules``) in force for one agent.
 
 Like streams/engine/config.py it works on plain dicts and never trusts them: an
 agent's block is merged over the global one (each rule one level deeper, ``tools``

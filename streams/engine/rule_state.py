@@ -1,4 +1,4 @@
-"""What the opt-in rules (issue 14) remember of a session, and its bytes.
+"""What the opt-in rules remember of a session, and its bytes.
 
 Kept apart from the history so that a session no rule touches has none of it: its
 state is then byte for byte what it was before the rules existed. When there is

@@ -1,4 +1,4 @@
-"""The opt-in rules beyond OpenClaw's documented detector (issue 14, docs/configuration.md: Rules).
+"""The opt-in rules beyond OpenClaw's documented detector (docs/configuration.md: Rules).
 
 The engine's step calls in here at three points, only for agents with a rule in
 force: :meth:`RuleBook.judge` after the decision table of spec section 6 (a rule may

@@ -144,7 +144,7 @@ class SessionState:
     # until the input can hold nothing more of the current one), in arrival order,
     # as fingerprints like ``parked``.
     pending: list[InputEvent] = field(default_factory=list)
-    # What the opt-in rules (issue 14) count; None while no rule touched the session.
+    # What the opt-in rules count; None while no rule touched the session.
     rules: RuleState | None = None
     # Derived, never serialised: the run keys present in the history (None = recompute).
     _runs: set[int] | None = field(default=None, repr=False, compare=False)

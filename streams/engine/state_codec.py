@@ -8,7 +8,7 @@ ints. The worker encodes every touched session once per batch (and decodes one i
 not cached), so the written format is the one cheapest to write and read at its size.
 
 Layout of version 5: version 4's head, then every part of the state in version 4's
-order, compact (issue 27: the changelog, RocksDB and recovery pay for each byte).
+order, compact (the changelog, RocksDB and recovery pay for each byte).
 Unsigned varints (LEB128, at most 64 bits) unless a width is given; ``s`` is a zigzag
 varint; a *word* (a 64-bit value) is ``0`` for zero, ``1`` and its 8 bytes where first
 met, ``n`` the (n-2)th word met before; a *text* is ``0`` for None, ``1``, its length
@@ -44,8 +44,8 @@ state and reads it into one (native/src/state_bytes.rs), the same bytes.
 On ``bench/engine.py --sessions 500 --calls 50`` (history 30; docs/benchmarks.md has
 the runs) a median state is 692 B in format 5, 1,461 B in version 4 (699 B in version
 3). Encode + decode per state: version 4 about 2 + 8 µs, format 5 native 4 + 9 µs,
-format 5 in Python 40 + 41 µs, and the native fold's own checkpoint + read 2.3 + 7.7 µs
-(issue 27's end). So where the native codec is, format 5 is written (half the bytes);
+format 5 in Python 40 + 41 µs, and the native fold's own checkpoint + read 2.3 + 7.7 µs.
+So where the native codec is, format 5 is written (half the bytes);
 without it, version 4 (format 5's writer in Python costs some 20 times msgspec's;
 ``encode(state, 5)`` still writes it).
 
@@ -115,7 +115,7 @@ DETECTORS: Final[tuple[Detector | None, ...]] = (
     "generic_repeat",
     "compaction_loop_persisted",
     "sequence_gap",
-    # opt-in rules (issue 14)
+    # opt-in rules (docs/configuration.md: Rules)
     "tool_loop_run_ended",
     "cycle",
     "repeated_failure",
@@ -123,7 +123,7 @@ DETECTORS: Final[tuple[Detector | None, ...]] = (
     "run_call_cap",
     "token_budget",
     "cost_budget",
-    "fleet_tool_breaker",  # the fleet-wide tool breaker (issue 14)
+    "fleet_tool_breaker",  # the fleet-wide tool breaker
     "identical_calls",
 )
 _ACTION_CODE: Final = {name: code for code, name in enumerate(ACTIONS)}
@@ -728,7 +728,7 @@ def _read_retired_and_pending(data: bytes, pos: int, state: SessionState) -> int
 
 def _read_v3(data: bytes) -> tuple[SessionState, int]:
     """Every count and number a varint; no sections bits (each part is there, maybe
-    empty); since issue 14 an optional trailer of the opt-in rules' tallies
+    empty), then an optional trailer of the opt-in rules' tallies
     (additive: bytes written before it still read)."""
     touched_ms, last_event_ms = _I64.unpack_from(data, 1)[0], _I64.unpack_from(data, 9)[0]
     strings, pos = _read_strings(data, 17)

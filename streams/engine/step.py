@@ -145,7 +145,7 @@ class Engine:
         self.max_parked_bytes = max_parked_bytes
         self.gap_timeout_ms = gap_timeout_ms
         self.include_payloads = self.resolver.file.loopfuse.includePayloadsInLoopEvents
-        self.rules = RuleBook(self.resolver.file)  # opt-in rules (issue 14)
+        self.rules = RuleBook(self.resolver.file)  # opt-in rules (loopfuse.rules)
         self._config_dicts: dict[ResolvedConfig, dict[str, Any]] = {}
         self._policies: dict[str | None, _Policy] = {}
         self._runs: dict[str, tuple[str | None, int]] = {}
@@ -585,7 +585,7 @@ class Engine:
         tool = event.tool_name
         token = self._args_token(event)
         sig = signature(tool, token)
-        if rules is not None:  # issue 14: exempt tools are never judged, others may have thresholds
+        if rules is not None:  # exempt tools are never judged, others may have thresholds
             if tool in rules.exempt:
                 outputs.append(
                     self._verdict(event, now_ms, action="allow", level="none", args_token=token)
@@ -604,7 +604,7 @@ class Engine:
 
         enforce = self.resolver.enforce
         judgement: Judgement | None = None
-        if rules is not None:  # issue 14: a rule may take over the verdict
+        if rules is not None:  # a rule may take over the verdict
             judgement = self.rules.judge(state, event, config, rules, run, sig, detection, enforce)
             detection, enforce = judgement.detection, judgement.enforce
         critical = detection is not None and detection.level == "critical"
@@ -684,7 +684,7 @@ class Engine:
             return  # nothing to count, nothing to record
         token, unknown = self._result_token(event)
         if rules is not None and self.rules.on_result(state, event, rules, run, token is not None):
-            return  # issue 14 (spend, failure identity): an exempt tool is never counted
+            return  # spend, failure identity: an exempt tool is never counted
         if not policy.recording:
             return
         if token is None:

@@ -1,6 +1,6 @@
 """An input event from its wire bytes, with its fingerprints when the native judge made them.
 
-The native judge (issue 27, stage 2) checks an event's bytes as loopfuse.schemas.decode
+The native judge checks an event's bytes as loopfuse.schemas.decode
 would and computes its args and result tokens from them in the same pass, where the
 engine would otherwise walk the decoded payload again. It answers only for bytes that
 decoder accepts through its msgspec pass, so the event is msgspec's, as the decoder would

@@ -1,4 +1,4 @@
-"""The fleet-wide tool breaker (issue 14 item 6, README: Rules): one tool looping in
+"""The fleet-wide tool breaker (docs/configuration.md: Rules): one tool looping in
 many sessions at once is broken fleet-wide until the window clears.
 
 Three parts, wired by :func:`install_fleet_breaker` only when ``loopfuse.rules.
@@ -18,8 +18,8 @@ fleetBreaker`` is configured (else nothing here runs and no topic is touched):
 Why a plain aiokafka reader and not a Faust GlobalTable: a GlobalTable is recovered
 by Faust's table recovery, which this worker patches for its one session table
 (``faust_compat.recovery``), it holds the worker's readiness while it recovers, and
-GlobalTables over several workers are a known weak spot of faust-streaming (issue
-#283, open: not every instance sees every key). The board is a few bounded records:
+GlobalTables over several workers are a known weak spot of faust-streaming (its
+issue #283, open: not every instance sees every key). The board is a few bounded records:
 a consumer without a group that reads every partition from offset 0 is all it needs.
 
 Why the window progress lives in memory on the owner of the tool's strike partition

@@ -1,15 +1,12 @@
-//! The engine's pure core in Rust (issue 27, stage 3): the history views, the resolved
-//! config the detectors read, the call fingerprints and the decision table, each
-//! byte-identical to its Python module (streams/engine/history.py and state.py,
-//! config.py, fingerprint.py, detectors.py).
+//! The engine's pure core in Rust: the history views, the resolved config the
+//! detectors read, the call fingerprints, the decision table, the opt-in rules and the
+//! masking of volatile results, each byte-identical to its Python module
+//! (streams/engine/history.py and state.py, config.py, fingerprint.py, detectors.py,
+//! rules.py, volatile.py).
 //!
-//! Nothing here knows PyO3: the native engine of the next stage calls it on records it
-//! holds itself. `py` is the thin layer the differential tests and the benchmark drive
-//! (tests/unit/test_native_detectors.py, bench/detectors.py).
-
-// The native engine of the next stage calls the core's views and helpers (History's
-// append and replace, the config's switches); until then only tests reach some of them.
-#![allow(dead_code)]
+//! Nothing here knows PyO3 but `py`: the session fold (`crate::session`) calls the core
+//! on records it holds itself; `py` is the thin layer the differential tests and the
+//! benchmark drive (tests/unit/test_native_detectors.py, bench/detectors.py).
 
 pub mod config;
 pub mod detectors;

@@ -1,4 +1,4 @@
-//! The opt-in rules (issue 14) in Rust: rules.py's logic, rule_state.py's tallies and
+//! The opt-in rules in Rust: rules.py's logic, rule_state.py's tallies and
 //! their bytes, over the resolved rules of rule_config.py (resolution stays in Python).
 //!
 //! Two things are left to the caller, who asks Python for them, because only Python

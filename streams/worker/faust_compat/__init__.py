@@ -6,7 +6,7 @@ or wrong, the workaround lives here, one module per hole, each verified against 
 versions below and pinned by a test that fails if an upgrade moves what it relies on.
 The worker checks the installed versions at start-up (:func:`check_versions`) and
 refuses to run on others. The last column is from disabling each one in turn and running
-its tests on Apache Kafka 4.4.0 (round 3): most holes are Faust's and exist whatever the
+its tests on Apache Kafka 4.4.0: most holes are Faust's and exist whatever the
 broker; one workaround is for the embedded broker alone.
 
 | where | what it patches or reads | upstream cause | pinned by | needed on Apache Kafka |
