@@ -60,7 +60,8 @@ from loopfuse.streams.engine.rule_config import ResolvedRules
 from loopfuse.streams.engine.rule_state import decode_rule_state
 from loopfuse.streams.engine.rules import _cap_detection, failure_identity
 from loopfuse.streams.engine.state import Decision, Guard, ResultAtRest, SessionState
-from loopfuse.streams.engine.state_codec import ACTIONS, DETECTORS, _read_uvarint, _rules_bytes
+from loopfuse.streams.engine.state_codec.body import ACTIONS, DETECTORS, rules_bytes
+from loopfuse.streams.engine.state_codec.varint import read_uvarint
 from loopfuse.streams.engine.step import Engine
 
 
@@ -357,7 +358,7 @@ class NativeEngine:
         for seq, values in parked:
             state.park(seq, _at_rest(values))
         if rules:
-            state.rules, _ = decode_rule_state(rules, 0, _read_uvarint)
+            state.rules, _ = decode_rule_state(rules, 0, read_uvarint)
         return state
 
     @staticmethod
@@ -391,7 +392,7 @@ class NativeEngine:
             state.incarnation,
             state.retired,
             [_values_at_rest(event) for event in state.pending],
-            _rules_bytes(state),
+            rules_bytes(state),
         )
         return NATIVE.NativeState.import_values((order, rest))
 

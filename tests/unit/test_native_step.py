@@ -827,7 +827,7 @@ def test_waiting_events_are_written_as_the_python_engine_writes_them(native: Mod
         for version in (4, 5):
             written = state_codec.encode_body(state.touched_ms, state.last_event_ms, body, version)
             assert written == state_codec.encode(python, version)
-        assert state.checkpoint(17 + len(body)) == written == state_codec._compact(python)
+        assert state.checkpoint(17 + len(body)) == written == state_codec.v5.write(python)
     assert len(python.parked) == 3 and len(python.pending) == 2
     assert state_codec.decode(written).parked == python.parked
     # a usage cost waiting: Python writes the state, and the checkpoint is its bytes
@@ -867,7 +867,7 @@ def test_a_native_state_writes_the_python_engines_bytes(native: ModuleType) -> N
                     state.touched_ms, state.last_event_ms, body, version
                 )
                 assert written == state_codec.encode(python, version)
-            assert state.checkpoint(17 + len(body)) == written == state_codec._compact(python)
+            assert state.checkpoint(17 + len(body)) == written == state_codec.v5.write(python)
             assert state.checkpoint(16 + len(body)) is None
             compared += 1
             waiting += bool(python.parked or python.pending)
