@@ -7,7 +7,7 @@ records to an empty partition ``end_offsets()`` says 1, after a further batch
 of 50 it says 101 (truth: 150); it is only right when the last batch held a
 single record. The high watermark carried by every Fetch response is correct.
 :func:`fetch_end_offsets` reads it; the worker's table recovery uses it on the
-embedded broker (:mod:`loopfuse.streams.worker.faust_compat.end_offsets`), and so do
+embedded broker (:mod:`loopfuse.streams.worker.faust_compat.embedded_recovery`), and so do
 the readers of the output topics. It leans on aiokafka internals (named in comments),
 pinned by pyproject; tests/integration/test_end_offsets.py fails loudly if an upgrade
 moves them.

@@ -39,7 +39,7 @@ class KafkaBroker:
 
     ``kind`` is ``"kafka"`` (Apache Kafka, local, in a container or external) or
     ``"tansu"`` (the embedded broker, whose known gaps turn on
-    ``loopfuse.streams.worker.faust_compat.end_offsets`` in the workers).
+    ``loopfuse.streams.worker.faust_compat.embedded_recovery`` in the workers).
     """
 
     bootstrap: str

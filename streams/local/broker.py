@@ -9,7 +9,7 @@ engine and Apache Kafka cannot be downloaded. Everything it stores is lost when
 it stops. Its known protocol gaps (wrong ``ListOffsets(latest)`` after a
 multi-record batch, no idempotent producer / transactions, slow group joins)
 are documented in the architecture notes; the end-offset workaround lives in
-:mod:`loopfuse.streams.worker.faust_compat.end_offsets`.
+:mod:`loopfuse.streams.worker.faust_compat.embedded_recovery`.
 
 Process hygiene is the main concern here, because a leaked broker keeps a port
 and memory until the machine is recycled:

@@ -105,7 +105,7 @@ async def read_snapshot(
 
     ``since_ms`` skips, where the broker can say so (ListOffsets by time), the part of
     each partition written before that time; callers still filter by the records'
-    own times. The end offsets come from Fetch responses (``loopfuse.streams.worker.faust_compat.end_offsets``): the
+    own times. The end offsets come from Fetch responses (``loopfuse.streams.end_offsets``): the
     embedded broker's ListOffsets is wrong after multi-record batches.
     """
     consumer = _consumer(bootstrap, kafka_options or {})

@@ -23,7 +23,7 @@ from loopfuse.streams.worker import faust_compat as compat
 from loopfuse.streams.worker.faust_compat.assignment import prepare_consumer
 from loopfuse.streams.worker.faust_compat.consumer import FaustInputOffsets, owned_inputs
 from loopfuse.streams.worker.faust_compat.delivery import FetchBatches
-from loopfuse.streams.worker.faust_compat.end_offsets import install_end_offset_workaround
+from loopfuse.streams.worker.faust_compat.embedded_recovery import install_end_offset_workaround
 from loopfuse.streams.worker.faust_compat.producer import (
     Publisher,
     VerdictSigning,

@@ -294,7 +294,7 @@ async def follow_board(settings: Settings, board: BreakerBoard) -> None:
         tps = sorted(consumer.assignment())
         for tp in tps:
             consumer.seek(tp, 0)
-        # The embedded broker's ListOffsets is wrong (faust_compat.end_offsets): there,
+        # The embedded broker's ListOffsets is wrong (faust_compat.embedded_recovery): there,
         # the high watermarks of a Fetch answer.
         ends: dict[TopicPartition, int] = (
             await fetch_end_offsets(consumer, tps)

@@ -3,7 +3,7 @@
 Tansu 0.6 answers ListOffsets(latest) with "last batch's base offset + 1", so after
 one producer batch of 100 records aiokafka's ``end_offsets()`` says 1. Faust uses
 end offsets to decide when table recovery is complete, so the workaround in
-loopfuse.streams.worker.faust_compat.end_offsets takes them from a Fetch response's high watermark instead.
+loopfuse.streams.worker.faust_compat.embedded_recovery takes them from a Fetch response's high watermark instead.
 On Apache Kafka both ways agree (asserted), so the worker installs the workaround only
 for the embedded broker; one test here pins that Tansu still needs it.
 """
@@ -23,7 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.types import TP
 
 from loopfuse.streams.end_offsets import fetch_end_offsets
-from loopfuse.streams.worker.faust_compat.end_offsets import (
+from loopfuse.streams.worker.faust_compat.embedded_recovery import (
     end_offset_workaround_installed,
     install_end_offset_workaround,
 )

@@ -452,7 +452,7 @@ async def end_offsets(
 ) -> dict[TopicPartition, int]:
     """End offsets: ``ListOffsets(latest)`` on Apache Kafka; on the embedded broker,
     whose answer is wrong after multi-record batches, the high watermarks of a Fetch
-    answer (see loopfuse.streams.worker.faust_compat.end_offsets)."""
+    answer (see loopfuse.streams.worker.faust_compat.embedded_recovery)."""
     if embedded_in_use():
         from loopfuse.streams.end_offsets import fetch_end_offsets
 
