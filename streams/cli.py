@@ -1,4 +1,5 @@
-"""The ``loopfuse`` command line: replay, worker, broker, demo, audit, tail, notify, config."""
+"""The ``loopfuse`` command line: replay, worker, broker, demo, audit, tail, notify, hooks,
+config."""
 
 from __future__ import annotations
 
@@ -133,6 +134,49 @@ def _cmd_notify(args: argparse.Namespace) -> int:
     from loopfuse.streams.ops.notify import run_notify
 
     return run_notify(args)
+
+
+def _cmd_hooks_serve(args: argparse.Namespace) -> int:
+    from loopfuse.streams.gateway.hooks.protocols import AGENTS
+    from loopfuse.streams.gateway.hooks.service import HooksOptions, is_loopback, run_serve
+    from loopfuse.streams.settings import Settings
+
+    token = None
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            print(f"loopfuse hooks: cannot read --token-file ({exc.strerror})", file=sys.stderr)
+            return 2
+        if not token:
+            print("loopfuse hooks: --token-file is empty", file=sys.stderr)
+            return 2
+    elif not is_loopback(args.host):
+        print(
+            f"loopfuse hooks: --host {args.host} is not loopback: give --token-file (a bearer "
+            "token every request must carry)",
+            file=sys.stderr,
+        )
+        return 2
+    closed = set(AGENTS) if "all" in (args.fail_closed or []) else set(args.fail_closed or [])
+    options = HooksOptions(
+        host=args.host,
+        port=args.port,
+        token=token,
+        host_id=args.host_id,
+        verdict_timeout=args.verdict_timeout,
+        fail_policy={agent: "closed" for agent in AGENTS if agent in closed},
+        max_body_bytes=args.max_body_bytes,
+        raw_payloads=args.raw_payloads,
+        codex_interrupt=args.codex_interrupt,
+    )
+    return run_serve(Settings(), options)
+
+
+def _host_id(value: str) -> str:
+    if not value or len(value) > 64 or not all(c.isalnum() or c in "._-" for c in value):
+        raise argparse.ArgumentTypeError("1-64 characters: letters, digits, . _ -")
+    return value
 
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
@@ -303,6 +347,59 @@ def build_parser() -> argparse.ArgumentParser:
         help="also post the call's args (only there with includePayloadsInLoopEvents)",
     )
     notify.set_defaults(handler=_cmd_notify)
+
+    hooks = sub.add_parser(
+        "hooks", help="Claude Code, Codex CLI and Gemini CLI through their hooks: serve, install"
+    )
+    hooks_sub = hooks.add_subparsers(dest="hooks_command", required=True)
+    serve = hooks_sub.add_parser(
+        "serve",
+        help="answer the agents' hooks on loopback (Kafka settings: LOOPFUSE_* variables)",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=7311, help="port (7311; 0: a free one)")
+    serve.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="a bearer token every request must carry (needed to bind beyond loopback)",
+    )
+    serve.add_argument(
+        "--host-id",
+        "--agent-id-prefix",
+        dest="host_id",
+        type=_host_id,
+        help="this machine's id in every session key: <agent>:<host id>:<session id>",
+    )
+    serve.add_argument(
+        "--verdict-timeout",
+        type=float,
+        default=5.0,
+        help="s a tool call waits for its verdict, under the agent's hook timeout (5)",
+    )
+    serve.add_argument(
+        "--fail-closed",
+        action="append",
+        choices=["claude", "codex", "gemini", "all"],
+        help="no verdict in time: block this agent's call (repeatable; default: run it)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        help="largest hook body read; larger ones get the fail policy (8 MiB)",
+    )
+    serve.add_argument(
+        "--raw-payloads",
+        action="store_true",
+        help="send tool arguments and outputs to Kafka, not their hashes",
+    )
+    serve.add_argument(
+        "--codex-interrupt",
+        action="store_true",
+        help="SIGINT the Codex process whose run loopfuse aborted (Linux; opt-in)",
+    )
+    serve.set_defaults(handler=_cmd_hooks_serve)
 
     config = sub.add_parser("config", help="inspect a loopDetection config file")
     config_sub = config.add_subparsers(dest="config_command", required=True)

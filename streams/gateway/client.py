@@ -525,13 +525,16 @@ class GatewayClient:
         *,
         call_id: str | None = None,
         timeout: float | None = None,
+        fail_policy: FailPolicy | None = None,
     ) -> Verdict:
         """Publish a tool call and wait for its verdict.
 
         A call this run already had blocked (same args hash) is answered from the
         local sticky-block cache without a round trip. When no verdict arrives within
-        the timeout, the fail policy decides: ``open`` allows, ``closed`` blocks.
+        the timeout, the fail policy (``fail_policy``, else the client's) decides:
+        ``open`` allows, ``closed`` blocks.
         """
+        policy = fail_policy or self.fail_policy
         call_id = call_id or session.new_call_id()
         token = args_hash(args)
         run_key = (session.session_key, session.run_id)
@@ -571,11 +574,11 @@ class GatewayClient:
                 call_id[:80],
                 session.session_key[:80],
                 timeout or self.timeout,
-                "allowed" if self.fail_policy == "open" else "blocked",
-                self.fail_policy,
+                "allowed" if policy == "open" else "blocked",
+                policy,
                 self.stats.timeouts,
             )
-            return self._timeout_verdict(event, token)
+            return self._timeout_verdict(event, token, policy)
         finally:
             self._pending.pop(pending_key, None)
         # A fleet breaker's block holds only until its window clears (fleet-wide, in
@@ -628,8 +631,8 @@ class GatewayClient:
         # the verdict itself is the acknowledgement the gateway waits for.
         await self._producer.send(topic, orjson.dumps(event), key=key.encode())
 
-    def _timeout_verdict(self, event: dict[str, Any], token: str) -> Verdict:
-        allow = self.fail_policy == "open"
+    def _timeout_verdict(self, event: dict[str, Any], token: str, policy: FailPolicy) -> Verdict:
+        allow = policy == "open"
         action = "allow" if allow else "block"
         return Verdict(
             verdict_id=verdict_id(
@@ -650,9 +653,7 @@ class GatewayClient:
             level="none" if allow else "critical",
             detector=None,
             count=0,
-            message=TIMEOUT_MESSAGE.format(
-                what="allowed" if allow else "blocked", policy=self.fail_policy
-            ),
+            message=TIMEOUT_MESSAGE.format(what="allowed" if allow else "blocked", policy=policy),
             args_hash=token,
             event_ts=event["ts"],
             decided_ts=int(time.time() * 1000),

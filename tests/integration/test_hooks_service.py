@@ -1,0 +1,214 @@
+"""``loopfuse hooks serve`` against a real worker: each agent's hook JSON, POSTed as
+the agent posts it, gets the agent's own answer for loopfuse's verdict.
+
+The worker runs tests/fixtures/worker.json5 (warning 3, critical 5): a loop of
+identical shell calls with identical outcomes runs calls 1-3 plainly, warns 4-5 and
+blocks from 6 on, in each agent's protocol. (Inside the agents' own loops:
+tests/e2e/agents.)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from loopfuse.streams.local.worker_process import WorkerProcess
+from tests.support.harness import new_topics, unique, worker_settings
+from tests.support.hooks_service import HooksServer
+
+pytestmark = pytest.mark.timeout(300)
+
+COMMAND = {"command": "make test"}
+
+
+@pytest.fixture(scope="module")
+def settings(
+    kafka_bootstrap: str, kafka_broker_kind: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """A worker with a reply topic of its own; its settings (the service's too)."""
+    tmp = tmp_path_factory.mktemp("hooks")
+    settings = worker_settings(
+        kafka_bootstrap,
+        kafka_broker_kind,
+        new_topics(),
+        unique("hooks-test"),
+        tmp / "data",
+        reply_topics=unique("hooks-replies"),
+        reply_partitions=4,
+    )
+    worker = WorkerProcess(settings, log_path=tmp / "worker.log").start()
+    try:
+        worker.wait_ready(90)
+        yield settings
+    finally:
+        worker.stop()
+
+
+@pytest.fixture
+def service(settings: dict[str, str]) -> Iterator[HooksServer]:
+    server = HooksServer(settings, ["--port", "0", "--verdict-timeout", "30"]).start()
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with http.post(url, json=body) as response:
+        assert response.status == 200, await response.text()
+        answer: dict[str, Any] = await response.json()
+        return answer
+
+
+def decision(answer: dict[str, Any]) -> str:
+    """What the agent does with a pre-tool answer: run, run warned, deny, stop."""
+    if answer.get("continue") is False:
+        return "abort"
+    output = answer.get("hookSpecificOutput", {})
+    if output.get("permissionDecision") == "deny" or answer.get("decision") == "deny":
+        return "block"
+    return "warn" if output.get("additionalContext") else "allow"
+
+
+async def claude_call(
+    http: aiohttp.ClientSession, url: str, session_id: str, n: int, agent: str = "claude"
+) -> str:
+    """One Claude Code (or Codex) Bash call, and its result when it ran."""
+    call = {
+        "session_id": session_id,
+        "transcript_path": f"/tmp/{session_id}.jsonl",
+        "cwd": "/work",
+        "tool_name": "Bash",
+        "tool_input": COMMAND,
+        "tool_use_id": f"toolu_{n}_{uuid.uuid4().hex[:6]}",
+    }
+    if agent == "codex":
+        call["turn_id"] = "turn-1"
+    answer = await post(http, f"{url}/{agent}", {**call, "hook_event_name": "PreToolUse"})
+    action = decision(answer)
+    if action in ("allow", "warn"):
+        response: Any = {"stdout": "FAIL: 3 tests", "stderr": "", "interrupted": False}
+        if agent == "codex":  # what Codex reads: the wall time differs on every call
+            response = f"Exit code: 1\nWall time: 0.{n}1 seconds\nOutput:\nFAIL: 3 tests"
+        after = {**call, "hook_event_name": "PostToolUse", "tool_response": response}
+        assert await post(http, f"{url}/{agent}", after) == {}
+    return action
+
+
+async def gemini_call(http: aiohttp.ClientSession, url: str, session_id: str, n: int) -> str:
+    """One Gemini CLI shell call; its warning comes with AfterTool, appended to the result."""
+    call = {
+        "session_id": session_id,
+        "transcript_path": f"/tmp/{session_id}.json",
+        "cwd": "/work",
+        "timestamp": "2026-12-04T18:00:00.000Z",
+        "tool_name": "run_shell_command",
+        "tool_input": COMMAND,
+    }
+    answer = await post(http, f"{url}/gemini", {**call, "hook_event_name": "BeforeTool"})
+    action = decision(answer)
+    if action != "allow":
+        return action
+    output = (  # Gemini's shell result: the process group differs on every call
+        "Command: make test\nDirectory: (root)\nOutput: FAIL: 3 tests\nError: (none)\n"
+        f"Exit Code: 1\nSignal: (none)\nBackground PIDs: (none)\nProcess Group PGID: {4100 + n}"
+    )
+    response = {"llmContent": output, "returnDisplay": "FAIL: 3 tests"}
+    after = await post(
+        http, f"{url}/gemini", {**call, "hook_event_name": "AfterTool", "tool_response": response}
+    )
+    return decision(after)
+
+
+LOOP = ["allow"] * 3 + ["warn"] * 2 + ["block"] * 3
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex", "gemini"])
+async def test_a_loop_is_warned_then_blocked_in_each_agents_protocol(
+    agent: str, service: HooksServer, http: aiohttp.ClientSession
+) -> None:
+    session_id = str(uuid.uuid4())
+    actions = []
+    for n in range(1, 9):
+        if agent == "gemini":
+            actions.append(await gemini_call(http, service.url, session_id, n))
+        else:
+            actions.append(await claude_call(http, service.url, session_id, n, agent))
+    assert actions == LOOP
+
+
+async def test_the_block_and_warning_carry_loopfuses_message(
+    service: HooksServer, http: aiohttp.ClientSession
+) -> None:
+    session_id = str(uuid.uuid4())
+    for n in range(1, 6):
+        await claude_call(http, service.url, session_id, n)
+    call = {
+        "hook_event_name": "PreToolUse",
+        "session_id": session_id,
+        "tool_name": "Bash",
+        "tool_input": COMMAND,
+        "tool_use_id": "toolu_6",
+    }
+    answer = await post(http, f"{service.url}/claude", call)
+    output = answer["hookSpecificOutput"]
+    assert output["hookEventName"] == "PreToolUse" and output["permissionDecision"] == "deny"
+    assert output["permissionDecisionReason"].startswith("CRITICAL: Called Bash with identical")
+
+
+async def test_two_agents_sessions_with_one_id_stay_apart(
+    service: HooksServer, http: aiohttp.ClientSession
+) -> None:
+    shared = str(uuid.uuid4())
+    claude = [await claude_call(http, service.url, shared, n) for n in range(1, 7)]
+    codex = [await claude_call(http, service.url, shared, n, "codex") for n in range(1, 3)]
+    gemini = [await gemini_call(http, service.url, shared, n) for n in range(1, 3)]
+    assert claude == LOOP[:6]
+    assert codex == ["allow", "allow"] and gemini == ["allow", "allow"]
+
+
+async def test_a_restarted_service_keeps_the_sessions_history(
+    settings: dict[str, str], http: aiohttp.ClientSession
+) -> None:
+    claude_session, gemini_session = str(uuid.uuid4()), str(uuid.uuid4())
+    server = HooksServer(settings, ["--port", "0", "--verdict-timeout", "30"]).start()
+    try:
+        before = [await claude_call(http, server.url, claude_session, n) for n in range(1, 7)]
+        gemini = [await gemini_call(http, server.url, gemini_session, n) for n in range(1, 5)]
+    finally:
+        assert server.stop() == 0
+    server.start()  # a new process: a new incarnation, the same sessions
+    try:
+        after = await claude_call(http, server.url, claude_session, 7)
+        gemini.append(await gemini_call(http, server.url, gemini_session, 5))
+        gemini.append(await gemini_call(http, server.url, gemini_session, 6))
+    finally:
+        assert server.stop() == 0
+    assert before == LOOP[:6] and after == "block"
+    assert gemini == LOOP[:6]
+
+
+async def test_the_health_page_and_hostile_bodies_get_json_answers(
+    service: HooksServer, http: aiohttp.ClientSession
+) -> None:
+    async with http.get(f"{service.url}/healthz") as response:
+        assert response.status == 200
+        health = await response.json()
+    assert health["status"] == "ok" and health["fail_policy"]["claude"] == "open"
+    async with http.post(f"{service.url}/claude", data=b"{not json") as response:
+        assert response.status == 200
+        answer = await response.json()
+    assert answer == {
+        "systemMessage": "loopfuse: the hook body is not JSON; not judged (runs by the "
+        "fail-open policy)"
+    }
