@@ -173,6 +173,50 @@ def _cmd_hooks_serve(args: argparse.Namespace) -> int:
     return run_serve(Settings(), options)
 
 
+def _cmd_hooks_install(args: argparse.Namespace) -> int:
+    from loopfuse.streams.gateway.hooks.install import InstallError, InstallOptions, install
+
+    options = InstallOptions(
+        project=args.project, fail_closed=args.fail_closed, url=args.url, token_env=args.token_env
+    )
+    try:
+        lines = install(args.agent, options, Path.home(), Path.cwd())
+    except (InstallError, OSError) as exc:
+        print(f"loopfuse hooks install: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+def _cmd_hooks_uninstall(args: argparse.Namespace) -> int:
+    from loopfuse.streams.gateway.hooks.install import InstallError, uninstall
+
+    try:
+        lines = uninstall(args.agent, args.project, Path.home(), Path.cwd())
+    except (InstallError, OSError) as exc:
+        print(f"loopfuse hooks uninstall: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+def _cmd_hooks_unit(args: argparse.Namespace) -> int:
+    import shutil
+
+    from loopfuse.streams.gateway.hooks.install import launchd_plist, systemd_unit
+    from loopfuse.streams.settings import Settings
+
+    program = shutil.which("loopfuse")
+    command = [program] if program else [sys.executable, "-m", "loopfuse.streams.cli"]
+    serve_args = args.serve_args[1:] if args.serve_args[:1] == ["--"] else args.serve_args
+    command += ["hooks", "serve", *serve_args]
+    if args.launchd:
+        print(launchd_plist(command, Settings().bootstrap_servers), end="")
+    else:
+        print(systemd_unit(command), end="")
+    return 0
+
+
 def _host_id(value: str) -> str:
     if not value or len(value) > 64 or not all(c.isalnum() or c in "._-" for c in value):
         raise argparse.ArgumentTypeError("1-64 characters: letters, digits, . _ -")
@@ -400,6 +444,44 @@ def build_parser() -> argparse.ArgumentParser:
         help="SIGINT the Codex process whose run loopfuse aborted (Linux; opt-in)",
     )
     serve.set_defaults(handler=_cmd_hooks_serve)
+    for name, handler in (("install", _cmd_hooks_install), ("uninstall", _cmd_hooks_uninstall)):
+        command = hooks_sub.add_parser(
+            name,
+            help=f"{'merge loopfuse hooks into' if name == 'install' else 'remove them from'} "
+            "an agent's settings file",
+        )
+        command.add_argument("agent", choices=["claude", "codex", "gemini"])
+        where = command.add_mutually_exclusive_group()
+        where.add_argument(
+            "--user", action="store_false", dest="project", help="~/.<agent>/ (the default)"
+        )
+        where.add_argument(
+            "--project", action="store_true", dest="project", help="./.<agent>/ of this project"
+        )
+        if name == "install":
+            command.add_argument(
+                "--fail-closed",
+                action="store_true",
+                help="the service down, slow or failing blocks the call (Claude: onFailure "
+                "block; Codex, Gemini: curl -f ... || exit 2)",
+            )
+            command.add_argument(
+                "--url", default="http://127.0.0.1:7311", help="the service (http://127.0.0.1:7311)"
+            )
+            command.add_argument(
+                "--token-env",
+                metavar="VAR",
+                help="send the bearer token from this environment variable (never written)",
+            )
+        command.set_defaults(handler=handler, project=False)
+    unit = hooks_sub.add_parser(
+        "unit", help="print a systemd user unit (or --launchd: a launchd agent) for the service"
+    )
+    unit.add_argument("--launchd", action="store_true", help="a macOS launchd agent")
+    unit.add_argument(
+        "serve_args", nargs=argparse.REMAINDER, help="flags for hooks serve (after --)"
+    )
+    unit.set_defaults(handler=_cmd_hooks_unit)
 
     config = sub.add_parser("config", help="inspect a loopDetection config file")
     config_sub = config.add_subparsers(dest="config_command", required=True)

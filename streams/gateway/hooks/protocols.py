@@ -28,6 +28,7 @@ tool), so every answer here uses only the documented fields.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -140,7 +141,7 @@ def parse(agent: Agent, body: bytes) -> HookEvent:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise HookInputError("the hook body is not JSON") from None
+        data = _lenient_json(body)
     if not isinstance(data, dict):
         raise HookInputError("the hook body is not a JSON object")
     event = data.get("hook_event_name")
@@ -179,6 +180,26 @@ def parse(agent: Agent, body: bytes) -> HookEvent:
         return _failed(agent, session_id, tool_name, tool_input, call_id, error_text)
     result = outcome(agent, response)
     return ToolOutcome(session_id, tool_name, tool_input, call_id, result, None, None)
+
+
+def _lenient_json(body: bytes) -> Any:
+    """JSON that orjson refuses but an agent may send: Node's ``JSON.stringify`` writes a
+    lone surrogate as ``\\ud800``. Read it, with each lone surrogate made ``?`` (so the
+    event can be sent on, and the same input keeps one identity)."""
+    try:
+        return _without_surrogates(json.loads(body))
+    except (ValueError, RecursionError):
+        raise HookInputError("the hook body is not JSON") from None
+
+
+def _without_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, list):
+        return [_without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def _failed(
