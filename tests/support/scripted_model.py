@@ -24,14 +24,17 @@ agent loop) uses no step: it is answered with the text ``"summary of the earlier
 or, when it asks for JSON of a schema (Gemini CLI's model router and next-speaker check),
 with the first value the schema allows. With ``"when_seen": {"text": T, "step": STEP}``,
 every turn from the first request whose messages hold the text T on answers with STEP
-(e.g. a loop that starts right after a compaction).
+(e.g. a loop that starts right after a compaction). A step with ``"wait_for": PATH`` is
+answered once that file exists (a test restarts a service between two turns).
 
 Each request is appended to the log as one JSON line: ``{"turn": n, "api": A, "at":
 UNIX_TIME, "messages": [...], "tools": [names], "results": [...]}``, where ``messages``
 is the API's own conversation (chat and Messages ``messages``, Responses ``input``,
-Gemini ``contents``) and ``results`` the tool results the request carries after the
-agent's newest tool calls, as ``{"id": CALL_ID or null, "name": TOOL or null, "output":
-TEXT, "error": bool}`` in the API's order: what the model received from the tools.
+Gemini ``contents``); ``results`` holds the tool results the request carries after the
+model's newest answer, as ``{"id": CALL_ID or null, "name": TOOL or null, "output": TEXT,
+"error": bool}`` in the API's order (what the model received from the tools), and
+``notes`` the other texts there (what an agent added beside the results: a hook's
+message, a reminder). The first request has neither.
 Requests to any other path are logged with ``"turn": -1`` and answered 404.
 """
 
@@ -79,6 +82,7 @@ class Script:
         messages: list[Any],
         tools: list[str],
         results: list[Json] | None = None,
+        notes: list[str] | None = None,
     ) -> tuple[int, Json | None]:
         """The turn number (-1: not a turn of the agent loop) and its step (None then)."""
         turn = -1
@@ -93,6 +97,7 @@ class Script:
                 "messages": messages,
                 "tools": tools,
                 "results": results or [],
+                "notes": notes or [],
             }
         )
         if turn < 0:
@@ -107,6 +112,18 @@ class Script:
         if turn < len(self.steps):
             return turn, self.steps[turn]
         return turn, self.steps[-1] if self.then == "repeat" else {"text": "done"}
+
+
+async def _held(step: Json | None) -> None:
+    """A step with ``"wait_for": PATH`` is answered once that file exists (at most 120 s):
+    a test does something between two turns of the agent's loop."""
+    path = (step or {}).get("wait_for")
+    if path is None:
+        return
+    for _ in range(1200):
+        if Path(path).exists():
+            return
+        await asyncio.sleep(0.1)
 
 
 def _calls(step: Json | None) -> list[Json]:
@@ -126,6 +143,16 @@ def _text_of(content: Any) -> str:
     if isinstance(content, list):
         return "".join(_text_of(part.get("text", part.get("content", ""))) for part in content)
     return "" if content is None else json.dumps(content)
+
+
+def _after_last(messages: list[Any], is_model: Callable[[Json], bool]) -> list[Json]:
+    """The messages after the model's newest one (all of them when it has none yet)."""
+    tail: list[Json] = []
+    for message in reversed(messages):
+        if not isinstance(message, dict) or is_model(message):
+            break
+        tail.append(message)
+    return tail[::-1] if len(tail) < len(messages) else []
 
 
 async def _stream(request: web.Request, frames: list[bytes]) -> web.StreamResponse:
@@ -160,27 +187,27 @@ def _chat_usage(body: Json) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}
 
 
-def _chat_results(messages: list[Json]) -> list[Json]:
-    tail: list[Json] = []
-    for message in reversed(messages):
-        if message.get("role") != "tool":
-            break
-        tail.append(
-            {
-                "id": message.get("tool_call_id"),
-                "name": message.get("name"),
-                "output": _text_of(message.get("content")),
-                "error": False,
-            }
-        )
-    return tail[::-1]
+def _chat_results(messages: list[Json]) -> tuple[list[Json], list[str]]:
+    after = _after_last(messages, lambda m: m.get("role") == "assistant")
+    results = [
+        {
+            "id": m.get("tool_call_id"),
+            "name": m.get("name"),
+            "output": _text_of(m.get("content")),
+            "error": False,
+        }
+        for m in after
+        if m.get("role") == "tool"
+    ]
+    return results, [_text_of(m.get("content")) for m in after if m.get("role") != "tool"]
 
 
 async def _chat(script: Script, request: web.Request) -> web.StreamResponse:
     body = await request.json()
     messages = body.get("messages", [])
     tools = [t.get("function", {}).get("name") for t in body.get("tools") or []]
-    turn, step = script.next_step("chat", messages, tools, _chat_results(messages))
+    turn, step = script.next_step("chat", messages, tools, *_chat_results(messages))
+    await _held(step)
     calls = _chat_tool_calls(turn, step)
     finish = "tool_calls" if calls else "stop"
     usage = _chat_usage(body)
@@ -210,22 +237,24 @@ async def _chat(script: Script, request: web.Request) -> web.StreamResponse:
 # -- Anthropic Messages -----------------------------------------------------------------
 
 
-def _anthropic_results(messages: list[Json]) -> list[Json]:
-    if not messages or messages[-1].get("role") != "user":
-        return []
-    content = messages[-1].get("content")
-    if not isinstance(content, list):
-        return []
-    return [
-        {
-            "id": part.get("tool_use_id"),
-            "name": None,
-            "output": _text_of(part.get("content")),
-            "error": bool(part.get("is_error")),
-        }
-        for part in content
-        if isinstance(part, dict) and part.get("type") == "tool_result"
-    ]
+def _anthropic_results(messages: list[Json]) -> tuple[list[Json], list[str]]:
+    results: list[Json] = []
+    notes: list[str] = []
+    for message in _after_last(messages, lambda m: m.get("role") == "assistant"):
+        content = message.get("content")
+        for part in content if isinstance(content, list) else [{"text": content}]:
+            if isinstance(part, dict) and part.get("type") == "tool_result":
+                results.append(
+                    {
+                        "id": part.get("tool_use_id"),
+                        "name": None,
+                        "output": _text_of(part.get("content")),
+                        "error": bool(part.get("is_error")),
+                    }
+                )
+            elif isinstance(part, dict) and part.get("text"):
+                notes.append(str(part["text"]))
+    return results, notes
 
 
 def _anthropic_blocks(turn: int, step: Json | None) -> list[Json]:
@@ -247,7 +276,8 @@ async def _anthropic(script: Script, request: web.Request) -> web.StreamResponse
     body = await request.json()
     messages = body.get("messages", [])
     tools = [str(t.get("name")) for t in body.get("tools") or []]
-    turn, step = script.next_step("anthropic", messages, tools, _anthropic_results(messages))
+    turn, step = script.next_step("anthropic", messages, tools, *_anthropic_results(messages))
+    await _held(step)
     blocks = _anthropic_blocks(turn, step)
     stop = "tool_use" if blocks[0]["type"] == "tool_use" else "end_turn"
     usage = {"input_tokens": len(json.dumps(messages)) // 4, "output_tokens": 5}
@@ -298,31 +328,25 @@ def _sse_event(kind: str, data: Json) -> bytes:
 # -- OpenAI Responses -------------------------------------------------------------------
 
 
-def _responses_results(items: list[Json]) -> list[Json]:
-    tail: list[Json] = []
-    for item in reversed(items):
+def _responses_results(items: list[Json]) -> tuple[list[Json], list[str]]:
+    results: list[Json] = []
+    notes: list[str] = []
+    for item in _after_last(items, lambda i: i.get("type") in _RESPONSES_CALLS):
         if item.get("type") not in ("function_call_output", "custom_tool_call_output"):
-            break
+            notes.append(_text_of(item.get("content")))
+            continue
         output = item.get("output")
+        failed = False
         if isinstance(output, dict):  # {"content": ..., "success": bool}
-            tail.append(
-                {
-                    "id": item.get("call_id"),
-                    "name": None,
-                    "output": _text_of(output.get("content")),
-                    "error": output.get("success") is False,
-                }
-            )
-        else:
-            tail.append(
-                {
-                    "id": item.get("call_id"),
-                    "name": None,
-                    "output": _text_of(output),
-                    "error": False,
-                }
-            )
-    return tail[::-1]
+            failed = output.get("success") is False
+            output = output.get("content")
+        results.append(
+            {"id": item.get("call_id"), "name": None, "output": _text_of(output), "error": failed}
+        )
+    return results, notes
+
+
+_RESPONSES_CALLS = ("function_call", "custom_tool_call", "local_shell_call")
 
 
 def _responses_items(turn: int, step: Json | None) -> list[Json]:
@@ -361,7 +385,8 @@ async def _responses(script: Script, request: web.Request) -> web.StreamResponse
     if isinstance(items, str):
         items = [{"type": "message", "role": "user", "content": items}]
     tools = [_responses_tool_name(t) for t in body.get("tools") or []]
-    turn, step = script.next_step("responses", items, tools, _responses_results(items))
+    turn, step = script.next_step("responses", items, tools, *_responses_results(items))
+    await _held(step)
     output = _responses_items(turn, step)
     tokens = len(json.dumps(items)) // 4
     usage = {
@@ -423,26 +448,28 @@ async def _responses(script: Script, request: web.Request) -> web.StreamResponse
 # -- Gemini -----------------------------------------------------------------------------
 
 
-def _gemini_results(contents: list[Json]) -> list[Json]:
-    if not contents or contents[-1].get("role") != "user":
-        return []
-    results = []
-    for part in contents[-1].get("parts") or []:
-        answer = part.get("functionResponse") if isinstance(part, dict) else None
-        if answer is None:
-            continue
-        response = answer.get("response") or {}
-        error = "error" in response and "output" not in response
-        output = response.get("output", response.get("error", response))
-        results.append(
-            {
-                "id": answer.get("id"),
-                "name": answer.get("name"),
-                "output": output if isinstance(output, str) else json.dumps(output),
-                "error": error,
-            }
-        )
-    return results
+def _gemini_results(contents: list[Json]) -> tuple[list[Json], list[str]]:
+    results: list[Json] = []
+    notes: list[str] = []
+    for content in _after_last(contents, lambda c: c.get("role") == "model"):
+        for part in content.get("parts") or []:
+            answer = part.get("functionResponse") if isinstance(part, dict) else None
+            if answer is None:
+                if isinstance(part, dict) and part.get("text"):
+                    notes.append(str(part["text"]))
+                continue
+            response = answer.get("response") or {}
+            error = "error" in response and "output" not in response
+            output = response.get("output", response.get("error", response))
+            results.append(
+                {
+                    "id": answer.get("id"),
+                    "name": answer.get("name"),
+                    "output": output if isinstance(output, str) else json.dumps(output),
+                    "error": error,
+                }
+            )
+    return results, notes
 
 
 def _schema_value(schema: Json) -> Any:
@@ -457,7 +484,7 @@ def _schema_value(schema: Json) -> Any:
     if kind == "boolean":
         return False
     if kind in ("integer", "number"):
-        return schema.get("minimum", 0)
+        return schema.get("minimum", 1)
     return MODEL
 
 
@@ -499,7 +526,8 @@ async def _gemini(script: Script, request: web.Request) -> web.StreamResponse:
         for tool in body.get("tools") or []
         for declaration in tool.get("functionDeclarations") or []
     ]
-    _, step = script.next_step("gemini", contents, tools, _gemini_results(contents))
+    _, step = script.next_step("gemini", contents, tools, *_gemini_results(contents))
+    await _held(step)
     answer = _gemini_answer(body, step)
     if action == "streamGenerateContent":
         return await _stream(request, [f"data: {json.dumps(answer)}\n\n".encode()])
@@ -532,6 +560,7 @@ def build_app(script: Script) -> web.Application:
                 "messages": [],
                 "tools": [],
                 "results": [],
+                "notes": [],
             }
         )
         return web.json_response({"error": {"message": "not scripted"}}, status=404)

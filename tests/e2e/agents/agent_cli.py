@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +157,9 @@ class Codex(Agent):
             'name = "scripted"\n'
             f'base_url = "{model_url}"\n'
             'wire_api = "responses"\n'
+            # a trusted project: Codex reads a project's .codex/ (its hooks) only then
+            f"[projects.{json.dumps(str(ws.project))}]\n"
+            'trust_level = "trusted"\n'
         )
 
     def argv(self) -> list[str]:
@@ -235,6 +238,7 @@ class Run:
     exit_code: int
     stdout: str
     stderr: str
+    session: str = ""  # the agent's session id, once a test read it
 
     @property
     def turns(self) -> list[Json]:
@@ -245,6 +249,14 @@ class Run:
         """Per tool call, in order, the result the model received for it (the first tool
         result of the request after the call's)."""
         return [turn["results"][0] for turn in self.turns[1:] if turn["results"]]
+
+    def seen(self) -> list[str]:
+        """Per tool call, in order, all the model read after it: the tool's result and what
+        the agent added beside it (a hook's message)."""
+        return [
+            "\n".join([r["output"] for r in turn["results"]] + turn["notes"])
+            for turn in self.turns[1:]
+        ]
 
 
 @contextmanager
@@ -289,11 +301,18 @@ def agent_env(ws: Workspace, **extra: str) -> dict[str, str]:
 
 
 def run_agent(
-    agent: Agent, ws: Workspace, model_url: str, log: Path, *, timeout: float = 180
+    agent: Agent,
+    ws: Workspace,
+    model_url: str,
+    log: Path,
+    *,
+    args: Sequence[str] = (),
+    timeout: float = 180,
 ) -> Run:
-    """One run of ``agent`` in ``ws`` (configured, hooks added) against ``model_url``."""
+    """One run of ``agent`` in ``ws`` (configured, hooks added) against ``model_url``,
+    with ``args`` after the agent's own."""
     done = subprocess.run(
-        [command(agent.name), *agent.argv()],
+        [command(agent.name), *agent.argv(), *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -303,3 +322,18 @@ def run_agent(
     )
     requests = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return Run(agent.name, requests, done.returncode, done.stdout, done.stderr)
+
+
+def loopfuse_hooks(ws: Workspace, *args: str) -> str:
+    """``loopfuse hooks ARGS`` (install, uninstall) as a user runs it in the project, with
+    the run's HOME; its output."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "loopfuse"), "hooks", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ws.project,
+        env={**os.environ, "HOME": str(ws.home)},
+        check=True,
+    )
+    return done.stdout
