@@ -9,6 +9,10 @@ tests/e2e/agents.)
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -97,10 +101,17 @@ async def claude_call(
     answer = await post(http, f"{url}/{agent}", {**call, "hook_event_name": "PreToolUse"})
     action = decision(answer)
     if action in ("allow", "warn"):
-        response: Any = {"stdout": "FAIL: 3 tests", "stderr": "", "interrupted": False}
-        if agent == "codex":  # what Codex reads: the wall time differs on every call
-            response = f"Exit code: 1\nWall time: 0.{n}1 seconds\nOutput:\nFAIL: 3 tests"
-        after = {**call, "hook_event_name": "PostToolUse", "tool_response": response}
+        # as each sends it (captured): Claude reports a non-zero exit as a failure,
+        # Codex hands over the output alone
+        after: dict[str, Any] = {
+            **call,
+            "hook_event_name": "PostToolUseFailure",
+            "error": "Exit code 1\nFAIL: 3 tests",
+            "is_interrupt": False,
+            "duration_ms": 30 + n,
+        }
+        if agent == "codex":
+            after = {**call, "hook_event_name": "PostToolUse", "tool_response": "FAIL: 3 tests\n"}
         assert await post(http, f"{url}/{agent}", after) == {}
     return action
 
@@ -119,9 +130,9 @@ async def gemini_call(http: aiohttp.ClientSession, url: str, session_id: str, n:
     action = decision(answer)
     if action != "allow":
         return action
-    output = (  # Gemini's shell result: the process group differs on every call
-        "Command: make test\nDirectory: (root)\nOutput: FAIL: 3 tests\nError: (none)\n"
-        f"Exit Code: 1\nSignal: (none)\nBackground PIDs: (none)\nProcess Group PGID: {4100 + n}"
+    output = (  # Gemini's shell result (captured): the process group differs on every call
+        "<untrusted_context>\nOutput: FAIL: 3 tests\nExit Code: 1\n"
+        f"Process Group PGID: {4100 + n}\n</untrusted_context>"
     )
     response = {"llmContent": output, "returnDisplay": "FAIL: 3 tests"}
     after = await post(
@@ -164,6 +175,74 @@ async def test_the_block_and_warning_carry_loopfuses_message(
     output = answer["hookSpecificOutput"]
     assert output["hookEventName"] == "PreToolUse" and output["permissionDecision"] == "deny"
     assert output["permissionDecisionReason"].startswith("CRITICAL: Called Bash with identical")
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex"])
+async def test_a_loop_after_a_compaction_ends_the_run_where_the_agent_can(
+    agent: str, service: HooksServer, http: aiohttp.ClientSession
+) -> None:
+    """The post-compaction guard (window 3) aborts the run: Claude is told to stop
+    (continue false together with the deny); Codex cannot stop from a hook, so this and
+    every later call of the run is denied with the abort's message."""
+    session_id = str(uuid.uuid4())
+    compaction = {"hook_event_name": "PostCompact", "session_id": session_id, "trigger": "auto"}
+    assert await post(http, f"{service.url}/{agent}", compaction) == {}
+    assert [await claude_call(http, service.url, session_id, n, agent) for n in (1, 2, 3)] == [
+        "allow"
+    ] * 3
+    await asyncio.sleep(1.0)  # the abort comes for the third result; the model's turn is slower
+    call = {
+        "hook_event_name": "PreToolUse",
+        "session_id": session_id,
+        "tool_name": "Bash",
+        "tool_input": COMMAND,
+    }
+    fourth = await post(http, f"{service.url}/{agent}", {**call, "tool_use_id": "toolu_4"})
+    fifth = await post(http, f"{service.url}/{agent}", {**call, "tool_use_id": "toolu_5"})
+    reason = fourth["hookSpecificOutput"]["permissionDecisionReason"]
+    assert fourth["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert "after auto-compaction" in reason and reason.startswith("CRITICAL: ")
+    if agent == "claude":
+        assert fourth["continue"] is False and fourth["stopReason"] == reason
+    else:
+        assert "continue" not in fourth and fifth == fourth
+
+
+async def test_codex_interrupt_ends_the_aborted_codex_process_and_no_other(
+    settings: dict[str, str], http: aiohttp.ClientSession
+) -> None:
+    """Opt-in: the process the hook names ($PPID of its shell) gets SIGINT after the
+    abort's deny, if its command line says codex; any other process is left alone."""
+    codex = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "codex"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = HooksServer(settings, ["--port", "0", "--codex-interrupt"]).start()
+    try:
+        for pid in (other.pid, codex.pid):
+            session_id = str(uuid.uuid4())
+            compaction = {"hook_event_name": "PostCompact", "session_id": session_id}
+            await post(http, f"{server.url}/codex", compaction)
+            for n in (1, 2, 3):
+                await claude_call(http, server.url, session_id, n, "codex")
+            await asyncio.sleep(1.0)
+            call = {
+                "hook_event_name": "PreToolUse",
+                "session_id": session_id,
+                "tool_name": "Bash",
+                "tool_input": COMMAND,
+                "tool_use_id": "toolu_4",
+            }
+            headers = {"X-Loopfuse-Agent-Pid": str(pid)}
+            async with http.post(f"{server.url}/codex", json=call, headers=headers) as response:
+                answer = await response.json()
+            assert answer["hookSpecificOutput"]["permissionDecision"] == "deny"
+        assert codex.wait(10) == -signal.SIGINT
+        assert other.poll() is None
+    finally:
+        assert server.stop() == 0
+        for process in (codex, other):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 async def test_two_agents_sessions_with_one_id_stay_apart(

@@ -85,25 +85,24 @@ def test_a_claude_failure_is_an_error_and_names_an_unknown_tool() -> None:
     assert failed.unknown_tool == "Frobnicate"
 
 
-def test_codex_results_hash_alike_whatever_their_wall_time() -> None:
-    def outcome(seconds: str) -> Any:
-        event = parse(
-            "codex",
-            body(
-                hook_event_name="PostToolUse",
-                session_id="s",
-                turn_id="t",
-                tool_name="Bash",
-                tool_input={"command": "make"},
-                tool_use_id="c1",
-                tool_response=f"Exit code: 1\nWall time: {seconds} seconds\nOutput:\nFAIL",
-            ),
-        )
-        assert isinstance(event, ToolOutcome)
-        return result_token("Bash", {"command": "make"}, result=event.result)
-
-    assert outcome("0.1") == outcome("2.35")
-    assert outcome("0.1") != result_token("Bash", {"command": "make"}, result={"content": []})
+def test_codex_results_are_the_commands_output() -> None:
+    """Codex 0.169 hands PostToolUse the command's output as a string (captured)."""
+    event = parse(
+        "codex",
+        body(
+            hook_event_name="PostToolUse",
+            session_id="01a2423b-f2a9-7423-be90-09eb2d002930",
+            turn_id="01a2423b-f2bc-75e0-abf1-255e58130d87",
+            tool_name="Bash",
+            tool_input={"command": "echo still broken; exit 3"},
+            tool_response="still broken\n",
+            tool_use_id="call_0_0",
+            model="scripted",
+            permission_mode="bypassPermissions",
+        ),
+    )
+    assert isinstance(event, ToolOutcome) and event.call_id == "call_0_0"
+    assert event.result == {"content": [{"type": "text", "text": "still broken"}], "details": {}}
 
 
 def test_gemini_results_hash_alike_whatever_their_process_group() -> None:
@@ -111,9 +110,10 @@ def test_gemini_results_hash_alike_whatever_their_process_group() -> None:
     arrives, a loop's outcomes would never repeat and the critical block never come."""
 
     def outcome(pgid: int, output: str = "FAIL") -> Any:
+        # Gemini 0.61's llmContent for a shell call (captured)
         text = (
-            f"Command: make\nDirectory: (root)\nOutput: {output}\nError: (none)\nExit Code: 1\n"
-            f"Signal: (none)\nBackground PIDs: (none)\nProcess Group PGID: {pgid}"
+            f"<untrusted_context>\nOutput: {output}\nExit Code: 3\n"
+            f"Process Group PGID: {pgid}\n</untrusted_context>"
         )
         event = parse(
             "gemini",

@@ -119,7 +119,7 @@ def curl_command(agent: Agent, url: str, options: InstallOptions) -> str:
         command += f' -H "Authorization: Bearer ${options.token_env}"'
     command += " --data-binary @- " + shlex.quote(url)
     if options.fail_closed:
-        reason = "loopfuse hooks service unreachable: blocked by the fail-closed policy"
+        reason = "blocked by the fail-closed policy: the loopfuse hooks service is unreachable"
         command += f" || {{ echo {shlex.quote(reason)} >&2; exit 2; }}"
     return f"{command} {MARK_COMMENT}"
 

@@ -59,12 +59,12 @@ _END_EVENTS: dict[str, frozenset[str]] = {
 }
 
 #: Lines of a result that differ on every call while the outcome is the same: Gemini's
-#: shell tool reports its process group (and background pids); Codex's shell output
-#: carries its wall time and an output chunk id. Dropped before the outcome is hashed,
-#: so a loop's outcomes repeat as the model reads them.
+#: shell tool reports its process group (and background pids). Dropped before the
+#: outcome is hashed, so a loop's outcomes repeat as the model reads them. (Claude's
+#: hooks get the command's output and exit code; Codex's the output alone.)
 _VOLATILE_LINES: dict[str, re.Pattern[str]] = {
     "claude": re.compile(r"(?!)"),
-    "codex": re.compile(r"^(?:Wall time: [0-9.]+ ?(?:s|seconds?)|Chunk ID: \S+)\s*$", re.M),
+    "codex": re.compile(r"(?!)"),
     "gemini": re.compile(r"^(?:Process Group PGID: \d+|Background PIDs: [\d, ]+)\s*$", re.M),
 }
 _CLAUDE_UNKNOWN_TOOL = re.compile(r"No such tool available:\s*([A-Za-z0-9_.:-]+)")
@@ -240,7 +240,7 @@ def outcome(agent: Agent, response: Any) -> dict[str, Any] | None:
     """A tool response in OpenClaw's result shape, holding what the model reads.
 
     The engine hashes ``{details, text}`` of that shape; here ``text`` is the text the
-    agent hands its model (Claude's stdout and stderr, Gemini's ``llmContent``, Codex's
+    agent hands its hook (Claude's stdout and stderr, Gemini's ``llmContent``, Codex's
     output), with each agent's per-call noise dropped (``_VOLATILE_LINES``), and
     ``details`` the fields beside it that decide the outcome (an exit code, an
     interruption). None: there was no response at all.

@@ -92,6 +92,8 @@ MAX_REMEMBERED = 10_000
 MAX_OPEN_CALLS = 64
 #: How long a blocked call waits for an abort beside its block (run endings send both).
 ABORT_BESIDE_BLOCK_SECONDS = 0.25
+#: How long after a Codex abort's deny the interrupt follows (the deny is read first).
+INTERRUPT_DELAY_SECONDS = 0.1
 #: The header a Codex hook command sends its agent's process id in ($PPID).
 AGENT_PID_HEADER = "X-Loopfuse-Agent-Pid"
 
@@ -295,7 +297,7 @@ class HooksService:
         except Exception as exc:  # Kafka failing, a publish that hangs
             self.stats.unjudged += 1
             log.warning(
-                "no verdict for %s call of session %r (%s): %s by the fail-%s policy",
+                "no verdict for %r call of session %r (%s): %s by the fail-%s policy",
                 event.tool_name[:80],
                 key[:80],
                 type(exc).__name__,
@@ -447,7 +449,7 @@ class HooksService:
                 os.kill(pid, signal.SIGINT)
                 self.stats.interrupts += 1
 
-        asyncio.get_running_loop().call_later(0.5, send)
+        asyncio.get_running_loop().call_later(INTERRUPT_DELAY_SECONDS, send)
 
     def _policy_words(self, agent: Agent) -> str:
         policy = self.options.policy(agent)
