@@ -25,7 +25,8 @@ or, when it asks for JSON of a schema (Gemini CLI's model router and next-speake
 with the first value the schema allows. With ``"when_seen": {"text": T, "step": STEP}``,
 every turn from the first request whose messages hold the text T on answers with STEP
 (e.g. a loop that starts right after a compaction). A step with ``"wait_for": PATH`` is
-answered once that file exists (a test restarts a service between two turns).
+answered once that file exists (a test restarts a service between two turns), one with
+``"delay": S`` after S seconds (a real model's think time).
 
 Each request is appended to the log as one JSON line: ``{"turn": n, "api": A, "at":
 UNIX_TIME, "messages": [...], "tools": [names], "results": [...]}``, where ``messages``
@@ -115,8 +116,10 @@ class Script:
 
 
 async def _held(step: Json | None) -> None:
-    """A step with ``"wait_for": PATH`` is answered once that file exists (at most 120 s):
-    a test does something between two turns of the agent's loop."""
+    """A step with ``"delay": S`` is answered after S seconds (a model's think time); one
+    with ``"wait_for": PATH`` once that file exists (at most 120 s): a test does something
+    between two turns of the agent's loop."""
+    await asyncio.sleep(float((step or {}).get("delay", 0)))
     path = (step or {}).get("wait_for")
     if path is None:
         return

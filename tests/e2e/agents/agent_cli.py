@@ -66,7 +66,7 @@ class Workspace:
         return cls(home, project)
 
 
-def _merge(path: Path, update: Json) -> None:
+def merge_settings(path: Path, update: Json) -> None:
     """Merge ``update`` into the JSON settings file at ``path`` (hook lists appended)."""
     current: Json = json.loads(path.read_text()) if path.exists() else {}
     for key, value in update.items():
@@ -136,7 +136,7 @@ class Claude(Agent):
 
     def add_command_hook(self, ws: Workspace, event: str, command: str) -> None:
         entry = {"matcher": "*", "hooks": [{"type": "command", "command": command}]}
-        _merge(ws.project / ".claude" / "settings.json", {"hooks": {event: [entry]}})
+        merge_settings(ws.project / ".claude" / "settings.json", {"hooks": {event: [entry]}})
 
     def session_id(self, stdout: str) -> str:
         return str(json.loads(stdout)["session_id"])
@@ -194,7 +194,7 @@ class Gemini(Agent):
     before_tool = "BeforeTool"
 
     def configure(self, ws: Workspace, model_url: str) -> None:
-        _merge(
+        merge_settings(
             ws.home / ".gemini" / "settings.json",
             {
                 "security": {"auth": {"selectedType": "gemini-api-key"}},
@@ -220,7 +220,7 @@ class Gemini(Agent):
 
     def add_command_hook(self, ws: Workspace, event: str, command: str) -> None:
         entry = {"matcher": ".*", "hooks": [{"type": "command", "command": command}]}
-        _merge(ws.project / ".gemini" / "settings.json", {"hooks": {event: [entry]}})
+        merge_settings(ws.project / ".gemini" / "settings.json", {"hooks": {event: [entry]}})
 
     def session_id(self, stdout: str) -> str:
         return str(json.loads(stdout)["session_id"])

@@ -146,6 +146,29 @@ def test_a_loop_is_warned_then_blocked_then_ended(
         assert len(run.turns) == 7
 
 
+def test_codex_is_interrupted_at_the_abort_when_opted_in(
+    tmp_path: Path, settings: dict[str, str]
+) -> None:
+    # --codex-interrupt: the service also sends SIGINT to the Codex process at the abort.
+    server = HooksServer(settings, ["--port", "0", "--codex-interrupt"]).start()
+    try:
+        marker = tmp_path / "marker.txt"
+        agent = ALL["codex"]
+        ws = installed(agent, tmp_path, server.url)
+        # the model thinks half a second a turn, as real ones do (or longer)
+        steps = [{**step, "delay": 0.5} for step in looping(agent, marker, 10)]
+        with scripted_model(tmp_path, steps) as (model, log):
+            agent.configure(ws, model)
+            run = run_agent(agent, ws, model, log)
+    finally:
+        server.stop()
+    assert run.exit_code == 1  # interrupted, not answered
+    assert ran(marker) == 5
+    # the run ended at the abort (call 7): the model got at most the request carrying
+    # call 7's denial (with an instant model Codex reaches the script's end first)
+    assert len(run.turns) <= 8
+
+
 @pytest.mark.parametrize("name", AGENTS)
 def test_a_healthy_session_is_untouched(name: str, tmp_path: Path, service: HooksServer) -> None:
     agent = ALL[name]
