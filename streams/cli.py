@@ -158,6 +158,13 @@ def _cmd_hooks_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not 0 <= args.port <= 65_535 or args.verdict_timeout <= 0 or args.max_body_bytes < 1_024:
+        print(
+            "loopfuse hooks: --port is 0-65535, --verdict-timeout above 0, "
+            "--max-body-bytes at least 1024",
+            file=sys.stderr,
+        )
+        return 2
     closed = set(AGENTS) if "all" in (args.fail_closed or []) else set(args.fail_closed or [])
     options = HooksOptions(
         host=args.host,

@@ -512,6 +512,11 @@ class GatewayClient:
     ) -> GatewaySession:
         return GatewaySession(self, session_key, run_id, agent_id)
 
+    def forget_run(self, session_key: str, run_id: str | None) -> None:
+        """Drop what the client keeps for a run (abort callbacks, sticky blocks) without
+        publishing ``run_ended``: for a host that stops tracking a run that never ended."""
+        self._forget_run(session_key, run_id)
+
     def on_abort(self, session_key: str, run_id: str | None, callback: AbortCallback) -> None:
         """Call ``callback(verdict)`` when loopfuse aborts this run (post-compaction guard,
         and the opt-in run endings and run caps: every ``abort`` verdict)."""

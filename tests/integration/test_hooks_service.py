@@ -10,6 +10,7 @@ tests/e2e/agents.)
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from loopfuse.streams.gateway.hooks.protocols import block_answer
 from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.support.harness import new_topics, unique, worker_settings
 from tests.support.hooks_service import HooksServer
@@ -30,10 +32,10 @@ COMMAND = {"command": "make test"}
 
 
 @pytest.fixture(scope="module")
-def settings(
+def worker(
     kafka_bootstrap: str, kafka_broker_kind: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, str]]:
-    """A worker with a reply topic of its own; its settings (the service's too)."""
+) -> Iterator[tuple[WorkerProcess, dict[str, str]]]:
+    """A worker with a reply topic of its own, and its settings (the service's too)."""
     tmp = tmp_path_factory.mktemp("hooks")
     settings = worker_settings(
         kafka_bootstrap,
@@ -44,12 +46,17 @@ def settings(
         reply_topics=unique("hooks-replies"),
         reply_partitions=4,
     )
-    worker = WorkerProcess(settings, log_path=tmp / "worker.log").start()
+    process = WorkerProcess(settings, log_path=tmp / "worker.log").start()
     try:
-        worker.wait_ready(90)
-        yield settings
+        process.wait_ready(90)
+        yield process, settings
     finally:
-        worker.stop()
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def settings(worker: tuple[WorkerProcess, dict[str, str]]) -> dict[str, str]:
+    return worker[1]
 
 
 @pytest.fixture
@@ -156,6 +163,11 @@ async def test_a_loop_is_warned_then_blocked_in_each_agents_protocol(
         else:
             actions.append(await claude_call(http, service.url, session_id, n, agent))
     assert actions == LOOP
+    async with http.get(f"{service.url}/healthz") as response:
+        health = await response.json()
+    assert health["stats"]["calls"] == 8 and health["stats"]["unjudged"] == 0
+    assert health["verdict_wait_ms"]["count"] == 8
+    assert 0 < health["verdict_wait_ms"]["p50"] <= health["verdict_wait_ms"]["p99"]
 
 
 async def test_the_block_and_warning_carry_loopfuses_message(
@@ -291,3 +303,32 @@ async def test_the_health_page_and_hostile_bodies_get_json_answers(
         "systemMessage": "loopfuse: the hook body is not JSON; not judged (runs by the "
         "fail-open policy)"
     }
+
+
+async def test_with_the_worker_stopped_each_agent_gets_its_fail_policy(
+    worker: tuple[WorkerProcess, dict[str, str]], http: aiohttp.ClientSession
+) -> None:
+    process, settings = worker
+    args = ["--port", "0", "--verdict-timeout", "1", "--fail-closed", "codex"]
+    server = HooksServer(settings, args).start()
+    assert process.pid is not None
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        call = {
+            "hook_event_name": "PreToolUse",
+            "session_id": str(uuid.uuid4()),
+            "tool_name": "Bash",
+            "tool_input": COMMAND,
+            "tool_use_id": "toolu_1",
+        }
+        claude = await post(http, f"{server.url}/claude", call)
+        codex = await post(http, f"{server.url}/codex", call)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        assert server.stop() == 0
+    assert claude == {
+        "systemMessage": "loopfuse did not answer in time; the call is allowed by the fail-open policy."
+    }
+    assert codex == block_answer(
+        "codex", "loopfuse did not answer in time; the call is blocked by the fail-closed policy."
+    )

@@ -21,11 +21,17 @@ Start = Callable[..., Any]
 
 
 @pytest.fixture
-async def start() -> AsyncIterator[Start]:
+def services() -> list[HooksService]:
+    return []
+
+
+@pytest.fixture
+async def start(services: list[HooksService]) -> AsyncIterator[Start]:
     clients: list[TestClient[Any, Any]] = []
 
     async def started(**options: Any) -> TestClient[Any, Any]:
         service = HooksService(GatewayClient("127.0.0.1:1"), HooksOptions(**options))
+        services.append(service)
         client = TestClient(TestServer(service.app()))
         await client.start_server()
         clients.append(client)
@@ -152,3 +158,22 @@ async def test_other_paths_and_methods_answer_json(start: Start) -> None:
         assert response.status in (404, 405)
         if response.status == 404:
             assert "POST /claude, /codex or /gemini" in (await response.json())["error"]
+
+
+async def test_what_the_service_keeps_per_run_is_bounded(
+    start: Start, services: list[HooksService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs that never end (Gemini's SessionEnd is not waited for) are forgotten, oldest
+    first, by the service and by its client (their abort callbacks)."""
+    from loopfuse.streams.gateway.hooks import service as hooks_service
+
+    monkeypatch.setattr(hooks_service, "MAX_REMEMBERED", 5)
+    client = await start()
+    for n in range(20):
+        data = json.dumps({"hook_event_name": "PostCompact", "session_id": f"s{n}"}).encode()
+        await answer(client, "/claude", data)  # not published (no Kafka here): fail policy
+    [service] = services
+    assert [key for key, _ in service._watched] == [f"claude:s{n}" for n in range(15, 20)]
+    assert sorted(service.client._abort_callbacks) == [
+        (f"claude:s{n}", f"s{n}") for n in range(15, 20)
+    ]

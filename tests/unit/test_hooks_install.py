@@ -80,7 +80,11 @@ def test_install_on_a_clean_home_writes_each_agents_file(
     assert set(codex["hooks"]) == {"PreToolUse", "PostToolUse", "PostCompact", "Stop"}
     [hook] = codex["hooks"]["PreToolUse"][0]["hooks"]
     assert hook["type"] == "command" and hook["timeout"] == 30
-    assert "http://127.0.0.1:7311/codex" in hook["command"] and " -f" not in hook["command"]
+    assert "http://127.0.0.1:7311/codex" in hook["command"] and "exit 2" not in hook["command"]
+    assert hook["command"].endswith(
+        """|| echo '{"systemMessage": "the loopfuse hooks service is unreachable: the call """
+        """runs by the fail-open policy"}' # loopfuse-hooks"""
+    )
     gemini = load(home / ".gemini" / "settings.json")
     assert set(gemini["hooks"]) == {"BeforeTool", "AfterTool", "SessionEnd"}  # not PreCompress
     [hook] = gemini["hooks"]["BeforeTool"][0]["hooks"]

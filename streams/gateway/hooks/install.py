@@ -12,9 +12,10 @@ groups -> list of hooks:
 * Gemini CLI: ``~/.gemini/settings.json`` (``./.gemini/settings.json``), the same
   ``curl`` command hook (timeouts in milliseconds there).
 
-A command hook without ``--fail-closed`` lets curl's failure through (a non-zero exit
-the agent reports, then runs the tool); with it, ``curl -f`` and ``|| exit 2`` block
-the call with a line saying why (only before a tool: a Stop hook that fails closed
+A command hook without ``--fail-closed`` answers a failed ``curl -f`` (the service down,
+slow, or answering an error) with a ``systemMessage`` the user sees, and the tool runs
+(left to itself, curl's exit code makes Gemini block the call and Codex run it without
+a word); with it, ``|| exit 2`` blocks the call with a line saying why (only before a tool: a Stop hook that fails closed
 would keep the agent going). The entries this writes carry a mark (a header for
 the http hook, a trailing shell comment for a command) by which install finds them
 again (and replaces them, so installing twice changes nothing) and uninstall removes
@@ -56,6 +57,10 @@ EVENTS: dict[Agent, tuple[str, ...]] = {
 }
 
 
+#: What a fail-open command hook tells the user when the service does not answer.
+UNREACHABLE_OPEN = (
+    "the loopfuse hooks service is unreachable: the call runs by the fail-open policy"
+)
 #: The event whose hook may fail closed.
 PRE_TOOL: dict[Agent, str] = {"claude": "PreToolUse", "codex": "PreToolUse", "gemini": "BeforeTool"}
 
@@ -106,7 +111,7 @@ def curl_command(agent: Agent, url: str, options: InstallOptions) -> str:
     """The shell command that hands the hook's JSON (stdin) to the service."""
     parts = [
         "curl",
-        "-sSf" if options.fail_closed else "-sS",
+        "-sSf",
         "--max-time",
         str(HOOK_TIMEOUT_SECONDS - 5),
         "-H",
@@ -121,6 +126,8 @@ def curl_command(agent: Agent, url: str, options: InstallOptions) -> str:
     if options.fail_closed:
         reason = "blocked by the fail-closed policy: the loopfuse hooks service is unreachable"
         command += f" || {{ echo {shlex.quote(reason)} >&2; exit 2; }}"
+    else:  # never silently: the user is told (Gemini would block on curl's own exit code)
+        command += " || echo " + shlex.quote(json.dumps({"systemMessage": UNREACHABLE_OPEN}))
     return f"{command} {MARK_COMMENT}"
 
 

@@ -39,6 +39,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -63,7 +64,6 @@ from loopfuse.streams.gateway.hooks.protocols import (
     AGENTS,
     Agent,
     Compacted,
-    Ended,
     FailPolicy,
     HookInputError,
     Ignored,
@@ -92,6 +92,8 @@ MAX_REMEMBERED = 10_000
 MAX_OPEN_CALLS = 64
 #: How long a blocked call waits for an abort beside its block (run endings send both).
 ABORT_BESIDE_BLOCK_SECONDS = 0.25
+#: Verdict waits kept for /healthz's percentiles (the newest).
+WAITS_KEPT = 4096
 #: How long after a Codex abort's deny the interrupt follows (the deny is read first).
 INTERRUPT_DELAY_SECONDS = 0.1
 #: The header a Codex hook command sends its agent's process id in ($PPID).
@@ -150,7 +152,7 @@ class HooksService:
         self._aborts: OrderedDict[str, Verdict] = OrderedDict()
         self._blocked_calls: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._open_calls: OrderedDict[tuple[str, str, str], deque[_OpenCall]] = OrderedDict()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._waits: deque[float] = deque(maxlen=WAITS_KEPT)  # verdict waits, ms
 
     # -- HTTP --------------------------------------------------------------------------
 
@@ -224,6 +226,7 @@ class HooksService:
                 "reply_partition": client.reply_partition,
                 "fail_policy": {agent: self.options.policy(agent) for agent in AGENTS},
                 "stats": asdict(self.stats),
+                "verdict_wait_ms": _percentiles(self._waits),
                 "client": {
                     "verdicts": client.stats.verdicts,
                     "timeouts": client.stats.timeouts,
@@ -258,13 +261,16 @@ class HooksService:
         self._watch(session)
         if isinstance(event, ToolUse):
             return await self._before_tool(agent, session, event, agent_pid)
-        if isinstance(event, ToolOutcome):
-            return await self._after_tool(agent, session, event)
-        if isinstance(event, Compacted):
-            await session.compaction(event.reason)
-            return {}
-        assert isinstance(event, Ended)
-        await session.run_ended()
+        try:  # nothing left to block: a failure is only reported
+            if isinstance(event, ToolOutcome):
+                return await self._after_tool(agent, session, event)
+            if isinstance(event, Compacted):
+                await session.compaction(event.reason)
+                return {}
+            await session.run_ended()
+        except Exception as exc:
+            log.warning("cannot publish a %s event of session %r (%r)", agent, key[:80], exc)
+            return {"systemMessage": f"loopfuse could not record the {type(event).__name__}"}
         self._aborts.pop(key, None)
         self._watched.pop((key, session.run_id or ""), None)
         return {}
@@ -281,6 +287,7 @@ class HooksService:
             return abort_answer(agent, aborted.message or "aborted by loopfuse")
         call_id = event.call_id or session.new_call_id()
         policy = self.options.policy(agent)
+        started = time.perf_counter()
         try:
             verdict = await asyncio.wait_for(
                 self.client.check(
@@ -306,6 +313,7 @@ class HooksService:
             )
             reason = f"loopfuse could not judge the call ({self._policy_words(agent)})"
             return unjudged_answer(agent, policy, reason, before_tool=True)
+        self._waits.append((time.perf_counter() - started) * 1000)
         if verdict.message == TIMEOUT_MESSAGE.format(what="allowed", policy="open"):
             self.stats.unjudged += 1  # no verdict in time, the fail-open policy runs it
             self._open(agent, session, event, call_id, None)
@@ -336,9 +344,15 @@ class HooksService:
         sends for it is dropped); an abort beside the block ends the run."""
         key = session.session_key
         _remember(self._blocked_calls, (key, call_id), None)
-        await session.result(
-            event.tool_name, event.tool_input, call_id=call_id, result=blocked_tool_result(verdict)
-        )
+        try:
+            await session.result(
+                event.tool_name,
+                event.tool_input,
+                call_id=call_id,
+                result=blocked_tool_result(verdict),
+            )
+        except Exception as exc:  # the block stands; loopfuse misses the blocked shape
+            log.warning("cannot publish the blocked result of session %r (%r)", key[:80], exc)
         abort = self._aborts.get(key)
         waited = 0.0
         while abort is None and waited < ABORT_BESIDE_BLOCK_SECONDS:
@@ -418,7 +432,10 @@ class HooksService:
         if run in self._watched:
             self._watched.move_to_end(run)
             return
-        _remember(self._watched, run, None)
+        self._watched[run] = None
+        if len(self._watched) > MAX_REMEMBERED:  # a run that never ended (Gemini's may not)
+            (old_key, old_run), _ = self._watched.popitem(last=False)
+            self.client.forget_run(old_key, old_run)
         key = session.session_key
 
         def aborted(verdict: Verdict) -> None:
@@ -461,6 +478,19 @@ def _remember(table: OrderedDict[Any, Any], key: Any, value: Any) -> None:
     table.move_to_end(key)
     while len(table) > MAX_REMEMBERED:
         table.popitem(last=False)
+
+
+def _percentiles(waits: deque[float]) -> dict[str, float | int]:
+    """p50 and p99 of the newest verdict waits (a call's wait for its verdict, as the
+    service sees it: publish to verdict, or to the fail policy)."""
+    ordered = sorted(waits)
+    if not ordered:
+        return {"count": 0}
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {"count": len(ordered), "p50": at(0.5), "p99": at(0.99)}
 
 
 def _codex_pid(value: str) -> int | None:

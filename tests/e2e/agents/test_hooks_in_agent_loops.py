@@ -208,17 +208,7 @@ def service_down(name: str, policy: str, tmp_path: Path) -> None:
         assert all("still broken" not in t and reason in t for t in seen), seen
 
 
-#: Gemini CLI 0.61.0 denies the tool when a BeforeTool command hook exits non-zero for
-#: any reason, so the fail-open hook (curl without -f, exit 7 when nothing listens)
-#: blocks the call: the open policy needs the hook to answer {} when curl fails.
-GEMINI_OPEN_FAILS_CLOSED = pytest.mark.xfail(
-    strict=True, reason="Gemini denies the call when the fail-open curl hook exits non-zero"
-)
-
-
-@pytest.mark.parametrize(
-    "name", ["claude", "codex", pytest.param("gemini", marks=GEMINI_OPEN_FAILS_CLOSED)]
-)
+@pytest.mark.parametrize("name", AGENTS)
 def test_the_service_down_lets_the_call_run_when_open(name: str, tmp_path: Path) -> None:
     service_down(name, "open", tmp_path)
 
