@@ -13,9 +13,10 @@ serve`` on the broker, then:
    the scripted model: the gap between consecutive model requests is one turn of the
    agent's loop (the model's answer, the agent's work, the tool, the hooks); the hook's
    cost per call is the median gap with it minus the median without;
-2. the service's verdict wait: ``--service-calls`` PreToolUse hooks POSTed to it as
-   Claude Code posts them (distinct sessions of three calls, each with its PostToolUse),
-   timed from the request to the answer: p50 and p99;
+2. the service's verdict wait: its own p50 and p99 (``GET /healthz``) over the calls of
+   the agents' runs, then ``--service-calls`` PreToolUse hooks POSTed to it as Claude
+   Code posts them (distinct sessions of three calls, each with its PostToolUse), timed
+   from the request to the answer;
 3. the same looping command (``--loop-calls`` times), per agent, with only the agent's
    own loop detector (Gemini CLI's ``model.disableLoopDetection`` false; Claude Code and
    Codex CLI have none) and with loopfuse: how many times the tool ran, and the call at
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from loopfuse.streams.local.worker_process import WorkerProcess  # noqa: E402
 from tests.e2e.agents.agent_cli import (  # noqa: E402
     ALL,
+    LOOP_DETECTION,
     Agent,
     Run,
     Workspace,
@@ -56,11 +58,6 @@ from tests.e2e.agents.agent_cli import (  # noqa: E402
 from tests.support.brokers import run_on  # noqa: E402
 from tests.support.harness import new_topics, unique, worker_settings  # noqa: E402
 from tests.support.hooks_service import HooksServer  # noqa: E402
-
-CONFIG = {
-    "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}},
-    "agents": {"list": [{"id": n, "loopfuse": {"rules": {"runEnding": {}}}} for n in ALL]},
-}
 
 
 def one_run(
@@ -104,6 +101,16 @@ def overhead(agent: Agent, tmp: Path, url: str, rounds: int, calls: int) -> str:
         f"{agent.name:>6}: turn gap median without hooks {med['without']:.1f} ms, with "
         f"{med['with']:.1f} ms: {med['with'] - med['without']:+.1f} ms a tool call "
         f"({len(gaps['with'])} turns each)"
+    )
+
+
+async def own_figures(url: str) -> str:
+    """The service's own verdict wait (``GET /healthz``) over the agents' calls so far."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as r:
+        wait = (await r.json())["verdict_wait_ms"]
+    return (
+        f"service: its own verdict wait over the agents' {wait['count']} calls (/healthz) "
+        f"p50 {wait['p50']} ms, p99 {wait['p99']} ms"
     )
 
 
@@ -165,7 +172,7 @@ async def bench(args: argparse.Namespace, bootstrap: str, embedded: bool) -> Non
     with tempfile.TemporaryDirectory(prefix="loopfuse-bench-agents-") as workdir:
         tmp = Path(workdir)
         config = tmp / "loop-detection.json"
-        config.write_text(json.dumps(CONFIG))
+        config.write_text(json.dumps(LOOP_DETECTION))
         settings = worker_settings(
             bootstrap,
             "tansu" if embedded else "kafka",
@@ -184,6 +191,7 @@ async def bench(args: argparse.Namespace, bootstrap: str, embedded: bool) -> Non
             agents = [ALL[name] for name in args.agents.split(",")]
             for agent in agents:
                 print(overhead(agent, tmp, service.url, args.rounds, args.calls), flush=True)
+            print(await own_figures(service.url), flush=True)
             print(await verdict_wait(service.url, args.service_calls), flush=True)
             for agent in agents:
                 for line in detectors(agent, tmp, service.url, args.loop_calls):

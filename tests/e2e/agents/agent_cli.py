@@ -34,6 +34,13 @@ AGENTS = {
     "gemini": "@google/gemini-cli",
 }
 PROMPT = "fix the build"
+#: The worker's loopDetection config for the agents' tests and bench: warning 3, critical
+#: 5, and run endings for the three agents (the hooks service's agent id is the agent's
+#: name), so a loop's second critical aborts the run.
+LOOP_DETECTION = {
+    "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}},
+    "agents": {"list": [{"id": name, "loopfuse": {"rules": {"runEnding": {}}}} for name in AGENTS]},
+}
 
 Json = dict[str, Any]
 

@@ -27,6 +27,7 @@ import pytest
 from loopfuse.streams.local.worker_process import WorkerProcess
 from tests.e2e.agents.agent_cli import (
     ALL,
+    LOOP_DETECTION,
     Agent,
     Run,
     Workspace,
@@ -42,10 +43,6 @@ from tests.support.hooks_service import HooksServer
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 AGENTS = sorted(ALL)
-CONFIG = {
-    "tools": {"loopDetection": {"enabled": True, "warningThreshold": 3, "criticalThreshold": 5}},
-    "agents": {"list": [{"id": name, "loopfuse": {"rules": {"runEnding": {}}}} for name in AGENTS]},
-}
 CRITICAL = "identical arguments and identical outcomes 5 times"
 ENDING = "Ending this run"
 #: the name each agent's hook gives its shell tool (Codex reports it as Bash)
@@ -56,10 +53,10 @@ HOOK_TOOL = {"claude": "Bash", "codex": "Bash", "gemini": "run_shell_command"}
 def settings(
     kafka_bootstrap: str, kafka_broker_kind: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, str]]:
-    """A worker judging with CONFIG; its settings (the hooks service's too)."""
+    """A worker judging with LOOP_DETECTION; its settings (the hooks service's too)."""
     tmp = tmp_path_factory.mktemp("agent-hooks")
     config = tmp / "loop-detection.json"
-    config.write_text(json.dumps(CONFIG))
+    config.write_text(json.dumps(LOOP_DETECTION))
     settings = worker_settings(
         kafka_bootstrap,
         kafka_broker_kind,
