@@ -34,6 +34,7 @@ from tests.e2e.agents.agent_cli import (
     agent_env,
     command,
     loopfuse_hooks,
+    merge_settings,
     run_agent,
     scripted_model,
 )
@@ -279,6 +280,31 @@ def test_a_restarted_service_keeps_the_sessions_history(
     seen = run.seen()
     # The restarted service remembers nothing, loopfuse does: calls 4-5 are still the
     # loop's 4th and 5th (warned), call 6 its 6th (blocked).
+    assert warning(agent, 3) in seen[3] and warning(agent, 4) in seen[4]
+    assert CRITICAL in seen[5]
+    assert ran(marker) == 5
+
+
+def test_a_loop_over_two_runs_of_a_resumed_gemini_session_is_one_loop(
+    tmp_path: Path, service: HooksServer
+) -> None:
+    # Gemini's own detector (on here) counts within one process: resumed, the session
+    # starts from zero. loopfuse counts the session's calls, whichever process made them.
+    agent = ALL["gemini"]
+    marker = tmp_path / "marker.txt"
+    ws = installed(agent, tmp_path, service.url)
+    runs = []
+    for args in ([], ["--resume", "latest"]):
+        with scripted_model(tmp_path, looping(agent, marker, 3)) as (model, log):
+            agent.configure(ws, model)
+            merge_settings(
+                ws.home / ".gemini" / "settings.json", {"model": {"disableLoopDetection": False}}
+            )
+            runs.append(run_agent(agent, ws, model, log, args=args))
+        assert runs[-1].exit_code == 0, runs[-1].stderr[-3000:]
+    assert agent.session_id(runs[0].stdout) == agent.session_id(runs[1].stdout)
+    seen = runs[0].seen() + runs[1].seen()  # calls 1-3, then the resumed run's 4-6
+    assert all("WARNING" not in text for text in seen[:3])
     assert warning(agent, 3) in seen[3] and warning(agent, 4) in seen[4]
     assert CRITICAL in seen[5]
     assert ran(marker) == 5
