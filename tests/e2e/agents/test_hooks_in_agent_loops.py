@@ -86,9 +86,11 @@ def service(settings: dict[str, str]) -> Iterator[HooksServer]:
 
 
 def installed(agent: Agent, tmp: Path, url: str, *extra: str) -> Workspace:
-    """A fresh HOME and project with the agent's loopfuse hooks installed (--project)."""
+    """A fresh HOME and project with the agent's loopfuse hooks installed (``--project``
+    unless ``extra`` says ``--user``)."""
     ws = Workspace.make(tmp)
-    loopfuse_hooks(ws, "install", agent.name, "--project", "--url", url, *extra)
+    scope = [] if "--user" in extra else ["--project"]
+    loopfuse_hooks(ws, "install", agent.name, *scope, "--url", url, *extra)
     return ws
 
 
@@ -165,6 +167,17 @@ def test_codex_is_interrupted_at_the_abort_when_opted_in(
     # the run ended at the abort (call 7): the model got at most the request carrying
     # call 7's denial (with an instant model Codex reaches the script's end first)
     assert len(run.turns) <= 8
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_installed_for_the_user_in_a_clean_home_a_loop_is_blocked(
+    name: str, tmp_path: Path, service: HooksServer
+) -> None:
+    agent = ALL[name]
+    run, marker = loop_run(agent, tmp_path, service.url, 6, "--user")
+    seen = run.seen()
+    assert warning(agent, 3) in seen[3] and CRITICAL in seen[5]
+    assert ran(marker) == 5
 
 
 @pytest.mark.parametrize("name", AGENTS)
