@@ -95,7 +95,7 @@ export const CONFIG_SCHEMA = {
   additionalProperties: false,
   properties: {
     bootstrap: {
-      description: "Kafka bootstrap servers: \"host:port[,host:port]\" or a list",
+      description: 'Kafka bootstrap servers: "host:port[,host:port]" or a list',
       anyOf: [
         { type: "string", minLength: 1 },
         { type: "array", items: { type: "string", minLength: 1 }, minItems: 1 },
@@ -122,7 +122,8 @@ export const CONFIG_SCHEMA = {
         compactions: { type: "string", minLength: 1, default: "agent.compactions" },
         verdicts: { type: "string", minLength: 1, default: "loopfuse.verdicts" },
         replies: {
-          description: "The reply topic to read (one of the worker's LOOPFUSE_REPLY_TOPICS); empty: read the whole verdicts topic",
+          description:
+            "The reply topic to read (one of the worker's LOOPFUSE_REPLY_TOPICS); empty: read the whole verdicts topic",
           type: "string",
           default: "loopfuse.replies",
         },
@@ -135,7 +136,8 @@ export const CONFIG_SCHEMA = {
     },
     clientId: { type: "string", minLength: 1, default: "openclaw-loopfuse" },
     ssl: {
-      description: "TLS to Kafka: true trusts Node's default CAs; an object names PEM files (a private CA, a client certificate)",
+      description:
+        "TLS to Kafka: true trusts Node's default CAs; an object names PEM files (a private CA, a client certificate)",
       anyOf: [
         { type: "boolean" },
         {
@@ -143,12 +145,17 @@ export const CONFIG_SCHEMA = {
           additionalProperties: false,
           properties: {
             caFile: {
-              description: "The CA certificate(s) that sign the brokers' certificates, trusted instead of Node's default CAs",
+              description:
+                "The CA certificate(s) that sign the brokers' certificates, trusted instead of Node's default CAs",
               type: "string",
               minLength: 1,
             },
             certFile: { description: "Client certificate for mutual TLS (with keyFile)", type: "string", minLength: 1 },
-            keyFile: { description: "The client certificate's private key (with certFile)", type: "string", minLength: 1 },
+            keyFile: {
+              description: "The client certificate's private key (with certFile)",
+              type: "string",
+              minLength: 1,
+            },
           },
         },
       ],
@@ -203,7 +210,10 @@ function resolveSsl(raw: Record<string, unknown>, bad: (key: string, why: string
     else if (value !== undefined) bad(`ssl.${key}`, "expected a file path");
   }
   if ((ssl.certFile === null) !== (ssl.keyFile === null)) {
-    bad(ssl.certFile ? "ssl.keyFile" : "ssl.certFile", "ssl.certFile and ssl.keyFile go together (no client certificate used)");
+    bad(
+      ssl.certFile ? "ssl.keyFile" : "ssl.certFile",
+      "ssl.certFile and ssl.keyFile go together (no client certificate used)",
+    );
     ssl.certFile = ssl.keyFile = null;
   }
   return ssl;
@@ -230,7 +240,9 @@ export function readTlsFiles(ssl: SslConfig): TlsFiles {
     try {
       files[names[key]] = readFileSync(path, "utf8");
     } catch (err) {
-      throw new ConfigError(`ssl.${key}: cannot read "${path}" (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+      throw new ConfigError(
+        `ssl.${key}: cannot read "${path}" (${(err as NodeJS.ErrnoException).code ?? String(err)})`,
+      );
     }
   }
   // Node ignores a CA that does not parse (and then trusts nothing): say so now.
@@ -274,9 +286,24 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
   for (const key of Object.keys(raw)) {
     if (!(key in CONFIG_SCHEMA.properties)) bad(key, "unknown key");
   }
-  const { bootstrap, timeoutMs, failPolicy, topics, shadow, clientId, ssl, sasl, replyPartition, groupSessionTimeoutMs, verdictKey } = raw;
+  const {
+    bootstrap,
+    timeoutMs,
+    failPolicy,
+    topics,
+    shadow,
+    clientId,
+    ssl,
+    sasl,
+    replyPartition,
+    groupSessionTimeoutMs,
+    verdictKey,
+  } = raw;
   if (typeof bootstrap === "string" && bootstrap.trim()) {
-    cfg.bootstrap = bootstrap.split(",").map((s) => s.trim()).filter(Boolean);
+    cfg.bootstrap = bootstrap
+      .split(",")
+      .map((s) => s.trim())
+      .filter(Boolean);
   } else if (Array.isArray(bootstrap) && bootstrap.length && bootstrap.every((s) => typeof s === "string" && s)) {
     cfg.bootstrap = bootstrap as string[];
   } else if (bootstrap !== undefined) bad("bootstrap", "expected host:port[,host:port]");
@@ -284,7 +311,10 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
     if (Number.isInteger(timeoutMs) && (timeoutMs as number) >= 1) {
       cfg.timeoutMs = timeoutMs as number;
       if (cfg.timeoutMs >= HOST_HOOK_TIMEOUT_MS) {
-        bad("timeoutMs", `${cfg.timeoutMs} ms reaches OpenClaw's ${HOST_HOOK_TIMEOUT_MS} ms hook budget (the host would block first)`);
+        bad(
+          "timeoutMs",
+          `${cfg.timeoutMs} ms reaches OpenClaw's ${HOST_HOOK_TIMEOUT_MS} ms hook budget (the host would block first)`,
+        );
       }
     } else bad("timeoutMs", "expected a positive integer");
   }
@@ -315,7 +345,11 @@ export function resolveConfig(raw: unknown, problems: string[] = []): LoopfuseCo
     } else bad("sasl", "expected {mechanism, username, password}");
   } else if (sasl !== undefined) bad("sasl", "expected an object");
   if (replyPartition !== undefined && replyPartition !== null) {
-    if (Number.isInteger(replyPartition) && (replyPartition as number) >= 0 && (replyPartition as number) <= 2147483647) {
+    if (
+      Number.isInteger(replyPartition) &&
+      (replyPartition as number) >= 0 &&
+      (replyPartition as number) <= 2147483647
+    ) {
       cfg.replyPartition = replyPartition as number;
     } else bad("replyPartition", "expected a partition number (an integer >= 0)");
   }

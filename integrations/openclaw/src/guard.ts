@@ -164,14 +164,18 @@ function textOf(result: unknown): string {
 function canonicalJson(value: unknown): string {
   return JSON.stringify(value, (_key, v: unknown) => {
     if (v && typeof v === "object" && !Array.isArray(v)) {
-      return Object.fromEntries(Object.entries(v as Record<string, unknown>).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+      return Object.fromEntries(
+        Object.entries(v as Record<string, unknown>).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)),
+      );
     }
     return v;
   });
 }
 
 function digest(value: unknown): string {
-  return `lf-sha256:${createHash("sha256").update(canonicalJson(value) ?? "null", "utf8").digest("hex")}`;
+  return `lf-sha256:${createHash("sha256")
+    .update(canonicalJson(value) ?? "null", "utf8")
+    .digest("hex")}`;
 }
 
 /** The value made JSON-safe (drops functions, turns bigint into text); undefined when impossible. */
@@ -263,14 +267,18 @@ export class LoopfuseGuard {
 
   /** Connect in the background; resolves when verdicts are being read. Never rejects. */
   start(): Promise<void> {
-    this.started ??= this.transport.start((raw) => this.onVerdictMessage(raw)).then(
-      () => this.logger.info(`loopfuse: connected (incarnation ${this.incarnation})`),
-      (err: unknown) => {
-        this.unavailable = true;
-        if (this.stopped) return; // stopped before it connected: nothing to report
-        this.logger.error(`loopfuse: could not connect to Kafka: ${String(err)}; every call falls to the fail-${this.config.failPolicy} policy`);
-      },
-    );
+    this.started ??= this.transport
+      .start((raw) => this.onVerdictMessage(raw))
+      .then(
+        () => this.logger.info(`loopfuse: connected (incarnation ${this.incarnation})`),
+        (err: unknown) => {
+          this.unavailable = true;
+          if (this.stopped) return; // stopped before it connected: nothing to report
+          this.logger.error(
+            `loopfuse: could not connect to Kafka: ${String(err)}; every call falls to the fail-${this.config.failPolicy} policy`,
+          );
+        },
+      );
     return this.started;
   }
 
@@ -289,7 +297,10 @@ export class LoopfuseGuard {
   // -- hooks -------------------------------------------------------------------------
 
   /** `before_tool_call`: publish the call, wait for its verdict. Never throws. */
-  async beforeToolCall(event: BeforeToolCallEvent, ctx: ToolHookContext = {}): Promise<BeforeToolCallResult | undefined> {
+  async beforeToolCall(
+    event: BeforeToolCallEvent,
+    ctx: ToolHookContext = {},
+  ): Promise<BeforeToolCallResult | undefined> {
     try {
       return await this.checkCall(event, ctx);
     } catch (err) {
@@ -466,7 +477,8 @@ export class LoopfuseGuard {
     const toolName = record?.toolName ?? (event.toolName || "unknown");
     const out = this.envelope("tool_result", scope);
     Object.assign(out, {
-      call_id: record?.callId ?? (event.toolCallId ? boundedId(event.toolCallId) : `${this.callPrefix}-${++this.callCounter}`),
+      call_id:
+        record?.callId ?? (event.toolCallId ? boundedId(event.toolCallId) : `${this.callPrefix}-${++this.callCounter}`),
       tool_name: toolName,
     });
     if (record) this.putRecordedArgs(out, record);
@@ -555,7 +567,10 @@ export class LoopfuseGuard {
 
   // -- events ------------------------------------------------------------------------
 
-  private scopeOf(ctx: { sessionKey?: string; sessionId?: string; runId?: string; agentId?: string }, runId: string | undefined): Scope | null {
+  private scopeOf(
+    ctx: { sessionKey?: string; sessionId?: string; runId?: string; agentId?: string },
+    runId: string | undefined,
+  ): Scope | null {
     const run = runId || ctx.runId || null;
     // Keyed by sessionKey: OpenClaw may rotate sessionId (compaction, /new), the key stays.
     const session = ctx.sessionKey || run || ctx.sessionId || null;
@@ -674,7 +689,8 @@ export class LoopfuseGuard {
     }
     if (index < 0) {
       index = this.records.findIndex(
-        (r) => r.rawToolCallId === null && r.toolName === event.toolName && (!session || r.scope.sessionKey === session),
+        (r) =>
+          r.rawToolCallId === null && r.toolName === event.toolName && (!session || r.scope.sessionKey === session),
       );
     }
     if (index < 0) return undefined;

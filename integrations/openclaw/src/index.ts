@@ -108,7 +108,9 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
       const config = resolveConfig(api.pluginConfig, problems);
       const full = !api.registrationMode || api.registrationMode === "full";
       // A malformed verdictKey has no default to fall back to: it says what happens instead.
-      if (full) for (const problem of problems) logger.warn(`loopfuse config: ${problem}${problem.startsWith("verdictKey:") ? "" : " (default used)"}`);
+      if (full)
+        for (const problem of problems)
+          logger.warn(`loopfuse config: ${problem}${problem.startsWith("verdictKey:") ? "" : " (default used)"}`);
       const make = () => {
         const incarnation = hooks.incarnation ?? randomUUID();
         const transport = (hooks.transport ?? ((c, i, l) => new KafkaTransport(c, i, l)))(config, incarnation, logger);
@@ -138,7 +140,11 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
       if (hooks.onGuard) guard(); // tests observe the guard before the first hook
 
       // Lowest priority: calls another policy blocks never reach loopfuse (they did not run).
-      api.on("before_tool_call", ((event: BeforeToolCallEvent, ctx: ToolHookContext) => guard().beforeToolCall(event, ctx)), { priority: -100 });
+      api.on(
+        "before_tool_call",
+        (event: BeforeToolCallEvent, ctx: ToolHookContext) => guard().beforeToolCall(event, ctx),
+        { priority: -100 },
+      );
       let middleware = false;
       if (typeof api.registerAgentToolResultMiddleware === "function") {
         try {
@@ -156,8 +162,10 @@ export function createLoopfusePlugin(hooks: PluginHooksForTests = {}): PluginEnt
             "contracts.agentToolResultMiddleware): tool results are not published and warnings not shown",
         );
       }
-      api.on("after_compaction", ((event: AfterCompactionEvent, ctx: AgentHookContext) => guard().onCompaction(event, ctx)));
-      api.on("agent_end", ((event: AgentEndEvent, ctx: AgentHookContext) => guard().onAgentEnd(event, ctx)));
+      api.on("after_compaction", (event: AfterCompactionEvent, ctx: AgentHookContext) =>
+        guard().onCompaction(event, ctx),
+      );
+      api.on("agent_end", (event: AgentEndEvent, ctx: AgentHookContext) => guard().onAgentEnd(event, ctx));
       api.on("gateway_stop", () => guard().stop());
     },
   });

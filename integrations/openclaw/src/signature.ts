@@ -41,7 +41,8 @@ export function parseVerdictKeys(text: string): VerdictKey[] {
     if (!BASE64.test(encoded)) throw new Error(`key ${n} is not base64 after its id`);
     // Buffer's base64 decoder takes both alphabets, with or without padding.
     const secret = Buffer.from(encoded, "base64");
-    if (secret.length < MIN_KEY_BYTES) throw new Error(`key ${n} is shorter than ${MIN_KEY_BYTES} bytes (openssl rand -base64 32)`);
+    if (secret.length < MIN_KEY_BYTES)
+      throw new Error(`key ${n} is shorter than ${MIN_KEY_BYTES} bytes (openssl rand -base64 32)`);
     keys.push({ keyId, secret });
   });
   if (keys.length === 0) throw new Error("no key (expected id:base64[,id:base64...])");
@@ -51,7 +52,11 @@ export function parseVerdictKeys(text: string): VerdictKey[] {
 function mac(secret: Buffer, key: Buffer | null, value: Buffer): Hmac {
   const length = Buffer.alloc(4);
   length.writeUInt32BE(key?.length ?? 0);
-  return createHmac("sha256", secret).update(DOMAIN).update(length).update(key ?? Buffer.alloc(0)).update(value);
+  return createHmac("sha256", secret)
+    .update(DOMAIN)
+    .update(length)
+    .update(key ?? Buffer.alloc(0))
+    .update(value);
 }
 
 /** The header value a worker with `key` puts on a record (tests and the benchmark sign with it). */
@@ -71,7 +76,11 @@ export class VerdictVerifier {
    * such header; `bad`: anything else (unknown key id, wrong MAC, malformed). Compared
    * with timingSafeEqual, after a length check (the length is public).
    */
-  check(recordKey: Buffer | null, value: Buffer | null, headers: Iterable<[Buffer | null, Buffer | null]> | undefined): SignatureCheck {
+  check(
+    recordKey: Buffer | null,
+    value: Buffer | null,
+    headers: Iterable<[Buffer | null, Buffer | null]> | undefined,
+  ): SignatureCheck {
     let found = false;
     // One MAC per key and record, however many headers name it (a forged record with
     // thousands of them must not cost thousands of MACs of its value).

@@ -123,7 +123,8 @@ export class KafkaTransport implements Transport {
         this.reading = this.read(cursors, onVerdict);
         return;
       } catch (err) {
-        if (!this.reportRefusal(err, this.config.topics.toolCalls) && attempt % 10 === 0) this.logger.warn(`loopfuse: Kafka not ready (${this.redact(err)}); retrying`);
+        if (!this.reportRefusal(err, this.config.topics.toolCalls) && attempt % 10 === 0)
+          this.logger.warn(`loopfuse: Kafka not ready (${this.redact(err)}); retrying`);
         await this.closeAll();
         await sleep(Math.min(5000, 250 * 2 ** Math.min(attempt, 5)));
       }
@@ -137,7 +138,9 @@ export class KafkaTransport implements Transport {
     if (refusal === null) return false;
     if (refusal !== this.lastRefusal) {
       this.lastRefusal = refusal;
-      this.logger.error(`loopfuse: ${refusal}; every call falls to the fail-${this.config.failPolicy} policy until it is fixed`);
+      this.logger.error(
+        `loopfuse: ${refusal}; every call falls to the fail-${this.config.failPolicy} policy until it is fixed`,
+      );
     }
     return true;
   }
@@ -163,7 +166,10 @@ export class KafkaTransport implements Transport {
       acks: ProduceAcks.ALL,
     });
     // A group id is required by the constructor; the reader never joins it.
-    this.reader = new Consumer({ ...this.connection(), groupId: `${this.config.clientId}-verdicts-${this.incarnation}` });
+    this.reader = new Consumer({
+      ...this.connection(),
+      groupId: `${this.config.clientId}-verdicts-${this.incarnation}`,
+    });
     await this.producer.metadata({ topics: [this.config.topics.toolCalls] });
     for (let attempt = 0; !this.stopped; attempt++) {
       try {
@@ -232,7 +238,16 @@ export class KafkaTransport implements Transport {
       try {
         if (!topicId) await refresh();
         // One leader in practice; with several, their fetches wait side by side.
-        await Promise.all(leaders().map((node) => this.fetchFrom(node, topicId, cursors.filter((c) => c.leader === node), onVerdict)));
+        await Promise.all(
+          leaders().map((node) =>
+            this.fetchFrom(
+              node,
+              topicId,
+              cursors.filter((c) => c.leader === node),
+              onVerdict,
+            ),
+          ),
+        );
       } catch (err) {
         if (this.stopped) return;
         this.logger.warn(`loopfuse: verdict fetch failed (${this.redact(err)}); refreshing leaders`);
@@ -242,7 +257,12 @@ export class KafkaTransport implements Transport {
     }
   }
 
-  private async fetchFrom(node: number, topicId: string, cursors: PartitionCursor[], onVerdict: (raw: string) => void): Promise<void> {
+  private async fetchFrom(
+    node: number,
+    topicId: string,
+    cursors: PartitionCursor[],
+    onVerdict: (raw: string) => void,
+  ): Promise<void> {
     const response = await this.reader!.fetch({
       node,
       maxWaitTime: FETCH_WAIT_MS,
@@ -291,7 +311,12 @@ export class KafkaTransport implements Transport {
    * most every 10 s, and never parsed: its call waits on, and the fail policy decides if
    * no genuine verdict comes.
    */
-  private signed(verifier: VerdictVerifier, key: Buffer | null, value: Buffer | null, headers: [Buffer | null, Buffer | null][]): boolean {
+  private signed(
+    verifier: VerdictVerifier,
+    key: Buffer | null,
+    value: Buffer | null,
+    headers: [Buffer | null, Buffer | null][],
+  ): boolean {
     const check = verifier.check(key, value, headers);
     if (check === "ok") return true;
     if (check === "unsigned") this.counts.unsignedVerdicts++;
@@ -343,7 +368,11 @@ export function replyPartitionOf(incarnation: string, partitions: number): numbe
 /** The client options of the producer and the reader: bootstrap, TLS (`tls`: the PEM contents of `ssl`'s files), SASL. */
 export function connectionOptions(config: LoopfuseConfig, tls: TlsFiles | null) {
   const sasl: SASLOptions | undefined = config.sasl
-    ? { mechanism: SASL_MECHANISMS[config.sasl.mechanism], username: config.sasl.username, password: config.sasl.password }
+    ? {
+        mechanism: SASL_MECHANISMS[config.sasl.mechanism],
+        username: config.sasl.username,
+        password: config.sasl.password,
+      }
     : undefined;
   return {
     clientId: config.clientId,
@@ -391,7 +420,10 @@ export function describeRefusal(err: unknown, config: LoopfuseConfig, topic: str
     const code = typeof e.code === "string" ? e.code : "";
     const apiId = typeof e.apiId === "string" ? e.apiId : "";
     const message = typeof e.message === "string" ? e.message : "";
-    if (apiId === "SASL_AUTHENTICATION_FAILED" || (code === "PLT_KFK_AUTHENTICATION" && message.startsWith("SASL authentication failed"))) {
+    if (
+      apiId === "SASL_AUTHENTICATION_FAILED" ||
+      (code === "PLT_KFK_AUTHENTICATION" && message.startsWith("SASL authentication failed"))
+    ) {
       return config.sasl
         ? `Kafka refused the SASL credentials of user ${JSON.stringify(config.sasl.username)} (sasl.username / sasl.password)`
         : "Kafka refused the SASL authentication (sasl)";

@@ -99,10 +99,7 @@ export interface PluginApi {
   pluginConfig?: Record<string, unknown>;
   logger?: PluginLogger;
   on: (hookName: string, handler: Handler, opts?: { priority?: number; timeoutMs?: number }) => unknown;
-  registerAgentToolResultMiddleware?: (
-    handler: ToolResultMiddleware,
-    options?: { runtimes?: string[] },
-  ) => unknown;
+  registerAgentToolResultMiddleware?: (handler: ToolResultMiddleware, options?: { runtimes?: string[] }) => unknown;
 }
 
 /** The object OpenClaw loads from a plugin entry module. */

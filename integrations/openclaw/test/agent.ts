@@ -28,7 +28,10 @@ export async function gateway(config: Record<string, unknown>, opts: { connect?:
   plugin.register(api);
   if (opts.connect ?? true) {
     await guard!.start();
-    assert.deepEqual(api.logs.filter((l) => l.level === "error"), []);
+    assert.deepEqual(
+      api.logs.filter((l) => l.level === "error"),
+      [],
+    );
   }
   return { api, guard: guard!, events, verdicts };
 }
@@ -53,9 +56,11 @@ export class Agent {
     const toolCallId = `toolu_${this.runId}_${++this.n}`;
     const ctx = toolCtx(this.sessionKey, this.runId, toolCallId, { toolName });
     const before = this.gw.verdicts.length;
-    const decision = (await this.gw.api.emit("before_tool_call", { toolName, params, runId: this.runId, toolCallId }, ctx)) as
-      | { block?: boolean; blockReason?: string }
-      | undefined;
+    const decision = (await this.gw.api.emit(
+      "before_tool_call",
+      { toolName, params, runId: this.runId, toolCallId },
+      ctx,
+    )) as { block?: boolean; blockReason?: string } | undefined;
     const verdict = this.gw.verdicts.slice(before).find((v) => v.call_id === toolCallId);
     const judged = verdict
       ? `${verdict.action}${verdict.detector ? ` (${verdict.detector}, count ${verdict.count})` : ""}`
@@ -65,12 +70,17 @@ export class Agent {
       seen = `BLOCKED: ${decision.blockReason}`;
     } else {
       const result = { content: [{ type: "text", text: output }], details: { status: "completed", ...details } };
-      const shown = (await this.gw.api.runMiddleware({ toolCallId, toolName, args: params, result }, { runtime: "openclaw" })) as {
+      const shown = (await this.gw.api.runMiddleware(
+        { toolCallId, toolName, args: params, result },
+        { runtime: "openclaw" },
+      )) as {
         content: { text: string }[];
       };
       seen = shown.content.map((c) => c.text).join(" | ");
     }
-    this.transcript.push(`${this.sessionKey} #${this.n} ${toolName} ${JSON.stringify(params)} -> ${judged} -> agent saw: ${seen}`);
+    this.transcript.push(
+      `${this.sessionKey} #${this.n} ${toolName} ${JSON.stringify(params)} -> ${judged} -> agent saw: ${seen}`,
+    );
     return { decision, verdict, seen };
   }
 
@@ -78,19 +88,29 @@ export class Agent {
   private noteAborts() {
     for (const v of this.gw.verdicts.slice(this.seenVerdicts)) {
       if (v.action === "abort" && v.session_key === this.sessionKey) {
-        this.transcript.push(`${this.sessionKey} <- loopfuse: abort (${v.detector}, count ${v.count}) for the result of ${v.call_id}: ${v.message}`);
+        this.transcript.push(
+          `${this.sessionKey} <- loopfuse: abort (${v.detector}, count ${v.count}) for the result of ${v.call_id}: ${v.message}`,
+        );
       }
     }
     this.seenVerdicts = this.gw.verdicts.length;
   }
 
   async compaction() {
-    await this.gw.api.emit("after_compaction", { messageCount: 12, compactedCount: 40 }, { sessionKey: this.sessionKey, runId: this.runId, agentId: "main" });
+    await this.gw.api.emit(
+      "after_compaction",
+      { messageCount: 12, compactedCount: 40 },
+      { sessionKey: this.sessionKey, runId: this.runId, agentId: "main" },
+    );
     this.transcript.push(`${this.sessionKey} -- after_compaction --`);
   }
 
   async end() {
-    await this.gw.api.emit("agent_end", { runId: this.runId, messages: [], success: true }, { sessionKey: this.sessionKey, runId: this.runId, agentId: "main" });
+    await this.gw.api.emit(
+      "agent_end",
+      { runId: this.runId, messages: [], success: true },
+      { sessionKey: this.sessionKey, runId: this.runId, agentId: "main" },
+    );
     this.transcript.push(`${this.sessionKey} -- agent_end --`);
   }
 }

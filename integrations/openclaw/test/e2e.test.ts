@@ -45,8 +45,10 @@ function comparable(v: Verdict) {
   const { decided_ts: _d, incarnation: _i, ...rest } = v as Verdict & { decided_ts?: unknown };
   return rest;
 }
-const order = (a: { session_key: string | null; seq: number | null }, b: { session_key: string | null; seq: number | null }) =>
-  String(a.session_key).localeCompare(String(b.session_key)) || (a.seq ?? 0) - (b.seq ?? 0);
+const order = (
+  a: { session_key: string | null; seq: number | null },
+  b: { session_key: string | null; seq: number | null },
+) => String(a.session_key).localeCompare(String(b.session_key)) || (a.seq ?? 0) - (b.seq ?? 0);
 
 describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
   let worker: Logged;
@@ -57,7 +59,11 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
   before(async () => {
     ({ bootstrap } = await startBroker(processes, BIN, "e2e"));
     const started = await startWorker(processes, BIN, {
-      name: "e2e", bootstrap, detection: DETECTION, id: `oc-${RUN_ID}`, env: { LOOPFUSE_VERDICT_KEY: VERDICT_KEY },
+      name: "e2e",
+      bootstrap,
+      detection: DETECTION,
+      id: `oc-${RUN_ID}`,
+      env: { LOOPFUSE_VERDICT_KEY: VERDICT_KEY },
     });
     worker = started.process;
     configFile = started.configFile;
@@ -74,7 +80,11 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     // A stuck poll: identical call, identical result, until loopfuse blocks it.
     const pollResults = [];
     for (let i = 0; i < 6; i++) {
-      pollResults.push(await loop.call("process", { action: "poll", sessionId: "build-42" }, "build still running", { sessionId: "build-42" }));
+      pollResults.push(
+        await loop.call("process", { action: "poll", sessionId: "build-42" }, "build still running", {
+          sessionId: "build-42",
+        }),
+      );
       await healthy.call("exec", { command: `pytest tests/test_${i}.py` }, `${i + 1} passed`);
     }
     // Then it compacts, and keeps repeating one command with one result: loopfuse aborts the run.
@@ -106,7 +116,8 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     assert.equal(afterCompaction.at(-1)!.decision?.block, true);
     assert.match(afterCompaction.at(-1)!.seen, /BLOCKED: .*compaction/i);
     assert.equal(afterCompaction.at(-1)!.verdict, undefined, "blocked locally after the abort");
-    for (const line of healthy.transcript.filter((l) => l.includes(" exec "))) assert.match(line, /-> allow -> agent saw: \d+ passed$/);
+    for (const line of healthy.transcript.filter((l) => l.includes(" exec ")))
+      assert.match(line, /-> allow -> agent saw: \d+ passed$/);
     assert.equal(gw.guard.stats.timeouts, 0);
     assert.equal(gw.guard.stats.aborts, 1);
     assert.equal(gw.guard.stats.publishErrors, 0);
@@ -118,14 +129,25 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     // The same events through `loopfuse replay`: the same verdicts.
     const eventsFile = join(work, "events.jsonl");
     writeFileSync(eventsFile, gw.events.map(({ event }) => JSON.stringify(event)).join("\n") + "\n");
-    const replay = processes.adopt(spawn(LOOPFUSE, ["replay", "--config", configFile, eventsFile], { stdio: ["ignore", "pipe", "pipe"] }));
+    const replay = processes.adopt(
+      spawn(LOOPFUSE, ["replay", "--config", configFile, eventsFile], { stdio: ["ignore", "pipe", "pipe"] }),
+    );
     let out = "";
     replay.stdout?.on("data", (d: Buffer) => (out += d.toString()));
     const [code] = (await once(replay, "exit")) as [number];
     assert.equal(code, 0);
-    const replayed = out.trim().split("\n").map((l) => JSON.parse(l) as Verdict & { type: string });
-    assert.deepEqual(replayed.filter((o) => o.type === "dead_letter"), []);
-    const expected = replayed.filter((o) => o.type === "verdict").map(comparable).sort(order);
+    const replayed = out
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as Verdict & { type: string });
+    assert.deepEqual(
+      replayed.filter((o) => o.type === "dead_letter"),
+      [],
+    );
+    const expected = replayed
+      .filter((o) => o.type === "verdict")
+      .map(comparable)
+      .sort(order);
     const got = gw.verdicts.map(comparable).sort(order);
     assert.deepEqual(got, expected);
     await gw.guard.stop();
@@ -138,7 +160,8 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
       const runs = Array.from({ length: sessions }, async (_, s) => {
         const agent = new Agent(gw, `agent:main:${prefix}-${s}`, `run-${prefix}-${s}`);
         const out = [];
-        for (let n = 0; n < each; n++) out.push((await agent.call("read", { path: `/f/${n}` }, `content ${n}`)).decision);
+        for (let n = 0; n < each; n++)
+          out.push((await agent.call("read", { path: `/f/${n}` }, `content ${n}`)).decision);
         return out;
       });
       return (await Promise.all(runs)).flat();
@@ -146,24 +169,45 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     const busyDecisions = await calls(busy, 10, 20, "busy");
     const idleDecisions = await calls(idle, 1, 3, "idle");
     await new Promise((r) => setTimeout(r, 500));
-    assert.ok(busyDecisions.every((d) => d === undefined), "every busy call allowed");
-    assert.ok(idleDecisions.every((d) => d === undefined), "every idle call allowed");
+    assert.ok(
+      busyDecisions.every((d) => d === undefined),
+      "every busy call allowed",
+    );
+    assert.ok(
+      idleDecisions.every((d) => d === undefined),
+      "every idle call allowed",
+    );
     assert.equal(busy.guard.stats.verdictsMatched, 200);
     assert.equal(idle.guard.stats.verdictsMatched, 3);
     // its own three verdicts and nothing else came to the idle gateway
-    assert.deepEqual(idle.guard.readCounts, { recordsRead: 3, foreignRecords: 0, unsignedVerdicts: 0, badSignatures: 0 });
+    assert.deepEqual(idle.guard.readCounts, {
+      recordsRead: 3,
+      foreignRecords: 0,
+      unsignedVerdicts: 0,
+      badSignatures: 0,
+    });
     await busy.guard.stop();
     await idle.guard.stop();
   });
 
   it("with verdictKey: forged allows on the reply partition are dropped and counted; the worker's signed block is what the call gets", async () => {
-    const gw = await plugin({ timeoutMs: 10_000, verdictKey: VERDICT_KEY, replyPartition: 2, clientId: `e2e-signed-${RUN_ID}` });
+    const gw = await plugin({
+      timeoutMs: 10_000,
+      verdictKey: VERDICT_KEY,
+      replyPartition: 2,
+      clientId: `e2e-signed-${RUN_ID}`,
+    });
     const agent = new Agent(gw, "agent:main:forged", "run-forged-1");
-    const poll = () => agent.call("process", { action: "poll", sessionId: "build-7" }, "build still running", { sessionId: "build-7" });
+    const poll = () =>
+      agent.call("process", { action: "poll", sessionId: "build-7" }, "build still running", { sessionId: "build-7" });
     const actions = [];
     for (let i = 0; i < 5; i++) actions.push((await poll()).verdict?.action);
     assert.deepEqual(actions, ["allow", "allow", "allow", "warn", "warn"]); // signed verdicts, taken
-    const forger = new Producer({ clientId: `e2e-forger-${RUN_ID}`, bootstrapBrokers: [bootstrap], autocreateTopics: false });
+    const forger = new Producer({
+      clientId: `e2e-forger-${RUN_ID}`,
+      bootstrapBrokers: [bootstrap],
+      autocreateTopics: false,
+    });
     const wrongKey = parseVerdictKeys(`e2e:${randomBytes(32).toString("base64")}`)[0]!; // same id, not the worker's
     const before = gw.events.length;
     // The worker frozen (SIGSTOP, by its PID) for a moment: the forgeries are read before its verdict can come.
@@ -171,17 +215,43 @@ describe("end to end: loopfuse broker + worker", { timeout: 240_000 }, () => {
     let sixth: ReturnType<typeof poll>;
     try {
       sixth = poll(); // the worker blocks it
-      const call = await waitFor("the sixth call published", 5_000, () => gw.events.slice(before).find((e) => e.event.type === "tool_call")?.event);
-      const forged = Buffer.from(JSON.stringify({
-        type: "verdict", verdict_id: "forged", session_key: call.session_key, run_id: call.run_id, agent_id: call.agent_id ?? null,
-        call_id: call.call_id, seq: call.seq, incarnation: call.incarnation, tool_name: call.tool_name, action: "allow",
-        level: "none", detector: null, count: 0, message: null, args_hash: null, event_ts: call.ts, decided_ts: call.ts,
-      }));
+      const call = await waitFor(
+        "the sixth call published",
+        5_000,
+        () => gw.events.slice(before).find((e) => e.event.type === "tool_call")?.event,
+      );
+      const forged = Buffer.from(
+        JSON.stringify({
+          type: "verdict",
+          verdict_id: "forged",
+          session_key: call.session_key,
+          run_id: call.run_id,
+          agent_id: call.agent_id ?? null,
+          call_id: call.call_id,
+          seq: call.seq,
+          incarnation: call.incarnation,
+          tool_name: call.tool_name,
+          action: "allow",
+          level: "none",
+          detector: null,
+          count: 0,
+          message: null,
+          args_hash: null,
+          event_ts: call.ts,
+          decided_ts: call.ts,
+        }),
+      );
       const key = Buffer.from(gw.guard.incarnation); // keyed as this gateway's replies: not skipped as another's
       await forger.send({
         messages: [
           { topic: "loopfuse.replies", partition: 2, key, value: forged },
-          { topic: "loopfuse.replies", partition: 2, key, value: forged, headers: new Map([[Buffer.from(SIGNATURE_HEADER), signVerdict(wrongKey, key, forged)]]) },
+          {
+            topic: "loopfuse.replies",
+            partition: 2,
+            key,
+            value: forged,
+            headers: new Map([[Buffer.from(SIGNATURE_HEADER), signVerdict(wrongKey, key, forged)]]),
+          },
         ],
       });
       await waitFor("the forgeries read", 5_000, () => {

@@ -22,12 +22,19 @@ export async function stop(child: ChildProcess): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null || child.pid === undefined) return;
   const exited = once(child, "exit");
   process.kill(child.pid, "SIGTERM");
-  const timer = setTimeout(() => child.pid !== undefined && child.exitCode === null && process.kill(child.pid, "SIGKILL"), 10_000);
+  const timer = setTimeout(
+    () => child.pid !== undefined && child.exitCode === null && process.kill(child.pid, "SIGKILL"),
+    10_000,
+  );
   await exited;
   clearTimeout(timer);
 }
 
-export async function waitFor<T>(what: string, timeoutMs: number, probe: () => Promise<T | undefined> | T | undefined): Promise<T> {
+export async function waitFor<T>(
+  what: string,
+  timeoutMs: number,
+  probe: () => Promise<T | undefined> | T | undefined,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const value = await probe();
@@ -63,7 +70,9 @@ export class Processes {
   }
 
   start(command: string, args: string[], env: Record<string, string>, logName: string, cwd = this.work): Logged {
-    const child = this.adopt(spawn(command, args, { cwd, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] }) as Logged);
+    const child = this.adopt(
+      spawn(command, args, { cwd, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] }) as Logged,
+    );
     child.log = [];
     child.stdout?.on("data", (d: Buffer) => child.log.push(d.toString()));
     child.stderr?.on("data", (d: Buffer) => child.log.push(d.toString()));
@@ -99,7 +108,9 @@ export interface Broker {
 }
 
 function envFile(path: string): Record<string, string> {
-  const lines = readFileSync(path, "utf8").split("\n").filter((l) => l.includes("="));
+  const lines = readFileSync(path, "utf8")
+    .split("\n")
+    .filter((l) => l.includes("="));
   return Object.fromEntries(lines.map((l) => [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)]));
 }
 
@@ -108,13 +119,23 @@ function envFile(path: string): Record<string, string> {
  * ON_EMBEDDED_BROKER), or with `secure` `loopfuse broker --kafka --secure`: TLS with a
  * CA made at start, SASL_SSL with SCRAM-SHA-512, ACLs per role on the default topics.
  */
-export async function startBroker(processes: Processes, bin: string, name: string, opts: { secure?: boolean } = {}): Promise<Broker> {
+export async function startBroker(
+  processes: Processes,
+  bin: string,
+  name: string,
+  opts: { secure?: boolean } = {},
+): Promise<Broker> {
   const loopfuse = join(bin, "loopfuse");
   assert.ok(existsSync(loopfuse), `${loopfuse} missing: run ./dev test once (it creates .venv) or set LOOPFUSE_BIN`);
-  const args = opts.secure ? ["broker", "--kafka", "--secure"] : ON_EMBEDDED_BROKER ? ["broker"] : ["broker", "--kafka"];
+  const args = opts.secure
+    ? ["broker", "--kafka", "--secure"]
+    : ON_EMBEDDED_BROKER
+      ? ["broker"]
+      : ["broker", "--kafka"];
   const broker = processes.start(loopfuse, args, {}, `${name}-broker.log`);
   const lines = await waitFor("the broker's bootstrap line", 180_000, () => {
-    if (broker.exitCode !== null) throw new Error(`broker exited ${broker.exitCode}: ${broker.log.join("").slice(-2000)}`);
+    if (broker.exitCode !== null)
+      throw new Error(`broker exited ${broker.exitCode}: ${broker.log.join("").slice(-2000)}`);
     const out = broker.log.join("");
     const bootstrap = /^bootstrap=(\S+)$/m.exec(out)?.[1];
     const folder = /^security=(\S+)$/m.exec(out)?.[1];
@@ -164,7 +185,12 @@ export async function startWorker(
 ): Promise<Worker> {
   const { name, id } = opts;
   const topics = id
-    ? { toolCalls: `${id}.tool-calls`, toolResults: `${id}.tool-results`, compactions: `${id}.compactions`, verdicts: `${id}.verdicts` }
+    ? {
+        toolCalls: `${id}.tool-calls`,
+        toolResults: `${id}.tool-results`,
+        compactions: `${id}.compactions`,
+        verdicts: `${id}.verdicts`,
+      }
     : DEFAULT_TOPICS;
   const named: Record<string, string> = id
     ? {
@@ -180,21 +206,27 @@ export async function startWorker(
   const configFile = join(processes.work, `${name}-detection.json`);
   writeFileSync(configFile, JSON.stringify(opts.detection));
   const webPort = await freePort();
-  const worker = processes.start(join(bin, "loopfuse"), ["worker"], {
-    LOOPFUSE_BOOTSTRAP_SERVERS: opts.bootstrap,
-    LOOPFUSE_EMBEDDED_BROKER: String(ON_EMBEDDED_BROKER),
-    LOOPFUSE_BROKER_SESSION_TIMEOUT: "6",
-    LOOPFUSE_BROKER_HEARTBEAT_INTERVAL: "1",
-    ...named,
-    LOOPFUSE_PARTITIONS: "2",
-    LOOPFUSE_STORE: "memory://",
-    LOOPFUSE_DATA_DIR: join(processes.work, `${name}-data`),
-    LOOPFUSE_WEB_PORT: String(webPort),
-    LOOPFUSE_CONFIG_FILE: configFile,
-    ...opts.env,
-  }, `${name}-worker.log`);
+  const worker = processes.start(
+    join(bin, "loopfuse"),
+    ["worker"],
+    {
+      LOOPFUSE_BOOTSTRAP_SERVERS: opts.bootstrap,
+      LOOPFUSE_EMBEDDED_BROKER: String(ON_EMBEDDED_BROKER),
+      LOOPFUSE_BROKER_SESSION_TIMEOUT: "6",
+      LOOPFUSE_BROKER_HEARTBEAT_INTERVAL: "1",
+      ...named,
+      LOOPFUSE_PARTITIONS: "2",
+      LOOPFUSE_STORE: "memory://",
+      LOOPFUSE_DATA_DIR: join(processes.work, `${name}-data`),
+      LOOPFUSE_WEB_PORT: String(webPort),
+      LOOPFUSE_CONFIG_FILE: configFile,
+      ...opts.env,
+    },
+    `${name}-worker.log`,
+  );
   await waitFor("worker /ready", 120_000, async () => {
-    if (worker.exitCode !== null) throw new Error(`worker exited ${worker.exitCode}: ${worker.log.join("").slice(-2000)}`);
+    if (worker.exitCode !== null)
+      throw new Error(`worker exited ${worker.exitCode}: ${worker.log.join("").slice(-2000)}`);
     try {
       return (await fetch(`http://127.0.0.1:${webPort}/ready`)).status === 200 ? true : undefined;
     } catch {

@@ -59,10 +59,12 @@ function setup(pluginConfig: Record<string, unknown> = {}) {
 describe("registration", () => {
   it("registers the hooks and the result middleware for both runtimes", () => {
     const { api } = setup();
-    assert.deepEqual(
-      api.hooks.map((h) => h.hookName).sort(),
-      ["after_compaction", "agent_end", "before_tool_call", "gateway_stop"],
-    );
+    assert.deepEqual(api.hooks.map((h) => h.hookName).sort(), [
+      "after_compaction",
+      "agent_end",
+      "before_tool_call",
+      "gateway_stop",
+    ]);
     assert.equal(api.hooks.find((h) => h.hookName === "before_tool_call")?.opts?.priority, -100);
     assert.equal(api.middlewares.length, 1);
     assert.deepEqual(api.middlewares[0]?.options, { runtimes: ["openclaw", "codex"] });
@@ -87,7 +89,11 @@ describe("registration", () => {
       const api = Object.assign(new FakeApi({ timeoutMs: 200 }), { registrationMode: mode });
       const transport = new FakeTransport();
       createLoopfusePlugin({ transport: () => transport }).register(api);
-      assert.deepEqual(api.hooks.map((h) => h.hookName).sort(), ["after_compaction", "agent_end", "before_tool_call", "gateway_stop"], mode);
+      assert.deepEqual(
+        api.hooks.map((h) => h.hookName).sort(),
+        ["after_compaction", "agent_end", "before_tool_call", "gateway_stop"],
+        mode,
+      );
       assert.equal(api.middlewares.length, 1, mode);
       assert.equal(transport.deliver, null, `${mode}: no client before a hook runs`);
       await api.emit("before_tool_call", { toolName: "read", params: {}, toolCallId: "c" }, toolCtx("s", "r", "c"));
@@ -117,7 +123,14 @@ describe("registration", () => {
     assert.equal(resolveConfig(undefined).timeoutMs, 5000);
     const problems: string[] = [];
     const cfg = resolveConfig(
-      { bootstrap: "a:1, b:2", failPolicy: "closed", topics: { verdicts: "v" }, timeoutMs: 20000, typo: 1, shadow: "yes" },
+      {
+        bootstrap: "a:1, b:2",
+        failPolicy: "closed",
+        topics: { verdicts: "v" },
+        timeoutMs: 20000,
+        typo: 1,
+        shadow: "yes",
+      },
       problems,
     );
     assert.deepEqual(cfg.bootstrap, ["a:1", "b:2"]);
@@ -131,7 +144,11 @@ describe("registration", () => {
   it("config: ssl is off, true (Node's default CAs) or the PEM files to use; wrong entries reported", () => {
     assert.equal(resolveConfig({}).ssl, null);
     assert.deepEqual(resolveConfig({ ssl: true }).ssl, { caFile: null, certFile: null, keyFile: null });
-    assert.deepEqual(resolveConfig({ ssl: { caFile: "/etc/ca.pem" } }).ssl, { caFile: "/etc/ca.pem", certFile: null, keyFile: null });
+    assert.deepEqual(resolveConfig({ ssl: { caFile: "/etc/ca.pem" } }).ssl, {
+      caFile: "/etc/ca.pem",
+      certFile: null,
+      keyFile: null,
+    });
     const problems: string[] = [];
     const cfg = resolveConfig({ ssl: { cafile: "/etc/ca.pem", caFile: "", certFile: "/c.pem" } }, problems);
     assert.deepEqual(cfg.ssl, { caFile: null, certFile: null, keyFile: null });
@@ -145,18 +162,31 @@ describe("registration", () => {
   });
 
   it("an unreadable ssl.caFile: one config error naming it; every call falls to the fail policy at once", async () => {
-    const api = new FakeApi({ bootstrap: "127.0.0.1:1", ssl: { caFile: "/nonexistent/ca.pem" }, failPolicy: "closed", timeoutMs: 5000, clientId: `no-ca-${process.pid}` });
+    const api = new FakeApi({
+      bootstrap: "127.0.0.1:1",
+      ssl: { caFile: "/nonexistent/ca.pem" },
+      failPolicy: "closed",
+      timeoutMs: 5000,
+      clientId: `no-ca-${process.pid}`,
+    });
     let guard: LoopfuseGuard | undefined;
     createLoopfusePlugin({ onGuard: (g) => (guard = g) }).register(api); // the real Kafka transport
     const started = Date.now();
     for (const id of ["c1", "c2"]) {
-      const decision = await api.emit("before_tool_call", { toolName: "exec", params: {}, toolCallId: id }, toolCtx("s", "r", id));
+      const decision = await api.emit(
+        "before_tool_call",
+        { toolName: "exec", params: {}, toolCallId: id },
+        toolCtx("s", "r", id),
+      );
       assert.deepEqual(decision, { block: true, blockReason: TIMEOUT_MESSAGE("closed") });
     }
     assert.ok(Date.now() - started < 1000, "decided without waiting for the timeout");
-    assert.deepEqual(api.logs.filter((l) => l.level !== "info").map((l) => l.message), [
-      'loopfuse: could not connect to Kafka: ConfigError: ssl.caFile: cannot read "/nonexistent/ca.pem" (ENOENT); every call falls to the fail-closed policy',
-    ]);
+    assert.deepEqual(
+      api.logs.filter((l) => l.level !== "info").map((l) => l.message),
+      [
+        'loopfuse: could not connect to Kafka: ConfigError: ssl.caFile: cannot read "/nonexistent/ca.pem" (ENOENT); every call falls to the fail-closed policy',
+      ],
+    );
     await guard!.stop();
   });
 });
@@ -167,9 +197,25 @@ describe("wire events", () => {
     const { api, transport, call } = setup();
     transport.judge = (e) => (e.seq === 2 ? { action: "warn" } : { action: "allow" });
     await call("agent:main:1", "run-1", "call_a", "exec", { command: "ls" });
-    await call("agent:main:1", "run-1", "call_b", "exec", { command: "ls" }, { content: [{ type: "text", text: "boom" }] }, true);
-    await api.emit("after_compaction", { messageCount: 3, compactedCount: 10 }, { sessionKey: "agent:main:1", runId: "run-1", agentId: "main" });
-    await api.emit("agent_end", { runId: "run-1", messages: [], success: true }, { sessionKey: "agent:main:1", runId: "run-1", agentId: "main" });
+    await call(
+      "agent:main:1",
+      "run-1",
+      "call_b",
+      "exec",
+      { command: "ls" },
+      { content: [{ type: "text", text: "boom" }] },
+      true,
+    );
+    await api.emit(
+      "after_compaction",
+      { messageCount: 3, compactedCount: 10 },
+      { sessionKey: "agent:main:1", runId: "run-1", agentId: "main" },
+    );
+    await api.emit(
+      "agent_end",
+      { runId: "run-1", messages: [], success: true },
+      { sessionKey: "agent:main:1", runId: "run-1", agentId: "main" },
+    );
     await tick();
     assert.deepEqual(
       transport.sent.map((s) => [s.topic, s.event.type]),
@@ -191,7 +237,10 @@ describe("wire events", () => {
       assert.equal(event.agent_id, "main");
       assert.equal(event.run_id, "run-1");
     }
-    assert.deepEqual(transport.sent.map((s) => s.event.seq), [0, 1, 2, 3, 4, 5]);
+    assert.deepEqual(
+      transport.sent.map((s) => s.event.seq),
+      [0, 1, 2, 3, 4, 5],
+    );
     const [call0, result0, , error1] = transport.sent.map((s) => s.event);
     assert.equal(call0?.call_id, "call_a");
     assert.deepEqual(call0?.args, { command: "ls" });
@@ -212,7 +261,9 @@ describe("wire events", () => {
       ["s1", "c3"],
       ["s1", "c4"],
       ["s2", "c5"],
-    ].map(([sk, id]) => api.emit("before_tool_call", { toolName: "read", params: { id }, toolCallId: id }, toolCtx(sk!, "r", id)));
+    ].map(([sk, id]) =>
+      api.emit("before_tool_call", { toolName: "read", params: { id }, toolCallId: id }, toolCtx(sk!, "r", id)),
+    );
     await tick();
     for (const s of transport.sent) order.push(s.event.seq);
     assert.deepEqual(
@@ -257,10 +308,24 @@ describe("wire events", () => {
 
   it("compaction is keyed by sessionKey although OpenClaw rotates sessionId", async () => {
     const { api, transport } = setup();
-    await api.emit("after_compaction", { messageCount: 1, compactedCount: 5 }, { sessionKey: "k", sessionId: "old", runId: "r" });
-    await api.emit("after_compaction", { messageCount: 1, compactedCount: 5 }, { sessionKey: "k", sessionId: "new", runId: "r" });
+    await api.emit(
+      "after_compaction",
+      { messageCount: 1, compactedCount: 5 },
+      { sessionKey: "k", sessionId: "old", runId: "r" },
+    );
+    await api.emit(
+      "after_compaction",
+      { messageCount: 1, compactedCount: 5 },
+      { sessionKey: "k", sessionId: "new", runId: "r" },
+    );
     await tick();
-    assert.deepEqual(transport.sent.map((s) => [s.key, s.event.seq]), [["k", 0], ["k", 1]]);
+    assert.deepEqual(
+      transport.sent.map((s) => [s.key, s.event.seq]),
+      [
+        ["k", 0],
+        ["k", 1],
+      ],
+    );
   });
 
   it("a compaction or run end whose context has no run belongs to the session's current run", async () => {
@@ -269,7 +334,13 @@ describe("wire events", () => {
     await api.emit("after_compaction", { messageCount: 1, compactedCount: 5 }, { sessionKey: "k" });
     await api.emit("agent_end", { messages: [], success: true }, { sessionKey: "k" });
     await tick();
-    assert.deepEqual(transport.sent.slice(2).map((s) => [s.event.type, s.event.run_id]), [["compaction", "run-7"], ["run_ended", "run-7"]]);
+    assert.deepEqual(
+      transport.sent.slice(2).map((s) => [s.event.type, s.event.run_id]),
+      [
+        ["compaction", "run-7"],
+        ["run_ended", "run-7"],
+      ],
+    );
   });
 
   it("agent_end of a session this process never published for sends nothing", async () => {
@@ -291,7 +362,10 @@ describe("verdicts", () => {
 
   it("warn: the tool runs, the warning is appended to what the agent sees, loopfuse gets the original result", async () => {
     const { transport, call, guard } = setup();
-    transport.judge = () => ({ action: "warn", message: "WARNING: You have called exec 10 times with identical arguments." });
+    transport.judge = () => ({
+      action: "warn",
+      message: "WARNING: You have called exec 10 times with identical arguments.",
+    });
     const { decision, seen } = await call("s", "r", "c1", "exec", { command: "ls" });
     assert.equal(decision, undefined);
     assert.deepEqual(seen, {
@@ -301,14 +375,18 @@ describe("verdicts", () => {
       ],
       details: { status: "completed" },
     });
-    assert.deepEqual(transport.sent[1]?.event.result, { content: [{ type: "text", text: "ok" }], details: { status: "completed" } });
+    assert.deepEqual(transport.sent[1]?.event.result, {
+      content: [{ type: "text", text: "ok" }],
+      details: { status: "completed" },
+    });
     assert.equal(guard.stats.warns, 1);
   });
 
   it("block: the call is vetoed with loopfuse's message and loopfuse's blocked-result shape is published", async () => {
     const validate = inputEventValidator();
     const { api, transport, call, guard } = setup();
-    const msg = "CRITICAL: Called process with identical arguments and no progress 20 times. Session execution blocked.";
+    const msg =
+      "CRITICAL: Called process with identical arguments and no progress 20 times. Session execution blocked.";
     transport.judge = () => ({ action: "block", message: msg });
     const { decision } = await call("s", "r", "c1", "process", { action: "poll", sessionId: "x" });
     assert.deepEqual(decision, { block: true, blockReason: msg });
@@ -357,7 +435,17 @@ describe("verdicts", () => {
     assert.equal(guard.stats.aborts, 1);
     assert.equal(guard.stats.abortBlocks, 1);
     // An abort for a run this process never saw is somebody else's.
-    transport.push({ type: "verdict", verdict_id: "abort-2", session_key: "s", run_id: "run-9", call_id: "z", seq: 1, action: "abort", message: "x", incarnation: INCARNATION });
+    transport.push({
+      type: "verdict",
+      verdict_id: "abort-2",
+      session_key: "s",
+      run_id: "run-9",
+      call_id: "z",
+      seq: 1,
+      action: "abort",
+      message: "x",
+      incarnation: INCARNATION,
+    });
     assert.equal(guard.stats.aborts, 1);
     await api.emit("agent_end", { runId: "run-1", messages: [], success: false }, { sessionKey: "s", runId: "run-1" });
     await tick();
@@ -402,10 +490,22 @@ describe("verdicts", () => {
   it("a verdict is matched by (session_key, call_id, seq) and incarnation; any other is counted and dropped", async () => {
     const { api, transport, guard } = setup({ timeoutMs: 300 });
     transport.judge = () => null;
-    const pending = api.emit("before_tool_call", { toolName: "exec", params: { command: "ls" }, toolCallId: "c1" }, toolCtx("s", "r", "c1"));
+    const pending = api.emit(
+      "before_tool_call",
+      { toolName: "exec", params: { command: "ls" }, toolCallId: "c1" },
+      toolCtx("s", "r", "c1"),
+    );
     await tick();
     const call = transport.sent[0]!.event;
-    const base = { type: "verdict", verdict_id: "v", session_key: "s", run_id: "r", call_id: "c1", seq: call.seq, message: "stop" };
+    const base = {
+      type: "verdict",
+      verdict_id: "v",
+      session_key: "s",
+      run_id: "r",
+      call_id: "c1",
+      seq: call.seq,
+      message: "stop",
+    };
     transport.push({ ...base, seq: call.seq + 1, action: "block" }); // same call id, other seq: an older call's verdict
     transport.push({ ...base, call_id: "c2", action: "block" });
     transport.push({ ...base, session_key: "other", action: "block" });
@@ -431,7 +531,16 @@ describe("verdicts", () => {
     assert.equal(guard.stats.timeouts, 1);
     assert.equal(guard.stats.timeoutsAllowed, 1);
     const c = transport.sent[0]!.event;
-    transport.push({ type: "verdict", verdict_id: "v", session_key: "s", run_id: "r", call_id: "c1", seq: c.seq, action: "block", message: "late" });
+    transport.push({
+      type: "verdict",
+      verdict_id: "v",
+      session_key: "s",
+      run_id: "r",
+      call_id: "c1",
+      seq: c.seq,
+      action: "block",
+      message: "late",
+    });
     assert.equal(guard.stats.verdictsLate, 1);
   });
 
@@ -462,8 +571,14 @@ describe("verdicts", () => {
     assert.equal(first.decision, undefined);
     const second = await call("s", "r", "c2", "exec", { command: "ls" });
     assert.deepEqual(second.seen, { content: [{ type: "text", text: "ok" }], details: { status: "completed" } });
-    assert.deepEqual(transport.sent.map((s) => s.event.type), ["tool_call", "tool_result", "tool_call", "tool_result"]);
-    assert.deepEqual(transport.sent[1]?.event.result, { content: [{ type: "text", text: "ok" }], details: { status: "completed" } });
+    assert.deepEqual(
+      transport.sent.map((s) => s.event.type),
+      ["tool_call", "tool_result", "tool_call", "tool_result"],
+    );
+    assert.deepEqual(transport.sent[1]?.event.result, {
+      content: [{ type: "text", text: "ok" }],
+      details: { status: "completed" },
+    });
     assert.equal(guard.stats.blocks, 1);
     assert.equal(guard.stats.shadowIgnored, 2);
   });
@@ -472,7 +587,14 @@ describe("verdicts", () => {
     const validate = inputEventValidator();
     const { transport, call } = setup();
     const big = "x".repeat(700_000);
-    await call("s", "r", "c1", "write", { action: "create", content: big }, { content: [{ type: "text", text: big + big }], details: { status: "ok" } });
+    await call(
+      "s",
+      "r",
+      "c1",
+      "write",
+      { action: "create", content: big },
+      { content: [{ type: "text", text: big + big }], details: { status: "ok" } },
+    );
     const [c, r] = transport.sent.map((s) => s.event);
     assert.match(String(c?.args_hash), /^lf-sha256:/);
     assert.equal(c?.args_action, "create");
@@ -487,7 +609,11 @@ describe("verdicts", () => {
     const { api, transport, guard } = setup({ timeoutMs: 10_000 });
     await api.emit("gateway_stop", {}, {});
     const started = Date.now();
-    const decision = await api.emit("before_tool_call", { toolName: "exec", params: {}, toolCallId: "c" }, toolCtx("s", "r", "c"));
+    const decision = await api.emit(
+      "before_tool_call",
+      { toolName: "exec", params: {}, toolCallId: "c" },
+      toolCtx("s", "r", "c"),
+    );
     assert.equal(decision, undefined);
     assert.ok(Date.now() - started < 1000);
     assert.equal(transport.sent.length, 0);
@@ -497,7 +623,11 @@ describe("verdicts", () => {
   it("gateway_stop stops the transport and releases waiting calls", async () => {
     const { api, transport } = setup({ timeoutMs: 10_000 });
     transport.judge = () => null;
-    const pending = api.emit("before_tool_call", { toolName: "exec", params: {}, toolCallId: "c" }, toolCtx("s", "r", "c"));
+    const pending = api.emit(
+      "before_tool_call",
+      { toolName: "exec", params: {}, toolCallId: "c" },
+      toolCtx("s", "r", "c"),
+    );
     await tick();
     await api.emit("gateway_stop", {}, {});
     assert.equal(await pending, undefined);
@@ -535,7 +665,8 @@ describe("verdict signatures (loopfuse docs/wire-format.md: Verdict signatures)"
     assert.equal(verifier.check(KEY, VALUE, []), "unsigned");
     assert.equal(verifier.check(KEY, VALUE, [[Buffer.from("other"), signed]]), "unsigned");
     assert.equal(verifier.check(KEY, VALUE, header(`k9${signed.toString().slice(2)}`)), "bad");
-    for (const junk of ["", ":", "k1", "k1:", "k1:" + "A".repeat(43)]) assert.equal(verifier.check(KEY, VALUE, header(junk)), "bad");
+    for (const junk of ["", ":", "k1", "k1:", "k1:" + "A".repeat(43)])
+      assert.equal(verifier.check(KEY, VALUE, header(junk)), "bad");
     // signed by the previous key (a worker not yet rotated): accepted while it is listed
     const byOld = signVerdict(keys[1]!, KEY, VALUE);
     assert.equal(verifier.check(KEY, VALUE, header(byOld)), "ok");
@@ -544,7 +675,10 @@ describe("verdict signatures (loopfuse docs/wire-format.md: Verdict signatures)"
 
   it("config: a valid verdictKey is parsed; a malformed one is reported without the key and accepts no verdict", () => {
     assert.equal(resolveConfig({}).verdictKeys, null);
-    assert.deepEqual(resolveConfig({ verdictKey: `${SPEC},${OLD}` }).verdictKeys?.map((k) => k.keyId), ["k1", "k0"]);
+    assert.deepEqual(
+      resolveConfig({ verdictKey: `${SPEC},${OLD}` }).verdictKeys?.map((k) => k.keyId),
+      ["k1", "k0"],
+    );
     const short = `k1:${Buffer.from("hunter2-hunter2!").toString("base64")}`;
     for (const [value, why] of [
       [short, "key 1 is shorter than 32 bytes"],

@@ -17,7 +17,7 @@ type AjvCtor = new (opts: Record<string, unknown>) => {
 };
 
 /** A validator of loopfuse's input-event JSON Schema (schemas/input-event.schema.json). */
-export function inputEventValidator(): ((event: unknown) => string | null) {
+export function inputEventValidator(): (event: unknown) => string | null {
   const Ajv2020 = ((Ajv2020Module as unknown as { default?: AjvCtor }).default ?? Ajv2020Module) as unknown as AjvCtor;
   const ajv = new Ajv2020({ allErrors: true, strict: true });
   ajv.addKeyword("discriminator"); // OpenAPI annotation pydantic emits; oneOf does the work
@@ -64,7 +64,10 @@ export class FakeApi implements PluginApi {
   }
 
   /** Run the tool-result middleware chain; returns the result the agent sees. */
-  async runMiddleware(event: { toolCallId: string; toolName: string; args: Record<string, unknown>; isError?: boolean; result: unknown }, ctx: unknown): Promise<unknown> {
+  async runMiddleware(
+    event: { toolCallId: string; toolName: string; args: Record<string, unknown>; isError?: boolean; result: unknown },
+    ctx: unknown,
+  ): Promise<unknown> {
     let current = event.result;
     for (const m of this.middlewares) {
       const next = await m.handler({ ...event, result: current } as never, ctx as never);
