@@ -1,5 +1,5 @@
-"""The ``loopfuse`` command line: replay, worker, broker, demo, audit, tail, notify, hooks,
-config.
+"""The ``loopfuse`` command line: replay, worker, broker, demo, audit, whatif, tail, notify,
+hooks, config.
 
 Each subcommand imports what it needs when it runs: operators run these commands in
 scripts and loops, and a coding agent's hook may run one per tool call, so the parser
@@ -132,6 +132,15 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         html=args.html,
         top=args.top,
     )
+
+
+def _cmd_whatif(args: argparse.Namespace) -> int:
+    from loopfuse.streams.engine import Engine
+    from loopfuse.streams.ops.whatif import run_whatif
+    from loopfuse.streams.replay import replay_lines
+
+    engine = Engine(_load(args.config))
+    return run_whatif(args, judge=lambda lines: replay_lines(lines, engine))
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
@@ -328,6 +337,51 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     audit.add_argument("--top", type=int, default=10, help="rows of the top-N tables (10)")
     audit.set_defaults(handler=_cmd_audit)
+
+    whatif = sub.add_parser(
+        "whatif",
+        help="judge a window of the input topics with a candidate config; diff with what "
+        "was issued",
+    )
+    whatif.add_argument(
+        "--config", required=True, metavar="CANDIDATE", help="the candidate config file"
+    )
+    whatif.add_argument("--bootstrap", help="Kafka bootstrap servers (LOOPFUSE_BOOTSTRAP_SERVERS)")
+    whatif.add_argument(
+        "--tenant",
+        action="append",
+        help="only this tenant (repeatable; '' is the default tenant; default: every "
+        "served one, LOOPFUSE_TENANTS)",
+    )
+    whatif.add_argument(
+        "--since", help="window start (broker time): 6h / 30m / 7d ago, ISO time or epoch ms"
+    )
+    whatif.add_argument(
+        "--from", dest="from_time", metavar="TIME", help="window start: 2026-11-30T10:00:00Z"
+    )
+    whatif.add_argument(
+        "--offsets",
+        action="append",
+        metavar="TOPIC:PARTITION=OFFSET",
+        help="window start per partition (repeatable or comma-separated; other partitions "
+        "from --since/--from, else not read)",
+    )
+    whatif.add_argument("--until", help="window end (same forms as --since; default: now)")
+    whatif.add_argument(
+        "--max-bytes",
+        type=int,
+        default=256 * 1024 * 1024,
+        help="input record bytes at most, and as many output bytes (268435456)",
+    )
+    whatif.add_argument(
+        "--max-seconds", type=float, default=300.0, help="wall-clock budget of the reads (300)"
+    )
+    whatif.add_argument("--json", action="store_true", help="print the result as JSON")
+    whatif.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    whatif.add_argument(
+        "--calls", type=int, default=20, help="changed calls shown per session in the terminal (20)"
+    )
+    whatif.set_defaults(handler=_cmd_whatif)
 
     tail = sub.add_parser("tail", help="follow loop events (or verdicts) from now on")
     tail.add_argument("--bootstrap", help="Kafka bootstrap servers (LOOPFUSE_BOOTSTRAP_SERVERS)")
@@ -526,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="loopfuse: %(message)s",
         stream=sys.stderr,
     )
-    if args.handler in (_cmd_tail, _cmd_audit, _cmd_notify):
+    if args.handler in (_cmd_tail, _cmd_audit, _cmd_notify, _cmd_whatif):
         from loopfuse.streams.broker_access import EXPLAINED_HERE
 
         for handler in logging.getLogger().handlers:  # they print the one line instead

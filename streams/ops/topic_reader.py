@@ -326,3 +326,104 @@ class _Positioning(ConsumerRebalanceListener):  # type: ignore[misc]
             consumer.resume(*assigned)
         if reader._assigned is not None:
             reader._assigned(sorted(tp.partition for tp in assigned))
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRecord:
+    """One record of a :func:`read_range`: where it is, its broker time, what it holds."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    value: bytes | None
+
+
+@dataclass
+class ReadBudget:
+    """How much a :func:`read_range` may read: record bytes and a wall-clock deadline
+    (``asyncio`` loop time). ``stopped`` says which ran out first (None: neither)."""
+
+    max_bytes: int | None = None
+    deadline: float | None = None
+    used_bytes: int = 0
+    stopped: str | None = None
+
+    def take(self, size: int) -> bool:
+        """Count ``size`` more bytes; False (and ``stopped``) once they are over."""
+        if self.max_bytes is not None and self.used_bytes + size > self.max_bytes:
+            self.stopped = "bytes"
+            return False
+        self.used_bytes += size
+        return True
+
+    def expired(self, now: float) -> bool:
+        if self.deadline is not None and now >= self.deadline:
+            self.stopped = "time"
+            return True
+        return False
+
+
+async def read_range(
+    bootstrap: str,
+    topics: Collection[str],
+    *,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    offsets: Mapping[tuple[str, int], int] | None = None,
+    budget: ReadBudget | None = None,
+    kafka_options: dict[str, Any] | None = None,
+    wait_for_topic: float = 5.0,
+) -> AsyncGenerator[RangeRecord, None]:
+    """The records of ``topics`` in a range, without a group: from ``offsets`` (per
+    topic and partition) or else the first record at or after ``since_ms`` (broker
+    time), up to the first record after ``until_ms`` or else the end offsets as of the
+    start; then stop. A partition given neither an offset nor ``since_ms`` is read from
+    its start when ``offsets`` is None, and not at all when it is given. ``budget``
+    stops the read early (in offset order per partition: what was read is a prefix).
+    """
+    consumer = _consumer(bootstrap, kafka_options or {})
+    budget = budget or ReadBudget()
+    loop = asyncio.get_running_loop()
+    try:
+        await consumer.start()  # inside: a refused start still closes the consumer
+        tps = [tp for topic in topics for tp in await _partitions(consumer, topic, wait_for_topic)]
+        consumer.assign(tps)
+        ends = await fetch_end_offsets(consumer, tps)
+        if until_ms is not None:
+            after = await consumer.offsets_for_times({tp: until_ms + 1 for tp in tps})
+            ends = {
+                tp: ends[tp] if after.get(tp) is None else min(ends[tp], after[tp].offset)
+                for tp in tps
+            }
+        starts: dict[TopicPartition, int] = {}
+        if since_ms is not None:
+            found = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+            # no record at or after since_ms: nothing of the partition is in the range
+            starts = {tp: ends[tp] if o is None else o.offset for tp, o in found.items()}
+        given = offsets or {}
+        for tp in tps:
+            if (tp.topic, tp.partition) in given:
+                starts[tp] = given[(tp.topic, tp.partition)]
+            elif offsets is not None and since_ms is None:
+                starts[tp] = ends[tp]
+            consumer.seek(tp, min(starts.get(tp, 0), ends[tp]))
+        pending = {tp for tp in tps if ends[tp] > 0}
+        for tp in list(pending):
+            if await consumer.position(tp) >= ends[tp]:
+                pending.discard(tp)
+        while pending and not budget.expired(loop.time()):
+            batches = await consumer.getmany(*pending, timeout_ms=500)
+            for tp, records in batches.items():
+                for record in records:
+                    if record.offset >= ends[tp]:
+                        break
+                    if not budget.take(len(record.value or b"")):
+                        return
+                    yield RangeRecord(
+                        tp.topic, tp.partition, record.offset, record.timestamp, record.value
+                    )
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    finally:
+        await consumer.stop()
