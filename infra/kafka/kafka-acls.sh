@@ -6,6 +6,7 @@
 #   infra/kafka/kafka-acls.sh gateway PRINCIPAL REPLY_TOPIC
 #   infra/kafka/kafka-acls.sh tenant  PRINCIPAL TENANT
 #   infra/kafka/kafka-acls.sh auditor PRINCIPAL [GROUP]
+#   infra/kafka/kafka-acls.sh whatif  PRINCIPAL
 #
 # PRINCIPAL is Kafka's form, User:NAME. A gateway of the default tenant is granted one
 # reply topic (one of LOOPFUSE_REPLY_TOPICS); a tenant's gateway its tenant's topics
@@ -40,12 +41,15 @@
 #            gateway (no reply_to) needs Read there and then sees every tenant's verdicts.
 #            No consumer group: its reader is assigned its partition, never joins one.
 #   auditor  Read the loop events and dead letters, and its consumer group.
+#   whatif   Read (and Describe) every tenant's input, verdicts and reply topics, by
+#            prefix as the worker's, and the loop events: `loopfuse whatif` reads them
+#            assigned, with no consumer group, and writes nothing.
 # Nobody but the worker may write a verdict, a reply or a loop event: a forged `allow` is
 # refused by the broker.
 set -eu
 
 usage() {
-    echo "usage: $0 worker PRINCIPAL | gateway PRINCIPAL REPLY_TOPIC | tenant PRINCIPAL TENANT | auditor PRINCIPAL [GROUP]" >&2
+    echo "usage: $0 worker PRINCIPAL | gateway PRINCIPAL REPLY_TOPIC | tenant PRINCIPAL TENANT | auditor PRINCIPAL [GROUP] | whatif PRINCIPAL" >&2
     exit 2
 }
 [ $# -ge 2 ] || usage
@@ -126,6 +130,15 @@ case "$role" in
         # shellcheck disable=SC2046
         acl --operation Read --operation Describe $(topics "$loop_events" "$dead_letters")
         acl --operation Read --operation Describe --group "${3:-loopfuse-notify}"
+        ;;
+    whatif)
+        [ $# -eq 2 ] || usage
+        reply_args=""
+        for t in $(echo "$replies" | tr ',' ' '); do reply_args="$reply_args --topic $t"; done
+        # shellcheck disable=SC2046,SC2086  # topic lists are words by construction
+        acl --operation Read --operation Describe --resource-pattern-type prefixed \
+            $(topics "$calls" "$results" "$compactions" "$verdicts") $reply_args
+        acl --operation Read --operation Describe --topic "$loop_events"
         ;;
     *) usage ;;
 esac

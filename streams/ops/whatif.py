@@ -45,8 +45,8 @@ Judge = Callable[[Iterator[bytes]], Iterator[bytes]]
 OUTPUT_SLACK_MS = 10 * 60 * 1000
 
 PARTIAL_POLICY = (
-    "sessions that began before the window are judged from their first event in it "
-    "and reported as partial (their earlier calls are not seen)"
+    "a session begun before the window is judged from its first event in it, "
+    "its earlier calls unseen"
 )
 
 

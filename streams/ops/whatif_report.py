@@ -75,7 +75,8 @@ def render_terminal(data: dict[str, Any], console: Console, *, calls: int) -> No
     notes = [
         (
             totals["unanswered"],
-            "judged, but no issued verdict found (not judged yet by the worker)",
+            "judged, but no issued verdict found (the worker has not answered yet, or "
+            "the reply topic's retention dropped it)",
         ),
         (totals["not_judged"], "issued, but no candidate verdict (its event is a dead letter)"),
         (totals["fleet_breaker"], "issued by the fleet breaker (fleet-wide: not judged here)"),

@@ -97,6 +97,7 @@ def test_the_readmes_acl_commands_are_what_the_acl_script_runs() -> None:
         ["gateway", "User:gateway", "loopfuse.replies"],
         ["tenant", "User:gateway-acme", "acme"],
         ["auditor", "User:auditor"],
+        ["whatif", "User:whatif"],
     ):
         env = {
             "PATH": os.environ["PATH"],
@@ -112,7 +113,7 @@ def test_the_readmes_acl_commands_are_what_the_acl_script_runs() -> None:
             check=True,
         )
         ran += done.stdout.splitlines()
-    assert len(ran) == 12
+    assert len(ran) == 14
     assert listed == ran
 
 
@@ -127,6 +128,7 @@ def test_the_acl_script_refuses_what_is_not_a_role_or_a_principal() -> None:
         ["tenant", "User:t"],
         ["tenant", "User:t", "a.b"],
         ["tenant", "User:t", ""],
+        ["whatif", "User:w", "extra"],
     ):
         done = subprocess.run(["sh", script, *args], env=env, capture_output=True, text=True)
         assert done.returncode == 2 and done.stdout == "", args
