@@ -355,9 +355,10 @@ def tenants_read(settings: Settings, chosen: Sequence[str] | None) -> list[Tenan
     names = list(served) if not chosen else list(dict.fromkeys(chosen))
     unknown = [name for name in names if name not in served]
     if unknown:
-        known = ", ".join(repr(name) for name in served)
+        known = ", ".join(name or "'' (the default tenant)" for name in served)
         raise UsageError(
-            f"--tenant {plain.shown(unknown[0], 80)!s} is not served (LOOPFUSE_TENANTS: {known})"
+            f"--tenant {plain.shown(unknown[0], 80)} is not served (served: {known}; "
+            "LOOPFUSE_TENANTS names the others)"
         )
     return [Tenant(name, served[name].inputs, served[name].outputs) for name in names]
 

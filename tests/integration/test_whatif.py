@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from loopfuse.schemas import load_config
 from loopfuse.streams.engine import Engine
@@ -31,6 +31,7 @@ from tests.support.harness import (
     ROOT,
     Collector,
     Message,
+    end_offsets,
     generate,
     new_topics,
     produce,
@@ -122,6 +123,18 @@ def _events(deployment: Deployment, tenant: str, prefix: str, seed: int) -> list
 def _records(deployment: Deployment, tenant: str, events: list[dict[str, Any]]) -> list[Message]:
     inputs = deployment.inputs[tenant]
     return [(topic_of(inputs, e), e["session_key"].encode(), orjson.dumps(e)) for e in events]
+
+
+async def _ends(deployment: Deployment, topics: list[str]) -> str:
+    """``TOPIC:PARTITION=OFFSET,...``: where each partition of ``topics`` ends now."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=deployment.bootstrap)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for topic in topics for p in range(PARTITIONS)]
+        ends = await end_offsets(consumer, tps)
+    finally:
+        await consumer.stop()
+    return ",".join(f"{tp.topic}:{tp.partition}={offset}" for tp, offset in ends.items())
 
 
 def _whatif(deployment: Deployment, *args: str) -> dict[str, Any]:
@@ -257,17 +270,19 @@ async def test_a_window_cut_mid_session_reports_those_sessions_as_partial(
     await deployment.publish(_records(deployment, "", early))
     await deployment.settle()
     cut = str(int(time.time() * 1000) + 1)
+    offsets = await _ends(deployment, list(deployment.inputs[""].values()))
     time.sleep(0.05)
     await deployment.publish(_records(deployment, "", late + fresh))
     await deployment.settle()
 
     data = _whatif(deployment, "--config", str(CONFIG), "--from", cut, "--tenant", "")
+    by_offsets = _whatif(deployment, "--config", str(CONFIG), "--offsets", offsets, "--tenant", "")
 
     partial = {e["session_key"] for e in late}
     assert data["window"]["tenants"] == [""]
     assert data["window"]["input_records"] == len(late) + len(fresh)
     assert data["totals"]["partial_sessions"] == len(partial)
-    assert "partial" in data["partial_policy"]
+    assert "judged from its first event in it" in data["partial_policy"]
     # every call in the window is compared; whatever changes is in a partial session
     # (its earlier calls are not seen), never in one that began in the window
     calls = sum(1 for e in late + fresh if e["type"] == "tool_call")
@@ -275,6 +290,10 @@ async def test_a_window_cut_mid_session_reports_those_sessions_as_partial(
     assert data["totals"]["unanswered"] == 0
     assert {s["session"] for s in data["sessions"]} <= partial
     assert all(s["partial"] for s in data["sessions"])
+    # the same window given by offsets (where each partition stood at the cut)
+    assert by_offsets["window"]["input_records"] == data["window"]["input_records"]
+    assert by_offsets["totals"] == data["totals"]
+    assert by_offsets["sessions"] == data["sessions"]
 
 
 async def test_hostile_records_stay_dead_letters_and_change_nothing(
