@@ -82,6 +82,22 @@ class _Event:
     document: dict[str, Any]
 
 
+#: An event of the window as the outputs name it: (session, incarnation, seq), or for
+#: an event without ``seq`` (v1 allows it) (session, incarnation, ("call", call_id)).
+WindowKey = tuple[str, str | None, int | tuple[str, str]]
+
+
+def window_key(session: str, incarnation: object, seq: object, call_id: object) -> WindowKey | None:
+    """The window key of an event or an output naming it (None: it names no event)."""
+    if incarnation is not None and not isinstance(incarnation, str):
+        return None
+    if isinstance(seq, int) and not isinstance(seq, bool):
+        return (session, incarnation, seq)
+    if seq is None and isinstance(call_id, str):
+        return (session, incarnation, ("call", call_id))
+    return None
+
+
 def _event_of(value: bytes) -> _Event | None:
     try:
         document = orjson.loads(value)
@@ -105,14 +121,15 @@ class Prepared:
     and how partial sessions were renumbered."""
 
     lines: list[bytes] = field(default_factory=list)
+    #: where each line came from (its dead letter names it)
     sources: list[RangeRecord] = field(default_factory=list)
     #: (session, incarnation) -> the first seq in the window (renumbered from 0 when > 0)
     shifts: dict[tuple[str, str | None], int] = field(default_factory=dict)
-    #: (session, incarnation, seq) of every event in the window, as published
-    events: set[tuple[str, str | None, int]] = field(default_factory=set)
-    #: dead-letter codes of records with no text to judge (a null value, blanks), which
-    #: the worker dead-letters and a replay of lines skips
-    blank: list[str] = field(default_factory=list)
+    #: every event in the window, as published
+    events: set[WindowKey] = field(default_factory=set)
+    #: records with no text to judge (a null value, blanks) and their dead-letter codes:
+    #: the worker dead-letters them, a replay of lines skips them
+    blank: list[tuple[RangeRecord, str]] = field(default_factory=list)
 
     @property
     def partial(self) -> set[str]:
@@ -132,7 +149,7 @@ def prepare(records: Sequence[RangeRecord], topic_order: Sequence[str]) -> Prepa
             try:
                 decode_event(record.value or b"")
             except EventRejected as exc:
-                prepared.blank.append(exc.code)
+                prepared.blank.append((record, exc.code))
         else:
             judged.append(record)
     ordered = sorted(
@@ -140,11 +157,15 @@ def prepare(records: Sequence[RangeRecord], topic_order: Sequence[str]) -> Prepa
     )
     events = [_event_of(r.value) for r in ordered if r.value is not None]
     for event in events:
-        if event is not None and event.seq is not None:
+        if event is None:
+            continue
+        key = window_key(event.session, event.incarnation, event.seq, event.document.get("call_id"))
+        if key is not None:
+            prepared.events.add(key)
+        if event.seq is not None:
             space = (event.session, event.incarnation)
             first = prepared.shifts.get(space)
             prepared.shifts[space] = event.seq if first is None else min(first, event.seq)
-            prepared.events.add((event.session, event.incarnation, event.seq))
     for record, event in zip(ordered, events, strict=True):
         assert record.value is not None
         value = record.value
@@ -157,17 +178,23 @@ def prepare(records: Sequence[RangeRecord], topic_order: Sequence[str]) -> Prepa
     return prepared
 
 
+def _where(record: RangeRecord | None) -> str | None:
+    return None if record is None else f"{record.topic}[{record.partition}]@{record.offset}"
+
+
 def judge_tenant(tenant: str, prepared: Prepared, judge: Judge, whatif: WhatIf) -> None:
     """Judge one tenant's window with the candidate and add what it gave to ``whatif``."""
     for session in prepared.partial:
         whatif.partial((tenant, session))
-    for code in prepared.blank:
-        whatif.dead_letter(code)
+    for record, code in prepared.blank:
+        whatif.dead_letter(code, _where(record))
     for output in judge(iter(prepared.lines)):
         document = orjson.loads(output)
         kind = document.get("type")
         if kind == "dead_letter":
-            whatif.dead_letter(str(document.get("error_code")))
+            line = document.get("line")
+            source = prepared.sources[line - 1] if isinstance(line, int) else None
+            whatif.dead_letter(str(document.get("error_code")), _where(source))
             continue
         session, incarnation, seq = (
             document.get("session_key"),
@@ -200,15 +227,16 @@ def add_issued(
         return False
     if not isinstance(document, dict):
         return False
-    session, incarnation, seq = (
-        document.get("session_key"),
-        document.get("incarnation"),
-        document.get("seq"),
-    )
-    if not isinstance(session, str) or not isinstance(seq, int) or isinstance(seq, bool):
+    session = document.get("session_key")
+    key = None
+    if isinstance(session, str):
+        key = window_key(
+            session, document.get("incarnation"), document.get("seq"), document.get("call_id")
+        )
+    if key is None:
         return document.get("type") in ("verdict", "loop_event")  # a fleet-wide one: no seq
     names = list(windows) if tenant is None else [tenant]
-    if not any((session, incarnation, seq) in windows[name].events for name in names):
+    if not any(key in windows[name].events for name in names):
         return True  # a call outside the window
     if tenant is not None:
         parts = verdict_parts(document, tenant)

@@ -25,6 +25,9 @@ LOOP_ACTIONS = ("warn", "block", "abort")
 #: so the verdicts it issued are counted apart, never as a change.
 FLEET_DETECTOR = "fleet_tool_breaker"
 
+#: Dead letters listed with where their record is (all are counted).
+MAX_LETTERS_SHOWN = 100
+
 #: (tenant, session key, incarnation, run id, call id, seq, abort)
 CallKey = tuple[str, str, str | None, str | None, str | None, int | None, bool]
 #: (tenant, session key)
@@ -109,6 +112,8 @@ class WhatIf:
     #: (detector, action, enforced) -> [issued, candidate] loop events
     loop_events: dict[tuple[str, str, bool], list[int]] = field(default_factory=dict)
     dead_letters: Counter[str] = field(default_factory=Counter)
+    #: the first dead letters: (code, where its record is: TOPIC[PARTITION]@OFFSET)
+    letters: list[tuple[str, str | None]] = field(default_factory=list)
     duplicates: int = 0
 
     def _session(self, key: CallKey) -> _Session:
@@ -137,8 +142,10 @@ class WhatIf:
         row = self.loop_events.setdefault((detector, action, enforced), [0, 0])
         row[1 if candidate else 0] += 1
 
-    def dead_letter(self, code: str) -> None:
+    def dead_letter(self, code: str, where: str | None = None) -> None:
         self.dead_letters[code] += 1
+        if len(self.letters) < MAX_LETTERS_SHOWN:
+            self.letters.append((code, where))
 
     # -- views ------------------------------------------------------------------------
 
@@ -240,6 +247,7 @@ class WhatIf:
                 for (detector, action, enforced), counts in sorted(self.loop_events.items())
             ],
             "dead_letters": dict(sorted(self.dead_letters.items())),
+            "dead_letter_records": [{"code": c, "record": w} for c, w in self.letters],
             "sessions": [_session_view(key, session) for key, session, _ in changed[:session_rows]],
             "sessions_shown": min(len(changed), session_rows),
         }

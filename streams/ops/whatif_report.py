@@ -89,6 +89,8 @@ def render_terminal(data: dict[str, Any], console: Console, *, calls: int) -> No
     if data["dead_letters"]:
         letters = ", ".join(f"{plain.shown(code)} {n}" for code, n in data["dead_letters"].items())
         say(f"dead letters (input the candidate cannot judge): {letters}")
+        for letter in data["dead_letter_records"][:5]:
+            say(f"  {plain.shown(letter['code'])} at {plain.shown(letter['record'] or '-')}")
     rows = data["by_action_detector"]
     if rows:
         table = Table(title="verdicts by action and detector", title_justify="left")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 import orjson
@@ -201,6 +202,10 @@ def test_a_session_begun_before_the_window_is_judged_from_there_and_numbered_bac
     data = whatif.to_dict()
     assert data["totals"]["partial_sessions"] == 1
     assert data["dead_letters"] == {"empty_message": 1, "invalid_json": 1}
+    assert data["dead_letter_records"] == [
+        {"code": "empty_message", "record": "calls[0]@100"},
+        {"code": "invalid_json", "record": "calls[0]@101"},
+    ]
     # the candidate's verdicts are keyed by the seqs as published (calls c3..c9)
     judged = whatif.sessions[("", "old")].calls
     assert sorted(key[5] for key in judged) == [6, 8, 10, 12, 14, 16, 18]
@@ -209,6 +214,23 @@ def test_a_session_begun_before_the_window_is_judged_from_there_and_numbered_bac
         orjson.dumps(verdict(6, session="old", call_id="c3")), "", {"": prepared}, whatif
     )
     assert whatif.to_dict()["totals"]["calls_compared"] == 1
+
+
+def test_events_without_seq_are_matched_by_their_call() -> None:
+    events = [{k: v for k, v in e.items() if k != "seq"} for e in _looping("v1", 6)]
+    prepared = prepare([_record(i, e) for i, e in enumerate(events)], ["calls"])
+    whatif = WhatIf()
+    judge_tenant("", prepared, _judge, whatif)
+    for n in range(6):
+        action = "allow" if n < 2 else "warn" if n < 4 else "block"
+        issued = verdict(0, action, None if n < 2 else "generic_repeat", session="v1")
+        issued |= {"seq": None, "call_id": f"c{n}"}
+        assert add_issued(orjson.dumps(issued), "", {"": prepared}, whatif)
+
+    data = whatif.to_dict()
+
+    assert data["totals"]["calls_compared"] == 6
+    assert data["totals"]["unanswered"] == 0
 
 
 def test_output_records_outside_the_window_or_unreadable() -> None:
@@ -258,3 +280,22 @@ def test_agent_strings_are_plain_text_in_the_terminal_and_the_page() -> None:
     assert "[bold]markup[/bold]" in text  # shown as typed, never read as markup
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "script-src" not in page and "default-src 'none'" in page
+
+
+def test_the_page_shows_the_numbers_of_the_json() -> None:
+    issued = [verdict(0), verdict(2, "warn", "generic_repeat")]
+    candidate = [verdict(0), verdict(2, "block", "generic_repeat")]
+    whatif = WhatIf()
+    for side, documents in ((whatif.issued, issued), (whatif.judged, candidate)):
+        for doc in documents:
+            parts = verdict_parts(doc, "")
+            assert parts is not None
+            side(*parts)
+    data = document(Outcome(whatif, input_records=4), candidate="b.json", tenants=[""])
+
+    page = render_html(data)
+
+    metrics = dict(re.findall(r'data-metric="(\w+)">(\d+)<', page))
+    assert metrics == {key: str(data["totals"][key]) for key in metrics}
+    assert metrics["calls_changed"] == "1" and metrics["sessions_changed"] == "1"
+    assert "block (generic_repeat)" in page and "newly block" in page
