@@ -156,26 +156,49 @@ def prepare(records: Sequence[RangeRecord], topic_order: Sequence[str]) -> Prepa
         judged, key=lambda r: (r.timestamp, rank.get(r.topic, len(rank)), r.partition, r.offset)
     )
     events = [_event_of(r.value) for r in ordered if r.value is not None]
-    for event in events:
+    spaces: dict[tuple[str, str | None], list[int]] = {}
+    for index, event in enumerate(events):
         if event is None:
             continue
         key = window_key(event.session, event.incarnation, event.seq, event.document.get("call_id"))
         if key is not None:
             prepared.events.add(key)
         if event.seq is not None:
-            space = (event.session, event.incarnation)
-            first = prepared.shifts.get(space)
-            prepared.shifts[space] = event.seq if first is None else min(first, event.seq)
-    for record, event in zip(ordered, events, strict=True):
+            spaces.setdefault((event.session, event.incarnation), []).append(index)
+    renumbered: set[int] = set()
+    for space, indices in spaces.items():
+        if min(_seq(events[i]) for i in indices) == 0:
+            prepared.shifts[space] = 0
+            continue
+        # Begun before the window: numbered from its first event the worker would judge
+        # (one it dead-letters, say a seq past the wire's bounds, stays as it was).
+        valid = [i for i in indices if _judgeable(ordered[i])]
+        prepared.shifts[space] = min((_seq(events[i]) for i in valid), default=0)
+        renumbered.update(valid)
+    for index, (record, event) in enumerate(zip(ordered, events, strict=True)):
         assert record.value is not None
         value = record.value
-        if event is not None and event.seq is not None:
+        if index in renumbered and event is not None:
             shift = prepared.shifts[(event.session, event.incarnation)]
             if shift:
-                value = orjson.dumps({**event.document, "seq": event.seq - shift})
+                value = orjson.dumps({**event.document, "seq": _seq(event) - shift})
         prepared.lines.append(value)
         prepared.sources.append(record)
     return prepared
+
+
+def _seq(event: _Event | None) -> int:
+    assert event is not None and event.seq is not None
+    return event.seq
+
+
+def _judgeable(record: RangeRecord) -> bool:
+    """Whether the decoder takes the record (the worker judges it, not dead-letters it)."""
+    try:
+        decode_event(record.value or b"")
+    except Exception:  # EventRejected, or a decoder bug: either way not renumbered
+        return False
+    return True
 
 
 def _where(record: RangeRecord | None) -> str | None:

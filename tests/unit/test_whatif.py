@@ -216,6 +216,25 @@ def test_a_session_begun_before_the_window_is_judged_from_there_and_numbered_bac
     assert whatif.to_dict()["totals"]["calls_compared"] == 1
 
 
+def test_a_record_the_worker_dead_letters_stays_a_dead_letter_in_a_partial_session() -> None:
+    events = _looping("old", 6)
+    past_bounds = {**events[0], "seq": 2**60, "event_id": "huge"}  # seq over 2**53 - 1
+    no_call_id = {k: v for k, v in events[1].items() if k != "call_id"} | {"seq": 4}
+    window = [_record(0, past_bounds), _record(1, no_call_id)]
+    window += [_record(2 + i, e) for i, e in enumerate(events[6:])]
+
+    prepared = prepare(window, ["calls"])
+    whatif = WhatIf()
+    judge_tenant("", prepared, _judge, whatif)
+
+    assert prepared.shifts[("old", None)] == 6  # from the first event the worker judges
+    assert prepared.lines[:2] == [orjson.dumps(past_bounds), orjson.dumps(no_call_id)]
+    data = whatif.to_dict()
+    assert sum(data["dead_letters"].values()) == 2
+    judged = whatif.sessions[("", "old")].calls
+    assert sorted(key[5] for key in judged) == [6, 8, 10]
+
+
 def test_events_without_seq_are_matched_by_their_call() -> None:
     events = [{k: v for k, v in e.items() if k != "seq"} for e in _looping("v1", 6)]
     prepared = prepare([_record(i, e) for i, e in enumerate(events)], ["calls"])
