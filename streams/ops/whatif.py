@@ -72,14 +72,14 @@ class Window:
     seconds: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Event:
-    """An input record's fields that order and number it (None: not an event)."""
+    """An input record's fields that name and number it (None: not an event)."""
 
     session: str
     incarnation: str | None
     seq: int | None
-    document: dict[str, Any]
+    call_id: object
 
 
 #: An event of the window as the outputs name it: (session, incarnation, seq), or for
@@ -112,7 +112,7 @@ def _event_of(value: bytes) -> _Event | None:
         return None
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         seq = None
-    return _Event(session, incarnation, seq, document)
+    return _Event(session, incarnation, seq, document.get("call_id"))
 
 
 @dataclass
@@ -160,7 +160,7 @@ def prepare(records: Sequence[RangeRecord], topic_order: Sequence[str]) -> Prepa
     for index, event in enumerate(events):
         if event is None:
             continue
-        key = window_key(event.session, event.incarnation, event.seq, event.document.get("call_id"))
+        key = window_key(event.session, event.incarnation, event.seq, event.call_id)
         if key is not None:
             prepared.events.add(key)
         if event.seq is not None:
@@ -181,7 +181,7 @@ def prepare(records: Sequence[RangeRecord], topic_order: Sequence[str]) -> Prepa
         if index in renumbered and event is not None:
             shift = prepared.shifts[(event.session, event.incarnation)]
             if shift:
-                value = orjson.dumps({**event.document, "seq": _seq(event) - shift})
+                value = orjson.dumps({**orjson.loads(value), "seq": _seq(event) - shift})
         prepared.lines.append(value)
         prepared.sources.append(record)
     return prepared
