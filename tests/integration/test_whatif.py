@@ -267,6 +267,7 @@ async def test_a_window_cut_mid_session_reports_those_sessions_as_partial(
     for event in _events(deployment, "", "cut", 3):
         (early if event["seq"] < 10 else late).append(event)
     fresh = _events(deployment, "", "new", 4)
+    start = str(int(time.time() * 1000) - 1)
     await deployment.publish(_records(deployment, "", early))
     await deployment.settle()
     cut = str(int(time.time() * 1000) + 1)
@@ -277,6 +278,7 @@ async def test_a_window_cut_mid_session_reports_those_sessions_as_partial(
 
     data = _whatif(deployment, "--config", str(CONFIG), "--from", cut, "--tenant", "")
     by_offsets = _whatif(deployment, "--config", str(CONFIG), "--offsets", offsets, "--tenant", "")
+    before = _whatif(deployment, "--config", str(CONFIG), "--since", start, "--until", cut)
 
     partial = {e["session_key"] for e in late}
     assert data["window"]["tenants"] == [""]
@@ -294,6 +296,10 @@ async def test_a_window_cut_mid_session_reports_those_sessions_as_partial(
     assert by_offsets["window"]["input_records"] == data["window"]["input_records"]
     assert by_offsets["totals"] == data["totals"]
     assert by_offsets["sessions"] == data["sessions"]
+    # and the part before the cut: whole sessions' beginnings, nothing partial, no change
+    assert before["window"]["input_records"] == len(early)
+    assert before["totals"]["partial_sessions"] == before["totals"]["sessions_changed"] == 0
+    assert before["totals"]["calls_compared"] == sum(1 for e in early if e["type"] == "tool_call")
 
 
 async def test_hostile_records_stay_dead_letters_and_change_nothing(
