@@ -25,6 +25,8 @@ from loopfuse.streams.ops.whatif import (
 from loopfuse.streams.ops.whatif_diff import WhatIf, verdict_parts
 from loopfuse.streams.ops.whatif_report import render_html, render_terminal
 from loopfuse.streams.replay import replay_lines
+from tests.fixtures.hostile_strings import HOSTILE
+from tests.support.terminal import foreign_bytes
 
 
 def verdict(
@@ -276,28 +278,42 @@ def test_offsets_name_input_topics_read() -> None:
         parse_offsets(["calls:x=1"], ["calls"])
 
 
-HOSTILE = "\x1b[31mred\x1b[0m [bold]markup[/bold] <script>alert(1)</script> @channel"
-
-
-def test_agent_strings_are_plain_text_in_the_terminal_and_the_page() -> None:
-    issued = verdict(2, "allow", session=HOSTILE, agent=HOSTILE, tool=HOSTILE)
-    candidate = verdict(2, "block", "generic_repeat", session=HOSTILE, agent=HOSTILE, tool=HOSTILE)
-    candidate["message"] = HOSTILE
+def _hostile_document(payload: str) -> dict[str, Any]:
+    """A window where one call, every string of it ``payload``, goes from allow to block."""
+    strings = {"session": payload, "agent": payload, "tool": payload, "call_id": payload}
+    issued = verdict(2, "allow", **strings)
+    candidate = verdict(2, "block", "generic_repeat", message=payload, **strings)
     whatif = WhatIf()
     for side, doc in ((whatif.issued, issued), (whatif.judged, candidate)):
         parts = verdict_parts(doc, "")
         assert parts is not None
         side(*parts)
-    data = document(Outcome(whatif), candidate="b.json", tenants=[""])
-    out = io.StringIO()
+    whatif.dead_letter(payload, payload)
+    return document(Outcome(whatif), candidate=payload, tenants=[""])
 
-    render_terminal(data, Console(file=out, width=300, force_terminal=True), calls=5)
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_agent_strings_are_plain_text_in_the_terminal_and_the_page(name: str) -> None:
+    payload = HOSTILE[name]
+    data = _hostile_document(payload)
+    out = io.BytesIO()
+    console = Console(
+        file=io.TextIOWrapper(out, encoding="utf-8", write_through=True),
+        width=400,
+        force_terminal=True,
+        color_system="standard",
+    )
+
+    render_terminal(data, console, calls=5)
     page = render_html(data)
 
-    text = out.getvalue()
-    assert "\x1b[31mred" not in text and "\\x1b[31mred" in text
-    assert "[bold]markup[/bold]" in text  # shown as typed, never read as markup
-    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert foreign_bytes(out.getvalue()) == []
+    assert b"\x1b]" not in out.getvalue()  # no OSC: no hyperlink, no window title
+    text = out.getvalue().decode()
+    assert "changed sessions" in text and "block (generic_repeat)" in text
+    if payload.startswith("["):
+        assert payload in text  # markup is shown as typed, never read
+    assert "<script>" not in page and "<img" not in page
     assert "script-src" not in page and "default-src 'none'" in page
 
 
