@@ -136,11 +136,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 def _cmd_whatif(args: argparse.Namespace) -> int:
     from loopfuse.streams.engine import Engine
+    from loopfuse.streams.engine.native_step import native_for
     from loopfuse.streams.ops.whatif import run_whatif
     from loopfuse.streams.replay import replay_lines
 
     engine = Engine(_load(args.config))
-    return run_whatif(args, judge=lambda lines: replay_lines(lines, engine))
+    judged_by = "the native judge" if native_for(engine) is not None else "the Python engine"
+    return run_whatif(args, judge=lambda lines: replay_lines(lines, engine), judged_by=judged_by)
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:

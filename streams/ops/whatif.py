@@ -353,11 +353,17 @@ def _time(ms: int | None) -> str | None:
 
 
 def document(
-    outcome: Outcome, *, candidate: str, tenants: list[str], session_rows: int = 1000
+    outcome: Outcome,
+    *,
+    candidate: str,
+    tenants: list[str],
+    judged_by: str = "",
+    session_rows: int = 1000,
 ) -> dict[str, Any]:
     """The whole result as plain data: what ``--json`` prints and both views draw."""
     return {
         "candidate": candidate,
+        "judged_by": judged_by,
         "window": {
             "tenants": tenants,
             "input_records": outcome.input_records,
@@ -414,8 +420,9 @@ def tenants_read(settings: Settings, chosen: Sequence[str] | None) -> list[Tenan
     return [Tenant(name, served[name].inputs, served[name].outputs) for name in names]
 
 
-def run_whatif(args: Any, judge: Judge, out: IO[str] | None = None) -> int:
-    """``loopfuse whatif``: the flags in ``args`` (see the CLI), the candidate as ``judge``."""
+def run_whatif(args: Any, judge: Judge, *, judged_by: str = "", out: IO[str] | None = None) -> int:
+    """``loopfuse whatif``: the flags in ``args`` (see the CLI), the candidate as ``judge``
+    (``judged_by`` names the engine behind it)."""
     from rich.console import Console
     from rich.text import Text
 
@@ -470,7 +477,12 @@ def run_whatif(args: Any, judge: Judge, out: IO[str] | None = None) -> int:
         diagnosis = explain(exc, settings.bootstrap_servers, settings.kafka_client_kwargs())
         fail(f"cannot read the window: {diagnosis.message if diagnosis else exc}")
         return 2 if diagnosis is not None and diagnosis.lasting else 1
-    data = document(outcome, candidate=args.config, tenants=[tenant.name for tenant in tenants])
+    data = document(
+        outcome,
+        candidate=args.config,
+        tenants=[tenant.name for tenant in tenants],
+        judged_by=judged_by,
+    )
     stream = out or sys.stdout
     if args.json:
         stream.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")

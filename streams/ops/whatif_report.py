@@ -61,6 +61,7 @@ def render_terminal(data: dict[str, Any], console: Console, *, calls: int) -> No
         f"whatif {plain.shown(data['candidate'])}: {window['input_records']} input records "
         f"({window['input_bytes']} bytes) of tenants {tenants}, broker time "
         f"{window['first'] or '-'} .. {window['last'] or '-'}"
+        + (f", judged by {data['judged_by']}" if data["judged_by"] else "")
     )
     if window["stopped"]:
         say(STOPPED[window["stopped"]])

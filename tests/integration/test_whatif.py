@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from loopfuse.schemas import load_config
 from loopfuse.streams.engine import Engine
+from loopfuse.streams.engine.native_step import native_for
 from loopfuse.streams.local.worker_process import WorkerProcess
 from loopfuse.streams.replay import replay_lines
 from tests.support.harness import (
@@ -213,6 +214,8 @@ async def test_the_workers_config_changes_nothing_and_a_candidate_what_replay_ch
     same = _whatif(deployment, "--config", str(CONFIG), "--since", since)
 
     assert same["window"]["tenants"] == ["", TENANT]
+    native = native_for(Engine(load_config(CONFIG))) is not None
+    assert same["judged_by"] == ("the native judge" if native else "the Python engine")
     assert same["window"]["input_records"] == sum(len(lines) for lines in by_tenant.values())
     assert same["totals"]["calls_compared"] == calls
     assert same["totals"]["unanswered"] == same["totals"]["not_judged"] == 0
