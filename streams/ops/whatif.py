@@ -451,8 +451,8 @@ def run_whatif(args: Any, judge: Judge, *, judged_by: str = "", out: IO[str] | N
         offsets = parse_offsets(args.offsets, inputs) if args.offsets else None
         if since_ms is None and offsets is None:
             raise UsageError("give where the window starts: --since, --from or --offsets")
-        if args.max_bytes <= 0 or args.max_seconds <= 0:
-            raise UsageError("--max-bytes and --max-seconds must be more than 0")
+        if args.max_bytes <= 0 or args.max_seconds <= 0 or args.calls < 0:
+            raise UsageError("--max-bytes and --max-seconds must be more than 0, --calls 0 or more")
         if args.html is not None:
             check_report_target(args.html, None)
     except (UsageError, ValueError, ReportRefused, OSError) as exc:
