@@ -282,6 +282,7 @@ async def test_a_window_cut_mid_session_reports_those_sessions_as_partial(
     data = _whatif(deployment, "--config", str(CONFIG), "--from", cut, "--tenant", "")
     by_offsets = _whatif(deployment, "--config", str(CONFIG), "--offsets", offsets, "--tenant", "")
     before = _whatif(deployment, "--config", str(CONFIG), "--since", start, "--until", cut)
+    cut_short = _whatif(deployment, "--config", str(CONFIG), "--from", cut, "--max-bytes", "20000")
 
     partial = {e["session_key"] for e in late}
     assert data["window"]["tenants"] == [""]
@@ -303,6 +304,10 @@ async def test_a_window_cut_mid_session_reports_those_sessions_as_partial(
     assert before["window"]["input_records"] == len(early)
     assert before["totals"]["partial_sessions"] == before["totals"]["sessions_changed"] == 0
     assert before["totals"]["calls_compared"] == sum(1 for e in early if e["type"] == "tool_call")
+    # a byte budget cuts the window short, and says so
+    assert cut_short["window"]["stopped"] == "bytes"
+    assert 0 < cut_short["window"]["input_bytes"] <= 20_000
+    assert cut_short["window"]["input_records"] < data["window"]["input_records"]
 
 
 async def test_hostile_records_stay_dead_letters_and_change_nothing(
