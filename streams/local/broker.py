@@ -683,7 +683,7 @@ def run_broker_cli(
             about += (
                 "; SASL_SSL (SCRAM-SHA-512) with ACLs: give each process the variables "
                 f"of its role's file in {security.folder} (admin, worker, gateway, "
-                "gateway-b, auditor .env)"
+                "gateway-b, auditor, whatif .env)"
             )
         print(f"bootstrap={broker.bootstrap}", flush=True)
         if security is not None:

@@ -10,8 +10,8 @@ folder (``DIR/security``, private to the user):
   else (``LOOPFUSE_SSL_CAFILE``);
 * a password per user (``users.json``, mode 0600): ``admin`` (a super user, which the
   ACL script runs as) and one per role, ``worker``, ``gateway`` (the default tenant's
-  gateway), ``gateway-b`` (tenant ``b``'s: its own topics, docs/wire-format.md: Tenants)
-  and ``auditor``. They go into the KRaft storage when it is
+  gateway), ``gateway-b`` (tenant ``b``'s: its own topics, docs/wire-format.md: Tenants),
+  ``auditor`` and ``whatif`` (reads what ``loopfuse whatif`` judges, writes nothing). They go into the KRaft storage when it is
   formatted (``--add-scram``), so they exist before the first client connects;
 * one environment file per user (``USER.env``: ``LOOPFUSE_SECURITY_PROTOCOL=SASL_SSL`` and
   the rest), which is what an operator would give each process, ``admin.properties``,
@@ -40,7 +40,7 @@ from pathlib import Path
 __all__ = ["BROKER_PRINCIPAL", "ROLES", "TENANTS", "KafkaSecurity", "SecurityError"]
 
 #: The users a secured broker is made with: a super user and one per role.
-ROLES = ("admin", "worker", "gateway", "gateway-b", "auditor")
+ROLES = ("admin", "worker", "gateway", "gateway-b", "auditor", "whatif")
 #: Each gateway user's tenant ("": the default tenant, whose topics are unsuffixed).
 TENANTS = {"gateway": "", "gateway-b": "b"}
 #: The principal the broker certificate authenticates as (mutual TLS between nodes).
@@ -100,7 +100,7 @@ class KafkaSecurity:
             "LOOPFUSE_SASL_PASSWORD": self.password(user),
             "LOOPFUSE_SSL_CAFILE": str(self.ca_file),
         }
-        if user == "worker":
+        if user in ("worker", "whatif"):  # both serve, or read, every tenant
             env["LOOPFUSE_TENANTS"] = ",".join(t for t in TENANTS.values() if t)
         elif TENANTS.get(user):
             env["LOOPFUSE_TENANT"] = TENANTS[user]
@@ -158,6 +158,7 @@ class KafkaSecurity:
                 for user, tenant in TENANTS.items()
             ),
             ["auditor", "User:auditor"],
+            ["whatif", "User:whatif"],
         ):
             done = subprocess.run(
                 ["sh", str(INFRA / "kafka-acls.sh"), *role],

@@ -26,7 +26,7 @@ import orjson
 
 from loopfuse.streams.ops.plain import shown, shown_all
 
-_CSS = """
+REPORT_CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#dde2ea; --bg:#f6f7fa; --card:#fff; }
 * { box-sizing: border-box; }
 body { margin:0; font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;
@@ -441,7 +441,7 @@ def render_html(data: dict[str, Any], *, source: str) -> str:
     )
     return _PAGE.format(
         csp=CSP,
-        css=_CSS,
+        css=REPORT_CSS,
         js=_JS,
         subtitle=html.escape(subtitle),
         data=_json_for_script(shown_data),

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loopfuse.streams.ops import plain
-from loopfuse.streams.ops.audit_report import _CSS
+from loopfuse.streams.ops.audit_report import REPORT_CSS
 from loopfuse.streams.ops.whatif_diff import LOOP_ACTIONS
 
 STOPPED = {
@@ -280,7 +280,7 @@ def render_html(data: dict[str, Any]) -> str:
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
-        f"<title>loopfuse whatif</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"<title>loopfuse whatif</title>\n<style>{REPORT_CSS}</style>\n</head>\n<body>\n"
         f"<header><h1>loopfuse whatif</h1><p>{html.escape(subtitle)}</p></header>\n"
         f"<main>{body}</main>\n</body>\n</html>\n"
     )
