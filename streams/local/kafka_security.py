@@ -11,8 +11,9 @@ folder (``DIR/security``, private to the user):
 * a password per user (``users.json``, mode 0600): ``admin`` (a super user, which the
   ACL script runs as) and one per role, ``worker``, ``gateway`` (the default tenant's
   gateway), ``gateway-b`` (tenant ``b``'s: its own topics, docs/wire-format.md: Tenants),
-  ``auditor`` and ``whatif`` (reads what ``loopfuse whatif`` judges, writes nothing). They go into the KRaft storage when it is
-  formatted (``--add-scram``), so they exist before the first client connects;
+  ``auditor`` and ``whatif`` (reads what ``loopfuse whatif`` judges, writes nothing).
+  They go into the KRaft storage when it is formatted (``--add-scram``), so they exist
+  before the first client connects;
 * one environment file per user (``USER.env``: ``LOOPFUSE_SECURITY_PROTOCOL=SASL_SSL`` and
   the rest), which is what an operator would give each process, ``admin.properties``,
   the ``--command-config`` of Kafka's own tools, and ``kafka-acls``, Kafka's ACL tool on
@@ -85,6 +86,11 @@ class KafkaSecurity:
 
     def env_file(self, user: str) -> Path:
         return self.folder / f"{user}.env"
+
+    def users(self) -> list[str]:
+        """The users this folder was made with (:data:`ROLES` when it was made)."""
+        users: dict[str, str] = json.loads((self.folder / "users.json").read_text())
+        return list(users)
 
     def password(self, user: str) -> str:
         users: dict[str, str] = json.loads((self.folder / "users.json").read_text())
@@ -177,7 +183,7 @@ class KafkaSecurity:
     def scram_arguments(self) -> list[str]:
         """``kafka-storage format`` arguments creating every user."""
         arguments: list[str] = []
-        for user in ROLES:
+        for user in self.users():
             arguments += [
                 "--add-scram",
                 f"{MECHANISM}=[name={user},password={self.password(user)}]",
@@ -220,7 +226,9 @@ class KafkaSecurity:
             _write_private(users, json.dumps(passwords, indent=1))
         if not self.broker_keystore.exists():
             self._make_certificates()
-        for user in ROLES:
+        # A folder made before a role was added keeps its users (its storage has them);
+        # that role's user is then missing, and the rest work as before.
+        for user in self.users():
             env = "".join(f"{k}={v}\n" for k, v in self.client_env(user).items())
             _write_private(self.env_file(user), env)
         jaas = (
