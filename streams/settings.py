@@ -228,26 +228,22 @@ class Settings(BaseSettings):
     @field_validator("reply_topics")
     @classmethod
     def _reply_topics(cls, value: str) -> str:
-        names = [name.strip() for name in value.split(",") if name.strip()]
-        for name in names:
-            if not _TOPIC_NAME.fullmatch(name):
-                raise ValueError(
-                    "reply_topics must be Kafka topic names (A-Z a-z 0-9 . _ -, at most "
-                    "249 characters), comma-separated"
-                )
-        return ",".join(dict.fromkeys(names))
+        return _name_list(
+            value,
+            _TOPIC_NAME,
+            "reply_topics must be Kafka topic names (A-Z a-z 0-9 . _ -, at most 249 "
+            "characters), comma-separated",
+        )
 
     @field_validator("tenants")
     @classmethod
     def _tenants(cls, value: str) -> str:
-        names = [name.strip() for name in value.split(",") if name.strip()]
-        for name in names:
-            if not _TENANT_NAME.fullmatch(name):
-                raise ValueError(
-                    "tenants must be names of A-Z a-z 0-9 _ - (no dot, at most 64 "
-                    "characters), comma-separated"
-                )
-        return ",".join(dict.fromkeys(names))
+        return _name_list(
+            value,
+            _TENANT_NAME,
+            "tenants must be names of A-Z a-z 0-9 _ - (no dot, at most 64 characters), "
+            "comma-separated",
+        )
 
     @field_validator("tenant")
     @classmethod
@@ -382,6 +378,14 @@ class Settings(BaseSettings):
                 self.sasl_password.get_secret_value() if self.sasl_password else None
             )
         return kwargs
+
+
+def _name_list(value: str, pattern: re.Pattern[str], refusal: str) -> str:
+    """A comma-separated list of names, each matching ``pattern``, without repeats."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not all(pattern.fullmatch(name) for name in names):
+        raise ValueError(refusal)
+    return ",".join(dict.fromkeys(names))
 
 
 def describe_settings_error(exc: ValidationError) -> str:
